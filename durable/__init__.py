@@ -1,0 +1,60 @@
+"""Durable workflows for Django projects that already run Celery."""
+
+from __future__ import annotations
+
+from .api import RunHandle, cancel, delete_run, get_run, result, retry, signal, start
+from .context import Context
+from .definitions import Retry, Step, Workflow, step, workflow
+from .errors import (
+    ApplicationError,
+    ChildFailed,
+    DurableError,
+    GatherError,
+    InvalidInput,
+    NonDeterminismError,
+    QueueFull,
+    RunCancelled,
+    RunFailed,
+    RunFinished,
+    RunNotFound,
+    StepFailed,
+    UpdateRejected,
+    WaitTimeout,
+    WorkflowNotRegistered,
+)
+from .stepscope import StepInfo, heartbeat, step_info
+
+__all__ = [
+    "ApplicationError",
+    "ChildFailed",
+    "Context",
+    "DurableError",
+    "GatherError",
+    "InvalidInput",
+    "NonDeterminismError",
+    "QueueFull",
+    "Retry",
+    "RunCancelled",
+    "RunFailed",
+    "RunFinished",
+    "RunHandle",
+    "RunNotFound",
+    "Step",
+    "StepFailed",
+    "StepInfo",
+    "UpdateRejected",
+    "WaitTimeout",
+    "Workflow",
+    "WorkflowNotRegistered",
+    "cancel",
+    "delete_run",
+    "get_run",
+    "heartbeat",
+    "result",
+    "retry",
+    "signal",
+    "start",
+    "step",
+    "step_info",
+    "workflow",
+]

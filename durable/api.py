@@ -1,0 +1,258 @@
+"""Start and steer runs from views, shells and tasks.
+
+Every call writes in the caller's transaction; the Celery messages it causes go out on commit.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+
+from . import clock, conf, dispatch
+from .definitions import Workflow, registry
+from .durations import parse_duration
+from .errors import (
+    DurableError,
+    InvalidInput,
+    RunCancelled,
+    RunFailed,
+    RunFinished,
+    RunNotFound,
+    WaitTimeout,
+)
+from .history import check_size, roundtrip
+
+if TYPE_CHECKING:
+    from .models import Run
+
+# Run statuses, spelled here so importing durable does not import its models before Django is ready.
+COMPLETED, FAILED, CANCELLED, DEAD = "completed", "failed", "cancelled", "dead"
+TERMINAL = (COMPLETED, FAILED, CANCELLED, DEAD)
+
+#: True while durable.testing captures messages: result() must not wait for work nobody runs.
+never_wait = False
+
+
+class RunHandle:
+    """A reference to a run, returned by ``start``."""
+
+    def __init__(self, run_id: str) -> None:
+        self.id = run_id
+
+    def status(self) -> str:
+        return get_run(self.id).status
+
+    def result(self, timeout: Any = None) -> Any:
+        return result(self.id, timeout=timeout)
+
+    def signal(self, name: str, payload: Any = None) -> None:
+        signal(self.id, name, payload)
+
+    def cancel(self, **kwargs: Any) -> bool:
+        return cancel(self.id, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunHandle) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+
+def _runs() -> Any:
+    from .models import Run
+
+    return Run.objects.using(conf.get().DATABASE)
+
+
+def _payload(value: Any, what: str) -> Any:
+    value = roundtrip(value, what=what)
+    check_size(value, conf.get().MAX_PAYLOAD_BYTES, what=what)
+    return value
+
+
+def _check_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not run_id or len(run_id) > 255:
+        raise InvalidInput(f"run_id must be a non-empty string of at most 255 characters, got {run_id!r}")
+    return run_id
+
+
+def _resolve(workflow: Workflow | str, version: str | None) -> Workflow:
+    if isinstance(workflow, Workflow):
+        return registry.workflow(workflow.name, version or workflow.version)
+    if isinstance(workflow, str):
+        return registry.workflow(workflow, version)
+    raise InvalidInput(f"start() takes a @durable.workflow or its name, got {workflow!r}")
+
+
+def start(
+    workflow: Workflow | str,
+    input: Any = None,
+    *,
+    run_id: str | None = None,
+    version: str | None = None,
+    namespace: str | None = None,
+    tags: Any = (),
+    delay: Any = None,
+) -> RunHandle:
+    """Create a run (or return the existing one with this ``run_id``); its first turn is sent on commit."""
+    settings = conf.get()
+    definition = _resolve(workflow, version)
+    stored_input = _payload(input, f"the input of workflow {definition.name!r}")
+    if definition.validate_input is not None:
+        try:
+            definition.validate_input(stored_input)
+        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
+            raise InvalidInput(f"workflow {definition.name!r} refused its input: {exc}") from exc
+    run_id = _check_run_id(run_id) if run_id is not None else None
+    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+        raise InvalidInput(f"tags must be a list of strings, got {tags!r}")
+    try:
+        wait = timedelta(0) if delay is None else parse_duration(delay, what="delay")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if namespace is not None and not isinstance(namespace, str):
+        raise InvalidInput(f"namespace must be a string, got {namespace!r}")
+
+    now = clock.now()
+    queue = definition.queue or settings.DEFAULT_QUEUE
+    fields = {
+        "workflow": definition.name,
+        "version": definition.version,
+        "queue": queue,
+        "input": stored_input,
+        "namespace": namespace if namespace is not None else (settings.NAMESPACE or ""),
+        "tags": sorted({*definition.tags, *tags}),
+        "created_at": now,
+        "updated_at": now,
+        # A pending run always carries a wake: its delay, or the safety net if the send is lost.
+        "wake_at": now + wait if wait else now + settings.RECONCILE_INTERVAL,
+    }
+    if run_id is not None:
+        existing = _runs().filter(id=run_id).first()
+        if existing is not None:
+            return _same_workflow(existing, definition.name)
+    try:
+        with transaction.atomic(using=settings.DATABASE):
+            run = _runs().create(id=run_id or uuid.uuid4().hex, **fields)
+            if not wait:
+                dispatch.advance(run.id, queue)
+    except IntegrityError:
+        existing = _runs().filter(id=run_id).first()
+        if existing is None:
+            raise
+        return _same_workflow(existing, definition.name)
+    return RunHandle(run.id)
+
+
+def _same_workflow(existing: Run, name: str) -> RunHandle:
+    if existing.workflow != name:
+        raise InvalidInput(
+            f"run id {existing.id!r} already belongs to workflow {existing.workflow!r}, not {name!r}; "
+            "pick another run_id"
+        )
+    return RunHandle(existing.id)
+
+
+def get_run(run_id: str) -> Run:
+    """Return the run row, or raise RunNotFound."""
+    run = _runs().filter(id=run_id).first()
+    if run is None:
+        raise RunNotFound(f"no run has id {run_id!r}")
+    return run
+
+
+def signal(run_id: str, name: str, payload: Any = None) -> None:
+    """Deliver ``payload`` to the run's wait for ``name``, or keep it until the run waits."""
+    settings = conf.get()
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"a signal needs a non-empty name, got {name!r}")
+    payload = _payload(payload, f"the payload of signal {name!r}")
+    with transaction.atomic(using=settings.DATABASE):
+        run = get_run(run_id)
+        now = clock.now()
+        if not _runs().wake(run_id, now):
+            raise RunFinished(f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent")
+        run.signals.create(name=name, payload=payload, created_at=now)
+        dispatch.advance(run_id, run.queue)
+
+
+def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) -> bool:
+    """Cancel an unfinished run; False if it had already finished."""
+    settings = conf.get()
+    if compensate:
+        raise DurableError("cancel(compensate=True) needs sagas, which this release does not have yet")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidInput(f"reason must be a string, got {reason!r}")
+    error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
+    with transaction.atomic(using=settings.DATABASE):
+        get_run(run_id)
+        return _runs().cancel(run_id, error, clock.now())
+
+
+def retry(run_id: str) -> RunHandle:
+    """Run a failed, dead or cancelled run again from its history, the failures that ended it anew."""
+    settings = conf.get()
+    with transaction.atomic(using=settings.DATABASE):
+        run = get_run(run_id)
+        if run.status not in (FAILED, DEAD, CANCELLED):
+            raise DurableError(f"only a failed, dead or cancelled run can be retried; run {run_id!r} is {run.status}")
+        if run.failed_seqs:
+            # A fresh attempt at what ended the run: the positions are replayed as new.
+            run.checkpoints.filter(seq__in=run.failed_seqs).delete()
+        if not _runs().reopen(run_id, clock.now()):
+            raise DurableError(f"run {run_id!r} changed while it was being retried; try again")
+        dispatch.advance(run_id, run.queue)
+    return RunHandle(run_id)
+
+
+def result(run_id: str, timeout: Any = None) -> Any:
+    """Wait for the run to finish; return its output or raise RunFailed / RunCancelled / WaitTimeout."""
+    try:
+        limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    started = time.monotonic()
+    pause = 0.02
+    while True:
+        run = get_run(run_id)
+        if run.status in TERMINAL:
+            return _outcome(run)
+        if never_wait:
+            raise WaitTimeout(
+                f"run {run_id!r} is {run.status}, not finished; under durable_env call "
+                "durable_env.run_until_idle() or advance_time() first",
+                details={"status": run.status},
+            )
+        if limit is not None and time.monotonic() - started >= limit:
+            raise WaitTimeout(f"run {run_id!r} is still {run.status} after {timeout}", details={"status": run.status})
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)
+
+
+def _outcome(run: Run) -> Any:
+    if run.status == COMPLETED:
+        return run.output
+    error = run.error or {}
+    if run.status == CANCELLED:
+        raise RunCancelled(cause=error)
+    raise RunFailed(cause=error, details=error.get("details"))
+
+
+def delete_run(run_id: str) -> int:
+    """Delete the run and its child subtree; return how many runs were deleted."""
+    settings = conf.get()
+    with transaction.atomic(using=settings.DATABASE):
+        get_run(run_id)
+        ids, frontier = [run_id], [run_id]
+        while frontier:
+            frontier = list(_runs().filter(parent_id__in=frontier).values_list("id", flat=True))
+            ids.extend(frontier)
+        _runs().filter(id__in=ids).delete()
+    return len(ids)

@@ -1,0 +1,166 @@
+"""Durable's settings: one typed object built from ``settings.DURABLE``, plus its system checks.
+
+Nothing else in durable reads Django settings for durable's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core import checks
+
+from .durations import parse_duration
+
+_DURATIONS = {
+    "LEASE": "30s",
+    "RECONCILE_INTERVAL": "5m",
+    "HEARTBEAT_PERSIST_THROTTLE": "10s",
+    "EVENT_BUFFER_TTL": "7d",
+    "TIMER_SWEEP_INTERVAL": "1s",
+    "ORPHAN_SWEEP_INTERVAL": "5s",
+    "STEP_REDISPATCH_AFTER": "5m",
+    "STEP_TIMEOUT_GRACE": "5s",
+}
+_POSITIVE_INTS = {
+    "MAX_RECOVERY_ATTEMPTS": 5,
+    "TIMER_BATCH_SIZE": 500,
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+}
+_OTHERS: dict[str, Any] = {
+    "DEFAULT_QUEUE": "durable",
+    "RETENTION": [],
+    "DEAD_LETTER_WORKFLOW": None,
+    "INSTANCE_ID": None,
+    "NAMESPACE": None,
+    "DATABASE": "default",
+    "INLINE_NEXT_TURN": True,
+}
+KNOWN_KEYS = set(_DURATIONS) | set(_POSITIVE_INTS) | set(_OTHERS)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The DURABLE settings with defaults applied and durations parsed."""
+
+    DEFAULT_QUEUE: str = "durable"
+    LEASE: timedelta = timedelta(seconds=30)
+    RECONCILE_INTERVAL: timedelta = timedelta(minutes=5)
+    MAX_RECOVERY_ATTEMPTS: int = 5
+    TIMER_BATCH_SIZE: int = 500
+    HEARTBEAT_PERSIST_THROTTLE: timedelta = timedelta(seconds=10)
+    EVENT_BUFFER_TTL: timedelta = timedelta(days=7)
+    RETENTION: list[dict[str, Any]] = field(default_factory=list)
+    DEAD_LETTER_WORKFLOW: str | None = None
+    INSTANCE_ID: str = ""
+    NAMESPACE: str | None = None
+    DATABASE: str = "default"
+    MAX_PAYLOAD_BYTES: int = 1024 * 1024
+    #: How often beat runs the timer sweep; bounds how late a due timer fires.
+    TIMER_SWEEP_INTERVAL: timedelta = timedelta(seconds=1)
+    #: How often beat looks for turns whose lease expired.
+    ORPHAN_SWEEP_INTERVAL: timedelta = timedelta(seconds=5)
+    #: A dispatched step not picked up by a worker within this is sent again.
+    STEP_REDISPATCH_AFTER: timedelta = timedelta(minutes=5)
+    #: Slack past a step's timeout before the engine declares the attempt lost.
+    STEP_TIMEOUT_GRACE: timedelta = timedelta(seconds=5)
+    #: A worker that records a step result runs the next turn itself when it serves that queue.
+    INLINE_NEXT_TURN: bool = True
+
+
+def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """Return (key, message) for each bad value in ``raw``."""
+    found: list[tuple[str, str]] = []
+    for key in sorted(set(raw) - KNOWN_KEYS):
+        found.append((key, f"unknown key; known keys are {', '.join(sorted(KNOWN_KEYS))}"))
+    for key in _DURATIONS:
+        if key in raw:
+            try:
+                value = parse_duration(raw[key], what=key)
+            except ValueError as exc:
+                found.append((key, str(exc)))
+                continue
+            if key in ("LEASE", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL") and not value:
+                found.append((key, "must be longer than zero"))
+    for key in _POSITIVE_INTS:
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                found.append((key, f"must be a whole number of at least 1, got {value!r}"))
+    for key in ("DEFAULT_QUEUE", "DATABASE"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+            found.append((key, f"must be a non-empty string, got {raw[key]!r}"))
+    for key in ("INSTANCE_ID", "NAMESPACE", "DEAD_LETTER_WORKFLOW"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            found.append((key, f"must be a string or None, got {raw[key]!r}"))
+    if "RETENTION" in raw and not isinstance(raw["RETENTION"], (list, tuple)):
+        found.append(("RETENTION", "must be a list of policies"))
+    if "DATABASE" in raw and isinstance(raw["DATABASE"], str):
+        if raw["DATABASE"] not in django_settings.DATABASES:
+            found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
+    return found
+
+
+def _raw() -> dict[str, Any]:
+    raw = getattr(django_settings, "DURABLE", None) or {}
+    return dict(raw) if isinstance(raw, dict) else {}
+
+
+def default_instance_id() -> str:
+    return os.environ.get("DURABLE_INSTANCE_ID") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def load() -> Settings:
+    """Build the settings; bad values fall back to defaults (the system checks report them)."""
+    raw = _raw()
+    bad = {key for key, _ in _problems(raw)}
+    values: dict[str, Any] = {}
+    for key, default in _DURATIONS.items():
+        values[key] = parse_duration(raw[key] if key in raw and key not in bad else default)
+    for key, default in _POSITIVE_INTS.items():
+        values[key] = raw[key] if key in raw and key not in bad else default
+    for key, default in _OTHERS.items():
+        values[key] = raw[key] if key in raw and key not in bad else default
+    values["RETENTION"] = list(values["RETENTION"])
+    values["INSTANCE_ID"] = values["INSTANCE_ID"] or default_instance_id()
+    return Settings(**values)
+
+
+_cached: Settings | None = None
+
+
+def get() -> Settings:
+    """Return the current settings (rebuilt when tests override ``DURABLE``)."""
+    global _cached
+    if _cached is None:
+        _cached = load()
+    return _cached
+
+
+def reset(**_: Any) -> None:
+    global _cached
+    _cached = None
+
+
+@checks.register("durable")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"DURABLE[{key!r}]: {message}",
+            hint="Fix this key in the DURABLE setting.",
+            id="durable.E001",
+        )
+        for key, message in _problems(_raw())
+    ]
+    if not getattr(django_settings, "USE_TZ", False):
+        messages.append(
+            checks.Error(
+                "durable needs USE_TZ = True: timers and leases compare aware datetimes.",
+                id="durable.E002",
+            )
+        )
+    return messages

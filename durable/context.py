@@ -1,0 +1,435 @@
+"""The replay context handed to workflow bodies, and ``replay()``: the pure core of a turn.
+
+``replay(workflow, run, history, ...)`` calls the body from the top. Each primitive answers from
+the record at its position when there is one, otherwise decides what to do and records it. It
+imports neither the ORM nor Celery: the turn executor supplies the history and persists the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import random as _random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .definitions import Step, Workflow, registry
+from .durations import parse_duration
+from .errors import (
+    DurableError,
+    InvalidInput,
+    NonDeterminismError,
+    StepFailed,
+    Suspend,
+    WaitTimeout,
+    error_dict,
+)
+from .history import COMPLETED, FAILED, PENDING, BufferedSignal, Limits, Outcome, Record, roundtrip
+from .stepscope import StepInfo, step_scope
+
+log = logging.getLogger("durable.workflow")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    id: str
+    workflow: str
+    version: str
+    namespace: str | None
+    input: Any
+
+
+class _Pending:
+    """A primitive that cannot answer yet; the run should wake by ``wake_at`` (None: no timer)."""
+
+    __slots__ = ("wake_at",)
+
+    def __init__(self, wake_at: datetime | None) -> None:
+        self.wake_at = wake_at
+
+
+@dataclass
+class TurnState:
+    """Everything a turn changed, for the executor to persist."""
+
+    records: dict[int, Record]
+    signals: list[BufferedSignal]
+    dispatch: list[Record] = field(default_factory=list)
+    wakes: list[datetime] = field(default_factory=list)
+    consumed: list[BufferedSignal] = field(default_factory=list)
+    #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
+    raised: dict[int, list[int]] = field(default_factory=dict)
+
+    def unsaved(self) -> list[Record]:
+        return [r for r in self.records.values() if r.dirty or r.stored_as is None]
+
+
+class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
+    def __init__(self, logger: logging.Logger, ctx: Context) -> None:
+        super().__init__(logger, {})
+        self._ctx = ctx
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
+        return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = {"run_id": self._ctx.run_id, **(kwargs.get("extra") or {})}
+        return msg, {**kwargs, "extra": extra}
+
+
+class Context:
+    """What a workflow body receives; every call is recorded once and replayed after."""
+
+    def __init__(
+        self,
+        run: RunFacts,
+        state: TurnState,
+        *,
+        clock: Callable[[], datetime],
+        limits: Limits,
+        flush: Callable[[TurnState], None],
+        renew: Callable[[], None],
+    ) -> None:
+        self._run = run
+        self._state = state
+        self._clock = clock
+        self._limits = limits
+        self._flush = flush
+        self._renew = renew
+        self._seq = 0
+        self._at = 0  # the position of the primitive being answered
+        self._replay_until = max(state.records, default=-1)
+        self._nondeterminism: NonDeterminismError | None = None
+        self.logger = _QuietWhileReplaying(log, self)
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        return self._run.id
+
+    @property
+    def workflow_name(self) -> str:
+        return self._run.workflow
+
+    @property
+    def version(self) -> str:
+        return self._run.version
+
+    @property
+    def namespace(self) -> str | None:
+        return self._run.namespace
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the body is re-walking positions recorded by earlier turns."""
+        return self._seq <= self._replay_until
+
+    # -- primitives ------------------------------------------------------------------------
+
+    def step(self, step: Step | str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``step`` (at least once per attempt) and return its recorded output."""
+        definition = self._step_definition(step)
+        rec = self._position("step", definition.name)
+        if rec is None:
+            rec = self._new(
+                "step",
+                definition.name,
+                input=roundtrip({"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {definition.name!r}"),
+                queue="" if definition.local else (definition.queue or self._limits.default_queue),
+            )
+            if not definition.local:
+                self._send(rec, definition)
+        return self._settle(self._resolve_step(rec, definition))
+
+    def sleep(self, duration: Any) -> None:
+        """Wait durably for ``duration`` (a timer in the database, never a Celery ETA)."""
+        try:
+            delta = parse_duration(duration, what="ctx.sleep()")
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        rec = self._position("sleep", "sleep")
+        if rec is None:
+            rec = self._new("sleep", "sleep", input={"seconds": delta.total_seconds()})
+            rec.wake_at = self._clock() + delta
+        self._settle(self._resolve_timer(rec))
+
+    def sleep_until(self, when: datetime) -> None:
+        """Wait durably until the aware datetime ``when``."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise InvalidInput(f"ctx.sleep_until() needs an aware datetime, got {when!r}")
+        rec = self._position("sleep", "sleep")
+        if rec is None:
+            rec = self._new("sleep", "sleep", input={"until": when.isoformat()})
+            rec.wake_at = when
+        self._settle(self._resolve_timer(rec))
+
+    def wait_for_signal(self, name: str, timeout: Any = None) -> Any:
+        """Return the payload of the next signal ``name``; raise WaitTimeout past ``timeout``."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"ctx.wait_for_signal() needs a signal name, got {name!r}")
+        try:
+            delta = None if timeout is None else parse_duration(timeout, what="timeout")
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        rec = self._position("signal", name)
+        if rec is None:
+            rec = self._new("signal", name, input={"timeout": delta and delta.total_seconds()})
+            rec.wake_at = None if delta is None else self._clock() + delta
+        return self._settle(self._resolve_signal(rec))
+
+    def now(self) -> datetime:
+        """The current time, recorded once and the same on every replay."""
+        return datetime.fromisoformat(self._value("now", lambda: self._clock().isoformat()))
+
+    def uuid4(self) -> uuid.UUID:
+        return uuid.UUID(self._value("uuid4", lambda: str(uuid.uuid4())))
+
+    def random(self) -> float:
+        return float(self._value("random", _random.random))
+
+    def patched(self, change_id: str) -> bool:
+        """True on runs that reach this point with the change; False on runs recorded before it."""
+        rec = self._state.records.get(self._seq)
+        if rec is None:
+            self._at = self._seq
+            self._seq += 1
+            self._new("patch", change_id, status=COMPLETED)
+            return True
+        if rec.kind == "patch" and rec.name == change_id:
+            self._seq += 1
+            return True
+        return False
+
+    # -- positions -------------------------------------------------------------------------
+
+    def _position(self, kind: str, name: str) -> Record | None:
+        """Return the record at the next position, checking it is what the body asks for."""
+        seq = self._at = self._seq
+        self._seq += 1
+        rec = self._state.records.get(seq)
+        if rec is not None and (rec.kind != kind or rec.name != name):
+            error = NonDeterminismError(
+                f"at position {seq} the history holds {rec.kind} {rec.name!r} but the workflow "
+                f"asked for {kind} {name!r}: the workflow code changed under a running run. Keep "
+                "workflow bodies deterministic; ship changes as a new version or behind "
+                "ctx.patched()",
+                details={"seq": seq, "recorded": [rec.kind, rec.name], "requested": [kind, name]},
+            )
+            self._nondeterminism = error
+            raise error
+        return rec
+
+    def _new(self, kind: str, name: str, *, status: str = PENDING, **fields: Any) -> Record:
+        rec = Record(seq=self._at, kind=kind, name=name, status=status, **fields)
+        self._state.records[rec.seq] = rec
+        return rec
+
+    def _value(self, name: str, make: Callable[[], Any]) -> Any:
+        rec = self._position("value", name)
+        if rec is None:
+            rec = self._new("value", name, status=COMPLETED, output=make())
+            rec.finished_at = self._clock()
+        return rec.output
+
+    def _settle(self, answer: Any) -> Any:
+        if isinstance(answer, _Pending):
+            if answer.wake_at is not None:
+                self._state.wakes.append(answer.wake_at)
+            raise Suspend()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _step_definition(self, step: Step | str) -> Step:
+        if isinstance(step, Step):
+            return step
+        if isinstance(step, str):
+            return registry.step(step)
+        raise InvalidInput(f"ctx.step() takes a @durable.step or its name, got {step!r}")
+
+    def _resolve_step(self, rec: Record, step: Step) -> Any:
+        now = self._clock()
+        if rec.status == COMPLETED:
+            return rec.output
+        if rec.status == FAILED:
+            return self._failure(StepFailed(cause=rec.error), rec)
+        if step.local:
+            if rec.wake_at is not None and rec.wake_at > now:
+                return _Pending(rec.wake_at)
+            return self._run_local(rec, step)
+        if rec.enqueued_at is None:
+            # Waiting out a retry backoff.
+            if rec.wake_at is not None and rec.wake_at > now:
+                return _Pending(rec.wake_at)
+            self._send(rec, step)
+            return _Pending(rec.wake_at)
+        if rec.started_at is None:
+            if now >= rec.enqueued_at + self._limits.redispatch_after:
+                self._send(rec, step)  # the message was lost, or a worker never took it
+            return _Pending(rec.enqueued_at + self._limits.redispatch_after)
+        deadline = self._deadline(rec, step)
+        if deadline is not None and now >= deadline:
+            err = {
+                "message": f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time",
+                "type": "StepTimeout",
+                "code": "timeout",
+                "details": None,
+            }
+            self._attempt_failed(rec, step, err, retryable=True)
+            return self._resolve_step(rec, step)
+        return _Pending(deadline)
+
+    def _deadline(self, rec: Record, step: Step) -> datetime | None:
+        assert rec.started_at is not None
+        limits = []
+        if step.timeout is not None:
+            limits.append(rec.started_at + step.timeout + self._limits.timeout_grace)
+        if step.heartbeat_timeout is not None:
+            last = max(filter(None, [rec.started_at, rec.last_heartbeat_at]))
+            # A beat persisted by another process may lag by up to the throttle.
+            limits.append(last + step.heartbeat_timeout + self._limits.heartbeat_throttle)
+        return min(limits, default=None)
+
+    def _send(self, rec: Record, step: Step) -> None:
+        now = self._clock()
+        rec.enqueued_at = now
+        rec.started_at = None
+        rec.last_heartbeat_at = None
+        rec.wake_at = now + self._limits.redispatch_after
+        rec.changed()
+        self._state.dispatch.append(rec)
+
+    def _attempt_failed(self, rec: Record, step: Step, error: dict[str, Any], *, retryable: bool) -> None:
+        """Record a failed attempt: schedule the next one, or fail the step for good."""
+        now = self._clock()
+        rec.error = error
+        rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = None
+        if retryable and rec.attempt < step.retry.max_attempts:
+            rec.wake_at = now + step.retry.delay(rec.attempt)
+            rec.attempt += 1
+        else:
+            rec.status = FAILED
+            rec.wake_at = None
+            rec.finished_at = now
+        rec.changed()
+
+    def _run_local(self, rec: Record, step: Step) -> Any:
+        args = rec.input or {}
+        info = StepInfo(self._run.id, rec.seq, rec.attempt, step.name)
+        rec.started_at = self._clock()
+        try:
+            with step_scope(info, lambda progress: self._renew()):
+                output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
+            output = roundtrip(output, what=f"the output of step {step.name!r}")
+        except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
+            retryable = step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
+            self._attempt_failed(rec, step, error_dict(exc), retryable=retryable)
+            self._flush(self._state)
+            return self._resolve_step(rec, step)
+        rec.status = COMPLETED
+        rec.output = output
+        rec.error = None
+        rec.wake_at = None
+        rec.finished_at = self._clock()
+        rec.changed()
+        self._flush(self._state)
+        return output
+
+    def _failure(self, exc: DurableError, rec: Record) -> DurableError:
+        self._state.raised.setdefault(id(exc), []).append(rec.seq)
+        return exc
+
+    # -- timers and signals ----------------------------------------------------------------
+
+    def _resolve_timer(self, rec: Record) -> Any:
+        if rec.status == COMPLETED:
+            return None
+        now = self._clock()
+        if rec.wake_at is None or rec.wake_at <= now:
+            rec.status = COMPLETED
+            rec.finished_at = now
+            rec.changed()
+            return None
+        return _Pending(rec.wake_at)
+
+    def _resolve_signal(self, rec: Record) -> Any:
+        if rec.status == COMPLETED:
+            return rec.output
+        if rec.status == FAILED:
+            return self._failure(WaitTimeout(cause=rec.error), rec)
+        now = self._clock()
+        buffered = next(
+            (s for s in self._state.signals if s.name == rec.name and s.consumed_seq is None), None
+        )
+        if buffered is not None:
+            buffered.consumed_seq = rec.seq
+            self._state.consumed.append(buffered)
+            rec.status = COMPLETED
+            rec.output = buffered.payload
+            rec.finished_at = now
+            rec.wake_at = None
+            rec.changed()
+            return rec.output
+        if rec.wake_at is not None and rec.wake_at <= now:
+            rec.status = FAILED
+            rec.error = WaitTimeout(f"no signal {rec.name!r} arrived before the timeout").to_dict()
+            rec.finished_at = now
+            rec.changed()
+            return self._resolve_signal(rec)
+        return _Pending(rec.wake_at)
+
+
+def replay(
+    workflow: Workflow,
+    run: RunFacts,
+    state: TurnState,
+    *,
+    clock: Callable[[], datetime],
+    limits: Limits,
+    flush: Callable[[TurnState], None],
+    renew: Callable[[], None],
+) -> Outcome:
+    """Run the body from the top against ``state`` and say how the run stands."""
+    ctx = Context(
+        run,
+        state,
+        clock=clock,
+        limits=limits,
+        flush=flush,
+        renew=renew,
+    )
+    try:
+        value = workflow.fn(ctx, run.input)
+    except Suspend:
+        if ctx._nondeterminism is not None:
+            return _failed(ctx._nondeterminism, state)
+        now = clock()
+        wake_at = min([*state.wakes, now + limits.reconcile_interval])
+        return Outcome("suspended", wake_at=wake_at)
+    except Exception as exc:  # noqa: BLE001 - an error escaping the body fails the run
+        return _failed(ctx._nondeterminism or exc, state)
+    if ctx._nondeterminism is not None:
+        return _failed(ctx._nondeterminism, state)
+    try:
+        output = roundtrip(value, what=f"the output of workflow {run.workflow!r}")
+    except InvalidInput as exc:
+        exc.code = "invalid_output"
+        return _failed(exc, state)
+    return Outcome("completed", output=output)
+
+
+def _failed(exc: BaseException, state: TurnState) -> Outcome:
+    seqs: list[int] = []
+    seen: set[int] = set()
+    cursor: BaseException | None = exc
+    while cursor is not None and id(cursor) not in seen:
+        seen.add(id(cursor))
+        seqs.extend(state.raised.get(id(cursor), []))
+        cursor = cursor.__cause__ or cursor.__context__
+    return Outcome("failed", error=error_dict(exc), failed_seqs=sorted(set(seqs)))
+

@@ -1,0 +1,318 @@
+"""The ``@durable.workflow`` and ``@durable.step`` decorators, retry policies and the registry.
+
+Decorators never touch the database: they only build definitions and register them here.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .durations import optional_duration, parse_duration
+from .errors import ApplicationError, InvalidInput, WorkflowNotRegistered
+
+_VERSION = re.compile(r"^\d+(\.\d+)*$")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a failed step attempt is retried; the wait is a durable timer."""
+
+    max_attempts: int = 3
+    initial: Any = "1s"
+    backoff: float = 2.0
+    maximum: Any = "5m"
+    non_retryable: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise InvalidInput(f"Retry(max_attempts=...) must be an int, got {self.max_attempts!r}")
+        if self.max_attempts < 1:
+            raise InvalidInput("Retry(max_attempts=...) counts the first attempt: use 1 or more")
+        if not isinstance(self.backoff, (int, float)) or self.backoff < 1:
+            raise InvalidInput(f"Retry(backoff=...) must be a number >= 1, got {self.backoff!r}")
+        try:
+            object.__setattr__(self, "initial", parse_duration(self.initial, what="Retry.initial"))
+            object.__setattr__(self, "maximum", parse_duration(self.maximum, what="Retry.maximum"))
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        object.__setattr__(self, "non_retryable", tuple(self.non_retryable))
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> timedelta:
+        """Return the wait before attempt ``attempt + 1``, with up to 20% jitter."""
+        base = self.initial.total_seconds() * self.backoff ** (attempt - 1)
+        base = min(base, self.maximum.total_seconds())
+        return timedelta(seconds=base * (1 + 0.2 * rand()))
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, ApplicationError) and exc.non_retryable:
+            return False
+        for entry in self.non_retryable:
+            if isinstance(entry, str):
+                if any(_dotted(k) == entry or k.__name__ == entry for k in type(exc).__mro__):
+                    return False
+            elif isinstance(entry, type) and isinstance(exc, entry):
+                return False
+        return True
+
+
+def _dotted(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _default_name(fn: Callable[..., Any]) -> str:
+    module = fn.__module__
+    label = _app_label(module)
+    return f"{label}.{fn.__name__}" if label else f"{module}.{fn.__name__}"
+
+
+def _app_label(module: str) -> str | None:
+    try:
+        from django.apps import apps
+
+        if not apps.apps_ready:
+            return None
+        config = apps.get_containing_app_config(module)
+    except Exception:  # noqa: BLE001 - outside Django, names fall back to the module
+        return None
+    return config.label if config else None
+
+
+@dataclass(eq=False)
+class Step:
+    """A registered step; calling it outside a workflow just calls the function."""
+
+    fn: Callable[..., Any]
+    name: str
+    queue: str | None = None
+    local: bool = False
+    retry: Retry = field(default_factory=Retry)
+    timeout: timedelta | None = None
+    heartbeat_timeout: timedelta | None = None
+    concurrency: Any = None
+    rate_limit: str | None = None
+    input_schema: Any = None
+    output_schema: Any = None
+    compensate: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def compensation(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register the saga undo of this step, called with the step's output and its args."""
+        self.compensate = fn
+        return fn
+
+    def __repr__(self) -> str:
+        return f"<durable.Step {self.name}>"
+
+
+@dataclass(eq=False)
+class Workflow:
+    """A registered workflow version."""
+
+    fn: Callable[..., Any]
+    name: str
+    version: str = "1"
+    queue: str | None = None
+    timeout: timedelta | None = None
+    input_schema: Any = None
+    validate_input: Callable[[Any], Any] | None = None
+    singleton: Any = None
+    on_error: dict[str, Any] | None = None
+    dead_letter: Any = None
+    tags: tuple[str, ...] = ()
+    search_attributes_schema: Any = None
+    schedule: Any = None
+    validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def start(self, input: Any = None, **kwargs: Any) -> Any:
+        """Start a run of exactly this version (``durable.start(self, input, ...)``)."""
+        from .api import start
+
+        return start(self, input, **kwargs)
+
+    def validator(self, update_name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+        def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            self.validators[update_name] = fn
+            return fn
+
+        return register
+
+    def __repr__(self) -> str:
+        return f"<durable.Workflow {self.name}@{self.version}>"
+
+
+class Registry:
+    """Workflows by (name, version) and steps by name."""
+
+    def __init__(self) -> None:
+        self.workflows: dict[str, dict[str, Workflow]] = {}
+        self.steps: dict[str, Step] = {}
+
+    def add_workflow(self, wf: Workflow) -> Workflow:
+        versions = self.workflows.setdefault(wf.name, {})
+        existing = versions.get(wf.version)
+        if existing is not None and _origin(existing.fn) != _origin(wf.fn):
+            raise InvalidInput(
+                f"workflow {wf.name!r} version {wf.version!r} is already registered by "
+                f"{_origin(existing.fn)}; give this one another name or version"
+            )
+        versions[wf.version] = wf
+        return wf
+
+    def add_step(self, step: Step) -> Step:
+        existing = self.steps.get(step.name)
+        if existing is not None and _origin(existing.fn) != _origin(step.fn):
+            raise InvalidInput(
+                f"step {step.name!r} is already registered by {_origin(existing.fn)}; "
+                "pass name= to tell them apart"
+            )
+        self.steps[step.name] = step
+        return step
+
+    def workflow(self, name: str, version: str | None = None) -> Workflow:
+        versions = self.workflows.get(name)
+        if not versions:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise WorkflowNotRegistered(
+                f"no workflow is registered as {name!r} (registered: {known}); check the name "
+                "and that its workflows.py is in an app listed in INSTALLED_APPS"
+            )
+        if version is None:
+            return versions[max(versions, key=version_key)]
+        if version not in versions:
+            raise WorkflowNotRegistered(
+                f"workflow {name!r} has no version {version!r} "
+                f"(registered: {', '.join(sorted(versions, key=version_key))})"
+            )
+        return versions[version]
+
+    def step(self, name: str) -> Step:
+        try:
+            return self.steps[name]
+        except KeyError:
+            raise WorkflowNotRegistered(
+                f"no step is registered as {name!r}; is the module that defines it imported "
+                "by the worker (an app's workflows.py)?"
+            ) from None
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+registry = Registry()
+
+
+def _duration_option(value: Any, what: str) -> timedelta | None:
+    try:
+        return optional_duration(value, what=what)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def step(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    local: bool = False,
+    retry: Retry | None = None,
+    timeout: Any = None,
+    heartbeat_timeout: Any = None,
+    concurrency: Any = None,
+    rate_limit: str | None = None,
+    input_schema: Any = None,
+    output_schema: Any = None,
+) -> Any:
+    """Declare a step; works with or without parentheses."""
+
+    def wrap(func: Callable[..., Any]) -> Step:
+        if retry is not None and not isinstance(retry, Retry):
+            raise InvalidInput(f"step retry= must be a durable.Retry, got {retry!r}")
+        return registry.add_step(
+            Step(
+                fn=func,
+                name=name or _default_name(func),
+                queue=queue,
+                local=local,
+                retry=retry or Retry(),
+                timeout=_duration_option(timeout, "step timeout"),
+                heartbeat_timeout=_duration_option(heartbeat_timeout, "step heartbeat_timeout"),
+                concurrency=concurrency,
+                rate_limit=rate_limit,
+                input_schema=input_schema,
+                output_schema=output_schema,
+            )
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    version: str = "1",
+    queue: str | None = None,
+    timeout: Any = None,
+    input_schema: Any = None,
+    validate_input: Callable[[Any], Any] | None = None,
+    singleton: Any = None,
+    on_error: dict[str, Any] | None = None,
+    dead_letter: Any = None,
+    tags: tuple[str, ...] | list[str] = (),
+    search_attributes_schema: Any = None,
+    schedule: Any = None,
+) -> Any:
+    """Declare a workflow; works with or without parentheses."""
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise InvalidInput(f'workflow version must be dotted integers like "1" or "2.1", got {version!r}')
+
+    def wrap(func: Callable[..., Any]) -> Workflow:
+        return registry.add_workflow(
+            Workflow(
+                fn=func,
+                name=name or _default_name(func),
+                version=version,
+                queue=queue,
+                timeout=_duration_option(timeout, "workflow timeout"),
+                input_schema=input_schema,
+                validate_input=validate_input,
+                singleton=singleton,
+                on_error=on_error,
+                dead_letter=dead_letter,
+                tags=tuple(tags),
+                search_attributes_schema=search_attributes_schema,
+                schedule=schedule,
+            )
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def autodiscover() -> None:
+    """Import ``workflows`` from every installed app, as the admin does with ``admin``."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("workflows")
+

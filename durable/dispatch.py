@@ -1,0 +1,70 @@
+"""The one place that sends durable's Celery messages, always after the surrounding commit.
+
+Messages are hints: a failed publish is logged and left to the sweeps. Tests swap ``sender``
+(see ``durable.testing``) to capture messages instead of publishing them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+
+from . import conf
+
+log = logging.getLogger("durable.dispatch")
+
+ADVANCE = "durable.advance"
+RUN_STEP = "durable.run_step"
+
+
+@dataclass(frozen=True)
+class Message:
+    task: str
+    args: tuple[Any, ...]
+    queue: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def celery_sender(message: Message) -> None:
+    from celery import current_app
+
+    current_app.send_task(message.task, args=message.args, queue=message.queue, **message.options)
+
+
+sender: Callable[[Message], None] = celery_sender
+
+
+def _publish(message: Message) -> None:
+    try:
+        sender(message)
+    except Exception:  # noqa: BLE001 - the sweeps re-drive whatever a lost message left
+        log.warning("durable: could not send %s%s; a sweep will retry", message.task, message.args, exc_info=True)
+
+
+def send_after_commit(message: Message) -> None:
+    transaction.on_commit(lambda: _publish(message), using=conf.get().DATABASE)
+
+
+def advance(run_id: str, queue: str) -> None:
+    """Ask a worker on ``queue`` to run the next turn of ``run_id``."""
+    send_after_commit(Message(ADVANCE, (run_id,), queue))
+
+
+def run_step(
+    run_id: str, seq: int, attempt: int, queue: str, timeout: timedelta | None, grace: timedelta
+) -> None:
+    """Ask a worker on ``queue`` to run one step attempt, within Celery's time limits."""
+    options: dict[str, Any] = {}
+    if timeout is not None:
+        options["soft_time_limit"] = timeout.total_seconds()
+        options["time_limit"] = (timeout + grace).total_seconds()
+    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt), queue, options))
+
+
+def sweep(task: str, queue: str) -> None:
+    _publish(Message(task, (), queue))

@@ -1,0 +1,136 @@
+"""Execute one dispatched step attempt on a worker and record its result exactly once.
+
+A duplicate or stale delivery finds the attempt no longer pending and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from .. import clock, conf, dispatch
+from ..definitions import Step, registry
+from ..errors import InvalidInput, WorkflowNotRegistered, error_dict
+from ..history import PENDING, roundtrip
+from ..models import Checkpoint, Run
+from ..stepscope import StepInfo, step_scope
+from . import turn
+
+log = logging.getLogger("durable.engine")
+
+#: Queues this process consumes, set when a Celery worker starts; None means "all of them"
+#: (the test harness), an empty set means "not a worker".
+served_queues: set[str] | None = set()
+
+
+def run_step(run_id: str, seq: int, attempt: int) -> str:
+    """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result."""
+    settings = conf.get()
+    db = settings.DATABASE
+    row = (
+        Checkpoint.objects.using(db)
+        .select_related("run")
+        .filter(run_id=run_id, seq=seq)
+        .only("name", "status", "attempt", "input", "run__status", "run__queue")
+        .first()
+    )
+    if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
+        return "stale"
+    if not Checkpoint.objects.using(db).begin(run_id, seq, attempt, clock.now()):
+        return "stale"
+    beats = _Beats(run_id, seq, attempt, settings)
+    try:
+        step = registry.step(row.name)
+        output, error, retryable = _execute(step, StepInfo(run_id, seq, attempt, row.name), row.input, beats)
+    except WorkflowNotRegistered as exc:
+        step, output, error, retryable = None, None, exc.to_dict(), True
+    now = clock.now()
+    woken = False
+    with transaction.atomic(using=db):
+        checkpoints = Checkpoint.objects.using(db)
+        if error is None:
+            recorded = checkpoints.complete(run_id, seq, attempt, output, now)
+        elif retryable and step is not None and attempt < step.retry.max_attempts:
+            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + step.retry.delay(attempt))
+        elif retryable and step is None:
+            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + settings.RECONCILE_INTERVAL)
+        else:
+            recorded = checkpoints.fail(run_id, seq, attempt, error, now)
+        if recorded:
+            beats.keep_last(checkpoints)
+            woken = Run.objects.using(db).wake(run_id, now)
+    if not recorded:
+        return "stale"
+    if woken:
+        next_turn(run_id, row.run.queue, settings)
+    return "completed" if error is None else "failed"
+
+
+def next_turn(run_id: str, queue: str, settings: conf.Settings) -> None:
+    """Run the next turn here when this worker serves the run's queue, else send it there."""
+    if settings.INLINE_NEXT_TURN and (served_queues is None or queue in served_queues):
+        turn.advance(run_id)
+    else:
+        with transaction.atomic(using=settings.DATABASE):
+            dispatch.advance(run_id, queue)
+
+
+def _execute(step: Step, info: StepInfo, payload: Any, beats: _Beats) -> tuple[Any, dict[str, Any] | None, bool]:
+    """Call the step; return (output, error, retryable)."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    args = payload or {}
+    try:
+        with step_scope(info, beats):
+            output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
+        return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
+    except SoftTimeLimitExceeded:
+        return None, {
+            "message": f"step {step.name!r} ran past its timeout of {step.timeout}",
+            "type": "StepTimeout",
+            "code": "timeout",
+            "details": None,
+        }, True
+    except InvalidInput as exc:
+        return None, {**exc.to_dict(), "code": "invalid_output"}, False
+    except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
+        log.info("durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc)
+        return None, error_dict(exc), step.retry.is_retryable(exc)
+
+
+class _Beats:
+    """``durable.heartbeat()`` for a dispatched step: persist at most once per throttle window."""
+
+    def __init__(self, run_id: str, seq: int, attempt: int, settings: conf.Settings) -> None:
+        self.key = (run_id, seq, attempt)
+        self.db = settings.DATABASE
+        self.throttle = settings.HEARTBEAT_PERSIST_THROTTLE
+        self.last: datetime | None = None
+        self.last_had_progress = False
+        self.unsaved: tuple[Any] | None = None
+
+    def __call__(self, progress: Any = None) -> None:
+        if progress is not None:
+            progress = roundtrip(progress, what="heartbeat progress")
+        now = clock.now()
+        due = (
+            self.last is None
+            or now - self.last >= self.throttle
+            or (progress is not None and not self.last_had_progress)
+        )
+        if not due:
+            if progress is not None:
+                self.unsaved = (progress,)
+            return
+        Checkpoint.objects.using(self.db).beat(*self.key, now, progress, progress is not None)
+        self.last, self.last_had_progress = now, progress is not None
+        self.unsaved = None
+
+    def keep_last(self, checkpoints: Any) -> None:
+        """Persist the newest progress a throttled beat skipped, so it outlives the step."""
+        if self.unsaved is not None:
+            run_id, seq, _ = self.key
+            checkpoints.filter(run_id=run_id, seq=seq).update(progress=self.unsaved[0])

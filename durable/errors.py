@@ -1,0 +1,194 @@
+"""Exceptions raised by durable, and the control-flow signals of the replay engine.
+
+    DurableError
+    ├── ApplicationError          raised by user code to fail with a code
+    ├── StepFailed                a step failed for good
+    ├── ChildFailed               a child run failed for good
+    ├── GatherError               a member of ctx.all failed
+    ├── WaitTimeout (TimeoutError)
+    ├── NonDeterminismError
+    ├── WorkflowNotRegistered
+    ├── InvalidInput
+    ├── QueueFull
+    ├── UpdateRejected
+    ├── RunNotFound
+    ├── RunFinished
+    ├── RunFailed
+    └── RunCancelled
+
+    BaseException
+    └── _ControlFlow              never caught by ``except Exception`` in a workflow body
+        └── Suspend               the body cannot go further this turn
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurableError(Exception):
+    """Something went wrong in durable."""
+
+    default_code: str | None = None
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str | None = None,
+        details: Any = None,
+    ) -> None:
+        self.message = message if message is not None else (self.__doc__ or "").strip()
+        self.code = code if code is not None else self.default_code
+        self.details = details
+        super().__init__(self.message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Celery pickles exceptions across processes; keyword-only fields need help.
+        return (_rebuild, (type(self), self.message, self.__dict__.copy()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "message": self.message,
+            "type": type(self).__name__,
+            "code": self.code,
+            "details": self.details,
+        }
+
+
+def _rebuild(cls: type[DurableError], message: str, state: dict[str, Any]) -> DurableError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    exc.__dict__.update(state)
+    return exc
+
+
+class ApplicationError(DurableError):
+    """The application failed."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str | None = None,
+        details: Any = None,
+        non_retryable: bool = False,
+    ) -> None:
+        super().__init__(message, code=code, details=details)
+        self.non_retryable = non_retryable
+
+
+class _CausedFailure(DurableError):
+    """Carries the message, code and details of the failure that caused it."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str | None = None,
+        details: Any = None,
+        cause: dict[str, Any] | None = None,
+    ) -> None:
+        cause = cause or {}
+        super().__init__(
+            message if message is not None else cause.get("message"),
+            code=code if code is not None else cause.get("code"),
+            details=details if details is not None else cause.get("details"),
+        )
+        self.cause = cause
+
+
+class StepFailed(_CausedFailure):
+    """A step failed for good."""
+
+
+class ChildFailed(_CausedFailure):
+    """A child run failed for good."""
+
+
+class GatherError(_CausedFailure):
+    """A member of a parallel group failed."""
+
+    def __init__(self, errors: list[DurableError] | None = None, **kw: Any) -> None:
+        self.errors = list(errors or [])
+        first = self.errors[0] if self.errors else None
+        kw.setdefault("cause", first.to_dict() if first else None)
+        super().__init__(**kw)
+
+
+class WaitTimeout(DurableError, TimeoutError):
+    """The wait timed out."""
+
+    default_code = "timeout"
+
+
+class NonDeterminismError(DurableError):
+    """The workflow asked for something other than its history holds."""
+
+    default_code = "non_determinism"
+
+
+class WorkflowNotRegistered(DurableError):
+    """No workflow is registered under that name."""
+
+    default_code = "not_registered"
+
+
+class InvalidInput(DurableError):
+    """The input is not acceptable."""
+
+    default_code = "invalid_input"
+
+
+class QueueFull(DurableError):
+    """The singleton key has too many unfinished runs."""
+
+    default_code = "queue_full"
+
+
+class UpdateRejected(DurableError):
+    """The update's validator refused the payload."""
+
+    default_code = "update_rejected"
+
+
+class RunNotFound(DurableError):
+    """No run has that id."""
+
+    default_code = "not_found"
+
+
+class RunFinished(DurableError):
+    """The run has already finished."""
+
+    default_code = "finished"
+
+
+class RunFailed(_CausedFailure):
+    """The run failed."""
+
+
+class RunCancelled(_CausedFailure):
+    """The run was cancelled."""
+
+    default_code = "cancelled"
+
+
+class _ControlFlow(BaseException):
+    """Interrupts a workflow body; derives from BaseException so user code cannot swallow it."""
+
+
+class Suspend(_ControlFlow):
+    """The body waits for something that has not happened yet."""
+
+
+def error_dict(exc: BaseException) -> dict[str, Any]:
+    """Describe any exception as the JSON error shape stored on runs and checkpoints."""
+    if isinstance(exc, DurableError):
+        return exc.to_dict()
+    return {
+        "message": str(exc) or type(exc).__name__,
+        "type": type(exc).__name__,
+        "code": getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None,
+        "details": None,
+    }

@@ -1,0 +1,90 @@
+"""Plain records of a run's history and of what a turn decided: the pure core's data.
+
+Nothing here imports the ORM or Celery; the turn executor converts rows to and from these.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import InvalidInput
+
+PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
+
+
+@dataclass
+class Record:
+    """One position of a run's history (a Checkpoint row)."""
+
+    seq: int
+    kind: str
+    name: str
+    status: str = PENDING
+    attempt: int = 1
+    input: Any = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    wake_at: datetime | None = None
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
+    queue: str = ""
+    #: (status, attempt) as stored; None while the row does not exist yet.
+    stored_as: tuple[str, int] | None = None
+    dirty: bool = False
+
+    def changed(self) -> None:
+        self.dirty = True
+
+
+@dataclass
+class BufferedSignal:
+    id: int
+    name: str
+    payload: Any
+    consumed_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The settings the replay needs, passed in so the core never reads Django settings."""
+
+    reconcile_interval: timedelta
+    redispatch_after: timedelta
+    timeout_grace: timedelta
+    heartbeat_throttle: timedelta
+    default_queue: str
+
+
+@dataclass
+class Outcome:
+    """What a turn decided for the run."""
+
+    status: str  # completed | failed | suspended
+    output: Any = None
+    error: dict[str, Any] | None = None
+    wake_at: datetime | None = None
+    failed_seqs: list[int] = field(default_factory=list)
+
+
+def roundtrip(value: Any, *, what: str) -> Any:
+    """Return ``value`` as it reads back from JSON, or raise InvalidInput naming ``what``."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(
+            f"{what} must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
+        ) from None
+
+
+def check_size(value: Any, limit: int, *, what: str) -> None:
+    size = len(json.dumps(value).encode())
+    if size > limit:
+        raise InvalidInput(
+            f"{what} is {size} bytes, over DURABLE['MAX_PAYLOAD_BYTES'] ({limit}); store large "
+            "data elsewhere and pass a reference"
+        )

@@ -1,0 +1,329 @@
+"""Durable's rows and their state transitions.
+
+Every transition is one guarded UPDATE whose WHERE names the state it expects; the row count
+says who won. Nothing outside this module assigns ``status``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Coalesce
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+
+
+UNFINISHED = (Status.PENDING, Status.RUNNING, Status.SUSPENDED)
+TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD)
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
+        """Take the turn lease of an unfinished run whose lease is free or expired.
+
+        Taking over a ``running`` run means its last turn died holding the lease: that counts
+        as a recovery attempt.
+        """
+        return bool(
+            self.filter(
+                Q(locked_until__isnull=True) | Q(locked_until__lt=now),
+                id=run_id,
+                status__in=UNFINISHED,
+            ).update(
+                recovery_attempts=Case(
+                    When(status=Status.RUNNING, then=F("recovery_attempts") + 1),
+                    default=F("recovery_attempts"),
+                    output_field=models.PositiveIntegerField(),
+                ),
+                status=Status.RUNNING,
+                locked_by=owner,
+                locked_until=now + lease,
+                started_at=Coalesce(F("started_at"), Value(now)),
+                updated_at=now,
+            )
+        )
+
+    def renew(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
+        """Extend a lease this owner still holds; False means it was taken over."""
+        return bool(
+            self.filter(id=run_id, locked_by=owner, status=Status.RUNNING).update(
+                locked_until=now + lease
+            )
+        )
+
+    def settle(self, run_id: str, owner: str, wakes: int, now: datetime, **fields: Any) -> bool:
+        """End a turn: write its outcome and release the lease.
+
+        Refused (False) when the lease was lost or a wake arrived since the turn read the run.
+        """
+        fields.setdefault("recovery_attempts", 0)
+        return bool(
+            self.filter(id=run_id, locked_by=owner, wakes=wakes, status=Status.RUNNING).update(
+                locked_by=None, locked_until=None, updated_at=now, **fields
+            )
+        )
+
+    def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:
+        """Give the lease back without an outcome, so another worker can take the run."""
+        return bool(
+            self.filter(id=run_id, locked_by=owner, status=Status.RUNNING).update(
+                status=Status.SUSPENDED, locked_by=None, locked_until=None, wake_at=wake_at, updated_at=now
+            )
+        )
+
+    def wake(self, run_id: str, now: datetime) -> bool:
+        """Note that something happened for an unfinished run; False if it has finished."""
+        return bool(
+            self.filter(id=run_id, status__in=UNFINISHED).update(
+                wakes=F("wakes") + 1, wake_at=now, updated_at=now
+            )
+        )
+
+    def die(self, run_id: str, error: dict[str, Any], now: datetime) -> bool:
+        return bool(
+            self.filter(id=run_id, status__in=UNFINISHED).update(
+                status=Status.DEAD,
+                error=error,
+                locked_by=None,
+                locked_until=None,
+                wake_at=None,
+                finished_at=now,
+                updated_at=now,
+            )
+        )
+
+    def cancel(self, run_id: str, error: dict[str, Any], now: datetime) -> bool:
+        return bool(
+            self.filter(id=run_id, status__in=UNFINISHED).update(
+                status=Status.CANCELLED,
+                error=error,
+                locked_by=None,
+                locked_until=None,
+                wake_at=None,
+                finished_at=now,
+                updated_at=now,
+            )
+        )
+
+    def reopen(self, run_id: str, now: datetime) -> bool:
+        """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
+        return bool(
+            self.filter(id=run_id, status__in=(Status.FAILED, Status.DEAD, Status.CANCELLED)).update(
+                status=Status.PENDING,
+                error=None,
+                output=None,
+                failed_seqs=None,
+                recovery_attempts=0,
+                finished_at=None,
+                wake_at=now,
+                wakes=F("wakes") + 1,
+                updated_at=now,
+            )
+        )
+
+    def due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
+        """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
+        qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now)
+        return list(_skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
+
+    def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
+        """Move the timers of runs just woken forward, so the next sweep does not send them again."""
+        return self.filter(
+            id__in=ids, status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now
+        ).update(wake_at=until)
+
+    def orphans(self, now: datetime, limit: int) -> list[tuple[str, str]]:
+        """(id, queue) of runs whose turn died holding the lease."""
+        qs = self.filter(status=Status.RUNNING, locked_until__lt=now)
+        return list(_skip_locked(qs.order_by("locked_until")).values_list("id", "queue")[:limit])
+
+    def recover(self, run_id: str, now: datetime, max_attempts: int, error: dict[str, Any]) -> str | None:
+        """Take an orphaned turn's run back: ``dead`` past the budget, else due now, counted."""
+        expired = self.filter(id=run_id, status=Status.RUNNING, locked_until__lt=now)
+        released = {"locked_by": None, "locked_until": None, "updated_at": now}
+        if expired.filter(recovery_attempts__gte=max_attempts).update(
+            status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
+        ):
+            return Status.DEAD
+        if expired.update(
+            status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
+        ):
+            return Status.SUSPENDED
+        return None
+
+
+def _skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:
+    # SKIP LOCKED only spreads concurrent sweeps on PostgreSQL; guarded UPDATEs keep correctness.
+    if qs.db and _supports_skip_locked(qs.db):
+        return qs.select_for_update(skip_locked=True)
+    return qs
+
+
+def _supports_skip_locked(alias: str) -> bool:
+    from django.db import connections
+
+    return bool(connections[alias].features.has_select_for_update_skip_locked)
+
+
+class Run(models.Model):
+    id = models.CharField(primary_key=True, max_length=255)
+    workflow = models.CharField(max_length=200, db_index=True)
+    version = models.CharField(max_length=32)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    queue = models.CharField(max_length=200)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    continued_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_by"
+    )
+    namespace = models.CharField(max_length=100, blank=True, default="")
+    tags = models.JSONField(default=list, blank=True)
+    search_attributes = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    recovery_attempts = models.PositiveIntegerField(default=0)
+    locked_by = models.CharField(max_length=255, null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    #: Bumped by every wake; a turn that read an older value runs again instead of sleeping.
+    wakes = models.BigIntegerField(default=0)
+    #: Positions whose failure ended the run: what retry() gives a fresh attempt.
+    failed_seqs = models.JSONField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "wake_at"], name="durable_run_due"),
+            models.Index(fields=["status", "locked_until"], name="durable_run_lease"),
+            models.Index(fields=["created_at"], name="durable_run_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL
+
+
+class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
+    def _attempt(self, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
+        return self.filter(run_id=run_id, seq=seq, status="pending", attempt=attempt)
+
+    def begin(self, run_id: str, seq: int, attempt: int, now: datetime) -> bool:
+        """A worker picked up this attempt; False if it is stale or already settled."""
+        return bool(self._attempt(run_id, seq, attempt).update(started_at=now))
+
+    def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                status="completed", output=output, error=None, wake_at=None, finished_at=now
+            )
+        )
+
+    def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                status="failed", error=error, wake_at=None, finished_at=now
+            )
+        )
+
+    def retry_at(
+        self, run_id: str, seq: int, attempt: int, error: dict[str, Any], wake_at: datetime
+    ) -> bool:
+        """Close a failed attempt and schedule the next one after its backoff."""
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                attempt=attempt + 1,
+                error=error,
+                wake_at=wake_at,
+                enqueued_at=None,
+                started_at=None,
+                last_heartbeat_at=None,
+            )
+        )
+
+    def beat(self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool) -> bool:
+        fields: dict[str, Any] = {"last_heartbeat_at": now}
+        if with_progress:
+            fields["progress"] = progress
+        return bool(self._attempt(run_id, seq, attempt).update(**fields))
+
+
+class Checkpoint(models.Model):
+    """One position of a run's history: a step, timer, signal wait or recorded value."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16)
+    name = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, default="pending")
+    attempt = models.PositiveIntegerField(default=1)
+    queue = models.CharField(max_length=200, blank=True, default="")
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+
+    objects = CheckpointQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="durable_checkpoint_position"),
+        ]
+        indexes = [
+            models.Index(fields=["run", "status"], name="durable_checkpoint_status"),
+        ]
+        ordering = ["run", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind} {self.name} ({self.status})"
+
+
+class SignalQuerySet(models.QuerySet["Signal"]):
+    def consume(self, signal_id: int, seq: int) -> bool:
+        return bool(self.filter(id=signal_id, consumed_seq__isnull=True).update(consumed_seq=seq))
+
+
+class Signal(models.Model):
+    """A signal sent to a run, kept until a wait at position ``consumed_seq`` takes it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    consumed_seq = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = SignalQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "consumed_seq"], name="durable_signal_unconsumed"),
+        ]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"signal {self.name} for {self.run_id}"

@@ -1,0 +1,263 @@
+"""Pytest fixtures for projects that use durable (registered as a pytest plugin).
+
+- ``durable_env``: durable's Celery messages are captured in-process; ``run_until_idle()`` runs
+  them, ``advance_time()`` moves a frozen clock and runs the sweeps, so timers fire at once.
+- ``durable_worker``: a real ``celery worker`` subprocess on the configured broker and the test
+  database, for end-to-end tests (with ``start_beat()``, ``kill()`` and ``restart()``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import api, conf, dispatch
+from .durations import parse_duration
+from .errors import DurableError
+
+
+class DurableEnv:
+    """Runs durable's work in the test process, under a frozen clock."""
+
+    def __init__(self, freezer: Any) -> None:
+        self.messages: list[dispatch.Message] = []
+        self._freezer = freezer
+        self._handlers: dict[str, Callable[..., Any]] = {}
+
+    def capture(self, message: dispatch.Message) -> None:
+        self.messages.append(message)
+
+    def _handler(self, task: str) -> Callable[..., Any]:
+        if not self._handlers:
+            from .engine import steps, sweeps, turn
+
+            self._handlers = {
+                dispatch.ADVANCE: turn.advance,
+                dispatch.RUN_STEP: steps.run_step,
+                "durable.sweep_timers": sweeps.sweep_timers,
+                "durable.sweep_orphans": sweeps.sweep_orphans,
+            }
+        return self._handlers[task]
+
+    def _commit_callbacks(self) -> None:
+        # Under pytest-django's ``db`` the test never commits, so on-commit callbacks would never
+        # run; run those left by transactions that did finish, as their real commit would.
+        from django.db import connections
+
+        connection = connections[conf.get().DATABASE]
+        while connection.in_atomic_block and connection.run_on_commit and not _in_user_atomic(connection):
+            _, callback, _ = connection.run_on_commit.pop(0)
+            callback()
+
+    def pending(self) -> list[dispatch.Message]:
+        """The messages sent and not yet run."""
+        self._commit_callbacks()
+        return list(self.messages)
+
+    def run_until_idle(self, max_tasks: int = 10_000) -> int:
+        """Run captured messages, and what they send, until none is left; return how many ran."""
+        ran = 0
+        while self.pending():
+            message = self.messages.pop(0)
+            ran += 1
+            if ran > max_tasks:
+                raise DurableError(
+                    f"run_until_idle() ran {max_tasks} tasks and work is still coming: a workflow "
+                    "that never settles? Raise max_tasks if this is expected"
+                )
+            self._handler(message.task)(*message.args)
+        return ran
+
+    def sweep(self) -> int:
+        """Run the beat sweeps once, then everything they send."""
+        from .engine import sweeps
+
+        found = sweeps.sweep_orphans() + sweeps.sweep_timers()
+        return found + self.run_until_idle()
+
+    def advance_time(self, duration: Any) -> int:
+        """Move the frozen clock forward in one jump, then fire what became due until idle."""
+        delta = parse_duration(duration, what="advance_time()")
+        self._freezer.tick(delta)
+        ran = self.run_until_idle()
+        while True:
+            step = self.sweep()
+            if not step:
+                return ran
+            ran += step
+
+    def now(self) -> Any:
+        from . import clock
+
+        return clock.now()
+
+
+def _in_user_atomic(connection: Any) -> bool:
+    # pytest-django wraps each test in one atomic block (two with a class-level one); more means
+    # the test itself is inside transaction.atomic(), whose callbacks must wait for its end.
+    return len(connection.savepoint_ids) > 1
+
+
+@pytest.fixture
+def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
+    """Capture durable's messages in-process and freeze the clock; see DurableEnv."""
+    import freezegun
+    from django.utils import timezone
+
+    from .engine import steps
+
+    if not any(name in request.fixturenames for name in ("db", "transactional_db", "django_db_setup")):
+        request.getfixturevalue("db")
+    freezer = freezegun.freeze_time(timezone.now(), tick=False)
+    frozen = freezer.start()
+    env = DurableEnv(frozen)
+    saved = (dispatch.sender, api.never_wait, steps.served_queues)
+    dispatch.sender, api.never_wait, steps.served_queues = env.capture, True, None
+    try:
+        yield env
+    finally:
+        dispatch.sender, api.never_wait, steps.served_queues = saved
+        freezer.stop()
+
+
+class CeleryProcess:
+    """A ``celery`` subprocess in its own process group, so a kill takes its pool children too."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, ready_text: str) -> None:
+        self.argv, self.env, self.log_path, self.ready_text = argv, env, log_path, ready_text
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> CeleryProcess:
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv[:4]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            if self.ready_text in self.log_path.read_text(errors="replace")[offset:]:
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.argv[:4]} was not ready within {timeout}s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class DurableWorker:
+    """A real worker (and optionally beat) on the configured broker and the test database."""
+
+    def __init__(self, app_name: str, workdir: Path, env: dict[str, str], queues: list[str]) -> None:
+        self.app_name, self.workdir, self.env, self.queues = app_name, workdir, env, queues
+        self.worker = self._worker(1)
+        self.beat: CeleryProcess | None = None
+        self._generation = 1
+
+    def _worker(self, generation: int, concurrency: int = 2) -> CeleryProcess:
+        argv = [
+            sys.executable, "-m", "celery", "-A", self.app_name, "worker", "--loglevel=INFO",
+            "--pool=prefork", f"--concurrency={concurrency}", "-Q", ",".join(self.queues),
+            "-n", f"durable-test-{os.getpid()}-{generation}@%h", "--without-gossip", "--without-mingle",
+        ]
+        return CeleryProcess(argv, self.env, self.workdir / "worker.log", "ready.")
+
+    def start_beat(self) -> CeleryProcess:
+        argv = [
+            sys.executable, "-m", "celery", "-A", self.app_name, "beat", "--loglevel=INFO",
+            "-s", str(self.workdir / "beat-schedule"), "--pidfile=",
+        ]
+        self.beat = CeleryProcess(argv, self.env, self.workdir / "beat.log", "beat: Starting")
+        return self.beat.start()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children, as an OOM kill or a lost node would."""
+        self.worker.kill()
+
+    def restart(self) -> None:
+        self.worker.stop()
+        self._generation += 1
+        self.worker = self._worker(self._generation).start()
+
+    def logs(self) -> str:
+        return self.worker.log() + (self.beat.log() if self.beat else "")
+
+    def close(self) -> None:
+        self.worker.stop()
+        if self.beat is not None:
+            self.beat.stop()
+
+
+def _purge(queues: list[str]) -> None:
+    from celery import current_app
+
+    with current_app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for queue in queues:
+            try:
+                channel.queue_purge(queue)
+            except Exception:  # noqa: BLE001, S110 - a queue that does not exist yet holds nothing
+                pass
+
+
+@pytest.fixture
+def durable_worker(request: pytest.FixtureRequest) -> Iterator[DurableWorker]:
+    """A running ``celery worker`` subprocess serving durable's queues on the test database."""
+    from celery import current_app
+    from django.db import connections
+
+    request.getfixturevalue("transactional_db")
+    settings = conf.get()
+    queues = sorted({settings.DEFAULT_QUEUE, "celery", *getattr(request, "param", ())})
+    _purge(queues)
+    env = dict(os.environ)
+    env["DURABLE_TEST_DATABASE_NAME"] = str(connections[settings.DATABASE].settings_dict["NAME"])
+    env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")])
+    app_name = os.environ.get("DURABLE_TEST_CELERY_APP") or current_app.main or "project"
+    workdir = Path(tempfile.mkdtemp(prefix="durable-worker-"))
+    worker = DurableWorker(app_name, workdir, env, queues)
+    worker.worker.start()
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; raise AssertionError past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
