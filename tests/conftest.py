@@ -1,0 +1,40 @@
+"""Shared test set-up: which services this run has, and workflows the tests define."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+REQUIRE_SERVICES = os.environ.get("DURABLE_REQUIRE_SERVICES") == "1"
+
+
+def _skip_or_fail(reason: str) -> None:
+    # In CI a missing service must fail the run, never skip silently.
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{reason} (DURABLE_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
+
+
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def on_redis() -> bool:
+    return settings.CELERY_BROKER_URL.startswith("redis")
+
+
+@pytest.fixture
+def postgres() -> None:
+    """Skip (or fail in CI) unless the suite runs on PostgreSQL."""
+    if not on_postgres():
+        _skip_or_fail("needs PostgreSQL: set DATABASE_URL=postgres://...")
+
+
+@pytest.fixture
+def redis_broker() -> None:
+    """Skip (or fail in CI) unless the broker is Redis."""
+    if not on_redis():
+        _skip_or_fail("needs Redis: set CELERY_BROKER_URL=redis://...")
