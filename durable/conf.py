@@ -99,9 +99,8 @@ def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
             found.append((key, f"must be a string or None, got {raw[key]!r}"))
     if "RETENTION" in raw and not isinstance(raw["RETENTION"], (list, tuple)):
         found.append(("RETENTION", "must be a list of policies"))
-    if "DATABASE" in raw and isinstance(raw["DATABASE"], str):
-        if raw["DATABASE"] not in django_settings.DATABASES:
-            found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
+    if isinstance(raw.get("DATABASE"), str) and raw["DATABASE"] not in django_settings.DATABASES:
+        found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
     return found
 
 

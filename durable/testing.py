@@ -8,9 +8,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ import pytest
 from . import api, conf, dispatch
 from .durations import parse_duration
 from .errors import DurableError
+from .processes import CeleryProcess
 
 
 class DurableEnv:
@@ -129,48 +129,6 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
         freezer.stop()
 
 
-class CeleryProcess:
-    """A ``celery`` subprocess in its own process group, so a kill takes its pool children too."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, ready_text: str) -> None:
-        self.argv, self.env, self.log_path, self.ready_text = argv, env, log_path, ready_text
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60) -> CeleryProcess:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.argv[:4]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            if self.ready_text in self.log_path.read_text(errors="replace")[offset:]:
-                return self
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.argv[:4]} was not ready within {timeout}s:\n{self.log()[-3000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
-
-    def stop(self, timeout: float = 20) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
 class DurableWorker:
     """A real worker (and optionally beat) on the configured broker and the test database."""
 
@@ -220,10 +178,9 @@ def _purge(queues: list[str]) -> None:
     with current_app.connection_for_write() as connection:
         channel = connection.default_channel
         for queue in queues:
-            try:
+            # A queue that does not exist yet holds nothing to purge.
+            with contextlib.suppress(Exception):
                 channel.queue_purge(queue)
-            except Exception:  # noqa: BLE001, S110 - a queue that does not exist yet holds nothing
-                pass
 
 
 @pytest.fixture

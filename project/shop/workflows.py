@@ -29,7 +29,7 @@ def pack(order_id: int, items: list) -> dict:
 
 @durable.step
 def ship(order_id: int, address: str) -> str:
-    return f"TRACK-{order_id}-{address[:3].upper()}"
+    return f"TRACK-{order_id}-{address.split(',')[-1].strip().upper()}"
 
 
 @durable.workflow(name="shop.fulfil")
