@@ -271,8 +271,10 @@ class Context:
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
                 self._send(rec, step)  # the message was lost, or a worker never took it
-            return _Pending(rec.enqueued_at + self._limits.redispatch_after)
-        deadline = self._deadline(rec, step)
+            # Look again by the earliest moment a started attempt could have overrun.
+            earliest = self._deadline(rec, step, since=rec.enqueued_at)
+            return _Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
+        deadline = self._deadline(rec, step, since=rec.started_at)
         if deadline is not None and now >= deadline:
             err = {
                 "message": f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time",
@@ -284,13 +286,13 @@ class Context:
             return self._resolve_step(rec, step)
         return _Pending(deadline)
 
-    def _deadline(self, rec: Record, step: Step) -> datetime | None:
-        assert rec.started_at is not None
+    def _deadline(self, rec: Record, step: Step, *, since: datetime) -> datetime | None:
+        """When an attempt that started at ``since`` has overrun its timeout or gone silent."""
         limits = []
         if step.timeout is not None:
-            limits.append(rec.started_at + step.timeout + self._limits.timeout_grace)
+            limits.append(since + step.timeout + self._limits.timeout_grace)
         if step.heartbeat_timeout is not None:
-            last = max(filter(None, [rec.started_at, rec.last_heartbeat_at]))
+            last = max(filter(None, [since, rec.last_heartbeat_at]))
             # A beat persisted by another process may lag by up to the throttle.
             limits.append(last + step.heartbeat_timeout + self._limits.heartbeat_throttle)
         return min(limits, default=None)

@@ -63,18 +63,31 @@ class DurableEnv:
         self._commit_callbacks()
         return list(self.messages)
 
+    def drop(self, task: str | None = None) -> list[dispatch.Message]:
+        """Lose the pending messages (of ``task``, or all), as a broker might; return them."""
+        dropped = [m for m in self.pending() if task is None or m.task == task]
+        self.messages[:] = [m for m in self.messages if m not in dropped]
+        return dropped
+
+    def run_next(self) -> dispatch.Message | None:
+        """Run the oldest captured message, if any, and return it."""
+        if not self.pending():
+            return None
+        message = self.messages.pop(0)
+        self._handler(message.task)(*message.args)
+        return message
+
     def run_until_idle(self, max_tasks: int = 10_000) -> int:
         """Run captured messages, and what they send, until none is left; return how many ran."""
         ran = 0
         while self.pending():
-            message = self.messages.pop(0)
-            ran += 1
-            if ran > max_tasks:
+            if ran == max_tasks:
                 raise DurableError(
                     f"run_until_idle() ran {max_tasks} tasks and work is still coming: a workflow "
                     "that never settles? Raise max_tasks if this is expected"
                 )
-            self._handler(message.task)(*message.args)
+            self.run_next()
+            ran += 1
         return ran
 
     def sweep(self) -> int:

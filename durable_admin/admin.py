@@ -1,0 +1,406 @@
+"""ModelAdmins for durable's runs and checkpoints: every field read-only, runs steered by actions.
+
+Nothing here writes a row itself: retry, cancel and delete go through durable's public API, so the
+admin can never put a run in a state the engine does not expect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
+from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth import get_permission_codename
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.text import Truncator
+from django.utils.translation import ngettext
+
+import durable
+from durable import conf
+from durable.models import Checkpoint, Run, Signal
+
+#: Skip reasons named one by one in an action's message; the rest are only counted.
+MAX_REASONS_SHOWN = 5
+
+#: Checkpoint kinds and statuses (API.md section 2), fixed so the filters need no DISTINCT scan
+#: over what can be the largest table in the project.
+CHECKPOINT_KINDS = ("step", "sleep", "signal", "event", "child", "entity", "value", "patch", "compensation")
+CHECKPOINT_STATUSES = ("pending", "completed", "failed")
+
+
+def pretty_json(value: Any, empty: str) -> str:
+    """Render a JSON value indented in a <pre>, escaped."""
+    if value is None:
+        return empty
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    return format_html('<pre style="margin: 0; white-space: pre-wrap">{}</pre>', text)
+
+
+def short_error(error: Any, empty: str, length: int = 120) -> str:
+    """Return ``Type: message`` of a stored error dict, cut to ``length`` characters."""
+    if not error:
+        return empty
+    if not isinstance(error, dict):
+        return Truncator(str(error)).chars(length)
+    text = str(error.get("message") or "")
+    if error.get("type"):
+        text = f"{error['type']}: {text}"
+    return Truncator(text).chars(length)
+
+
+def json_display(field: str, description: str | None = None) -> Any:
+    """A read-only admin column showing ``field`` as indented JSON."""
+
+    @admin.display(description=description or field.replace("_", " "))
+    def show(model_admin: admin.options.BaseModelAdmin[Any], obj: Model) -> str:
+        return pretty_json(getattr(obj, field), model_admin.get_empty_value_display())
+
+    return show
+
+
+@admin.display(description="error")
+def error_message(model_admin: admin.options.BaseModelAdmin[Any], obj: Checkpoint) -> str:
+    return short_error(obj.error, model_admin.get_empty_value_display())
+
+
+def format_duration(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.3f}s"
+    return str(timedelta(seconds=round(seconds)))
+
+
+class DurableDatabase:
+    """Read durable's rows from ``DURABLE["DATABASE"]``, where the API writes them."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(conf.get().DATABASE)  # type: ignore[misc]
+
+
+class ReadOnlyInline(DurableDatabase, admin.TabularInline):  # type: ignore[type-arg]
+    """Rows of a run's history: shown, never added, edited or removed on their own."""
+
+    extra = 0
+    max_num = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
+class CheckpointInline(ReadOnlyInline):
+    model = Checkpoint
+    ordering = ("seq",)
+    fields = readonly_fields = (
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "duration",
+        "last_heartbeat_at",
+        "progress_json",
+        "error_message",
+    )
+    verbose_name_plural = "history (checkpoints, in seq order)"
+
+    @admin.display(description="duration")
+    def duration(self, obj: Checkpoint) -> str:
+        if obj.started_at is None or obj.finished_at is None:
+            return self.get_empty_value_display()
+        return format_duration(obj.finished_at - obj.started_at)
+
+    progress_json = json_display("progress")
+    error_message = error_message
+
+
+class SignalInline(ReadOnlyInline):
+    model = Signal
+    ordering = ("id",)
+    fields = readonly_fields = ("name", "payload_json", "created_at", "consumed_seq")
+    verbose_name_plural = "signals (consumed_seq is empty while buffered)"
+
+    payload_json = json_display("payload")
+
+
+class RunChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        # The list shows no payload, and each may be up to MAX_PAYLOAD_BYTES: do not load them.
+        return (
+            super()
+            .get_queryset(request, *args, **kwargs)
+            .defer("input", "output", "error", "search_attributes", "failed_seqs")
+        )
+
+
+@admin.register(Run)
+class RunAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "id",
+        "workflow",
+        "version",
+        "status",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "recovery_attempts",
+    )
+    list_filter = ("status", "workflow")
+    search_fields = ("id", "workflow")
+    ordering = ("-created_at",)
+    date_hierarchy = "created_at"
+    # A COUNT(*) over every run on each page load is what makes big changelists slow.
+    show_full_result_count = False
+    actions = ("retry_runs", "cancel_runs")
+    inlines = (CheckpointInline, SignalInline)
+    fieldsets = (
+        (None, {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags")}),
+        ("Data", {"fields": ("input_json", "output_json", "error_json", "search_attributes_json")}),
+        ("Lineage", {"fields": ("parent", "continued_from", "history")}),
+        ("Timing", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "wake_at")}),
+        (
+            "Engine",
+            {
+                "fields": ("recovery_attempts", "locked_by", "locked_until", "wakes", "failed_seqs"),
+                "classes": ("collapse",),
+            },
+        ),
+    )
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RunChangeList
+
+    # -- read-only: runs are created by durable.start and changed only by the engine ---------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_steer_permission(self, request: HttpRequest) -> bool:
+        # Retrying or cancelling is the only change the admin makes to a run, so it takes
+        # Django's change permission even though no field is ever editable.
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
+    def delete_model(self, request: HttpRequest, obj: Run) -> None:
+        durable.delete_run(obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        for run_id in queryset.values_list("pk", flat=True):
+            try:
+                durable.delete_run(run_id)
+            except durable.RunNotFound:
+                pass  # a child deleted with its parent earlier in this loop
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        # A run's checkpoints and signals go with it; their admins refuse deleting them one by one,
+        # which must not block deleting the run.
+        perms_needed = {
+            p for p in perms_needed if p not in {Checkpoint._meta.verbose_name, Signal._meta.verbose_name}
+        }
+        return deleted, counts, perms_needed, protected
+
+    # -- change page -------------------------------------------------------------------------
+
+    input_json = json_display("input")
+    output_json = json_display("output")
+    error_json = json_display("error")
+    search_attributes_json = json_display("search_attributes")
+
+    @admin.display(description="checkpoints")
+    def history(self, obj: Run) -> str:
+        # The inline shows every row at once; the changelist pages and filters a long history.
+        url = reverse("admin:durable_checkpoint_changelist") + "?" + urlencode({"run": obj.pk})
+        count = obj.checkpoints.count()
+        return format_html('<a href="{}">{} checkpoint{}</a>', url, count, "" if count == 1 else "s")
+
+    # -- actions -----------------------------------------------------------------------------
+
+    @admin.action(description="Retry selected runs", permissions=["steer"])
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        retried, skipped = 0, []
+        for run_id in _ids(queryset):
+            try:
+                durable.retry(run_id)
+            except durable.DurableError as exc:
+                skipped.append(str(exc))
+            else:
+                retried += 1
+        if retried:
+            self.message_user(
+                request,
+                ngettext(
+                    "Retried %d run; it is pending again.",
+                    "Retried %d runs; they are pending again.",
+                    retried,
+                )
+                % retried,
+                messages.SUCCESS,
+            )
+        if skipped:
+            self.message_user(
+                request,
+                ngettext(
+                    "Skipped %d run that cannot be retried: %s",
+                    "Skipped %d runs that cannot be retried: %s",
+                    len(skipped),
+                )
+                % (len(skipped), _reasons(skipped)),
+                messages.WARNING,
+            )
+
+    @admin.action(description="Cancel selected runs", permissions=["steer"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        cancelled, finished, skipped = 0, 0, []
+        reason = f"cancelled in the admin by {request.user.get_username() or 'an anonymous user'}"
+        for run_id in _ids(queryset):
+            try:
+                if durable.cancel(run_id, reason=reason):
+                    cancelled += 1
+                else:
+                    finished += 1
+            except durable.DurableError as exc:
+                skipped.append(str(exc))
+        if cancelled:
+            self.message_user(
+                request,
+                ngettext("Cancelled %d run.", "Cancelled %d runs.", cancelled) % cancelled,
+                messages.SUCCESS,
+            )
+        if finished:
+            self.message_user(
+                request,
+                ngettext(
+                    "%d run had already finished; left as it was.",
+                    "%d runs had already finished; left as they were.",
+                    finished,
+                )
+                % finished,
+                messages.WARNING,
+            )
+        if skipped:
+            self.message_user(
+                request,
+                ngettext("Could not cancel %d run: %s", "Could not cancel %d runs: %s", len(skipped))
+                % (len(skipped), _reasons(skipped)),
+                messages.ERROR,
+            )
+
+
+def _ids(queryset: QuerySet[Run]) -> list[str]:
+    # Ids first, one API call each: every call is its own transaction, as from a shell.
+    return list(queryset.order_by("created_at", "pk").values_list("pk", flat=True))
+
+
+def _reasons(reasons: Iterable[str]) -> str:
+    reasons = list(reasons)
+    text = "; ".join(reasons[:MAX_REASONS_SHOWN])
+    if len(reasons) > MAX_REASONS_SHOWN:
+        text += f"; and {len(reasons) - MAX_REASONS_SHOWN} more"
+    return text
+
+
+class FixedChoicesFilter(admin.SimpleListFilter):
+    """A filter on a column whose values are known, so listing them needs no query."""
+
+    choices_list: tuple[str, ...] = ()
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, value) for value in self.choices_list]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(**{self.parameter_name: value}) if value else queryset
+
+
+class KindFilter(FixedChoicesFilter):
+    title = parameter_name = "kind"
+    choices_list = CHECKPOINT_KINDS
+
+
+class CheckpointStatusFilter(FixedChoicesFilter):
+    title = parameter_name = "status"
+    choices_list = CHECKPOINT_STATUSES
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "run_link",
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "started_at",
+        "finished_at",
+        "error_message",
+    )
+    # The run column is its own link, so the row's change link sits on seq and name.
+    list_display_links = ("seq", "name")
+    list_filter = (KindFilter, CheckpointStatusFilter)
+    search_fields = ("=run__id", "name")
+    # Newest rows first, on the primary key's index rather than a sort over (run, seq).
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = readonly_fields = (
+        "run",
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "queue",
+        "input_json",
+        "output_json",
+        "error_json",
+        "wake_at",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_heartbeat_at",
+        "progress_json",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        # A hole in a history breaks replay: checkpoints go only with their run.
+        return False
+
+    @admin.display(description="run", ordering="run_id")
+    def run_link(self, obj: Checkpoint) -> str:
+        return format_html(
+            '<a href="{}">{}</a>', reverse("admin:durable_run_change", args=[quote(obj.run_id)]), obj.run_id
+        )
+
+    error_message = error_message
+    input_json = json_display("input")
+    output_json = json_display("output")
+    error_json = json_display("error")
+    progress_json = json_display("progress")
