@@ -177,7 +177,7 @@ def signal(run_id: str, name: str, payload: Any = None) -> None:
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
         now = clock.now()
-        if not _runs().wake(run_id, now):
+        if not _runs().wake(run_id, now, now + settings.LEASE):
             raise RunFinished(f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent")
         run.signals.create(name=name, payload=payload, created_at=now)
         dispatch.advance(run_id, run.queue)

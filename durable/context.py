@@ -363,7 +363,7 @@ class Context:
         if rec.status == COMPLETED:
             return rec.output
         if rec.status == FAILED:
-            return self._failure(WaitTimeout(cause=rec.error), rec)
+            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
         now = self._clock()
         buffered = next(
             (s for s in self._state.signals if s.name == rec.name and s.consumed_seq is None), None

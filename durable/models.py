@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Case, F, Q, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Least
 
 
 class Status(models.TextChoices):
@@ -82,11 +82,16 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
-    def wake(self, run_id: str, now: datetime) -> bool:
-        """Note that something happened for an unfinished run; False if it has finished."""
+    def wake(self, run_id: str, now: datetime, redrive_at: datetime) -> bool:
+        """Note that something happened for an unfinished run; False if it has finished.
+
+        The run's timer is brought forward to ``redrive_at`` at the latest, so the timer sweep
+        re-drives it if the message that should carry this wake is lost.
+        """
+        at = Value(redrive_at, output_field=models.DateTimeField())
         return bool(
             self.filter(id=run_id, status__in=UNFINISHED).update(
-                wakes=F("wakes") + 1, wake_at=now, updated_at=now
+                wakes=F("wakes") + 1, wake_at=Least(Coalesce(F("wake_at"), at), at), updated_at=now
             )
         )
 

@@ -32,6 +32,10 @@ class DurableEnv:
         self.messages: list[dispatch.Message] = []
         self._freezer = freezer
         self._handlers: dict[str, Callable[..., Any]] = {}
+        from django.db import connections
+
+        # How deep the test framework's own atomic blocks go (0 under transactional_db).
+        self._test_depth = len(connections[conf.get().DATABASE].atomic_blocks)
 
     def capture(self, message: dispatch.Message) -> None:
         self.messages.append(message)
@@ -54,7 +58,10 @@ class DurableEnv:
         from django.db import connections
 
         connection = connections[conf.get().DATABASE]
-        while connection.in_atomic_block and connection.run_on_commit and not _in_user_atomic(connection):
+        # Inside the test's own transaction.atomic(), callbacks wait for its end, as in production.
+        if len(connection.atomic_blocks) > self._test_depth:
+            return
+        while connection.in_atomic_block and connection.run_on_commit:
             _, callback, _ = connection.run_on_commit.pop(0)
             callback()
 
@@ -112,12 +119,6 @@ class DurableEnv:
         from . import clock
 
         return clock.now()
-
-
-def _in_user_atomic(connection: Any) -> bool:
-    # pytest-django wraps each test in one atomic block (two with a class-level one); more means
-    # the test itself is inside transaction.atomic(), whose callbacks must wait for its end.
-    return len(connection.savepoint_ids) > 1
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ admin can never put a run in a state the engine does not expect.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from datetime import timedelta
@@ -67,7 +68,7 @@ def json_display(field: str, description: str | None = None) -> Any:
 
 
 @admin.display(description="error")
-def error_message(model_admin: admin.options.BaseModelAdmin[Any], obj: Checkpoint) -> str:
+def error_summary(model_admin: admin.options.BaseModelAdmin[Any], obj: Checkpoint) -> str:
     return short_error(obj.error, model_admin.get_empty_value_display())
 
 
@@ -78,19 +79,11 @@ def format_duration(delta: timedelta) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
-class DurableDatabase:
-    """Read durable's rows from ``DURABLE["DATABASE"]``, where the API writes them."""
+class DurableRows:
+    """Rows the engine owns: read from ``DURABLE["DATABASE"]``, never added or edited by a form."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(conf.get().DATABASE)  # type: ignore[misc]
-
-
-class ReadOnlyInline(DurableDatabase, admin.TabularInline):  # type: ignore[type-arg]
-    """Rows of a run's history: shown, never added, edited or removed on their own."""
-
-    extra = 0
-    max_num = 0
-    can_delete = False
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
@@ -98,7 +91,13 @@ class ReadOnlyInline(DurableDatabase, admin.TabularInline):  # type: ignore[type
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
+
+class ReadOnlyInline(DurableRows, admin.TabularInline):  # type: ignore[type-arg]
+    extra = max_num = 0
+    can_delete = False
+
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        # A hole in a history breaks replay: rows go only with their run.
         return False
 
 
@@ -106,18 +105,8 @@ class CheckpointInline(ReadOnlyInline):
     model = Checkpoint
     ordering = ("seq",)
     fields = readonly_fields = (
-        "seq",
-        "kind",
-        "name",
-        "status",
-        "attempt",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "duration",
-        "last_heartbeat_at",
-        "progress_json",
-        "error_message",
+        "seq", "kind", "name", "status", "attempt", "enqueued_at", "started_at", "finished_at", "duration",
+        "last_heartbeat_at", "progress_json", "error_message",
     )
     verbose_name_plural = "history (checkpoints, in seq order)"
 
@@ -128,7 +117,7 @@ class CheckpointInline(ReadOnlyInline):
         return format_duration(obj.finished_at - obj.started_at)
 
     progress_json = json_display("progress")
-    error_message = error_message
+    error_message = error_summary
 
 
 class SignalInline(ReadOnlyInline):
@@ -143,24 +132,14 @@ class SignalInline(ReadOnlyInline):
 class RunChangeList(ChangeList):
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
         # The list shows no payload, and each may be up to MAX_PAYLOAD_BYTES: do not load them.
-        return (
-            super()
-            .get_queryset(request, *args, **kwargs)
-            .defer("input", "output", "error", "search_attributes", "failed_seqs")
-        )
+        queryset = super().get_queryset(request, *args, **kwargs)
+        return queryset.defer("input", "output", "error", "search_attributes", "failed_seqs")
 
 
 @admin.register(Run)
-class RunAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
+class RunAdmin(DurableRows, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
-        "id",
-        "workflow",
-        "version",
-        "status",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "recovery_attempts",
+        "id", "workflow", "version", "status", "created_at", "started_at", "finished_at", "recovery_attempts",
     )
     list_filter = ("status", "workflow")
     search_fields = ("id", "workflow")
@@ -175,26 +154,15 @@ class RunAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
         ("Data", {"fields": ("input_json", "output_json", "error_json", "search_attributes_json")}),
         ("Lineage", {"fields": ("parent", "continued_from", "history")}),
         ("Timing", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "wake_at")}),
-        (
-            "Engine",
-            {
-                "fields": ("recovery_attempts", "locked_by", "locked_until", "wakes", "failed_seqs"),
-                "classes": ("collapse",),
-            },
-        ),
+        ("Engine", {
+            "fields": ("recovery_attempts", "locked_by", "locked_until", "wakes", "failed_seqs"),
+            "classes": ("collapse",),
+        }),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RunChangeList
-
-    # -- read-only: runs are created by durable.start and changed only by the engine ---------------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
 
     def has_steer_permission(self, request: HttpRequest) -> bool:
         # Retrying or cancelling is the only change the admin makes to a run, so it takes
@@ -207,10 +175,9 @@ class RunAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         for run_id in queryset.values_list("pk", flat=True):
-            try:
+            # A child may already have gone with its parent earlier in this loop.
+            with contextlib.suppress(durable.RunNotFound):
                 durable.delete_run(run_id)
-            except durable.RunNotFound:
-                pass  # a child deleted with its parent earlier in this loop
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
@@ -247,32 +214,15 @@ class RunAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
                 skipped.append(str(exc))
             else:
                 retried += 1
-        if retried:
-            self.message_user(
-                request,
-                ngettext(
-                    "Retried %d run; it is pending again.",
-                    "Retried %d runs; they are pending again.",
-                    retried,
-                )
-                % retried,
-                messages.SUCCESS,
-            )
-        if skipped:
-            self.message_user(
-                request,
-                ngettext(
-                    "Skipped %d run that cannot be retried: %s",
-                    "Skipped %d runs that cannot be retried: %s",
-                    len(skipped),
-                )
-                % (len(skipped), _reasons(skipped)),
-                messages.WARNING,
-            )
+        self._tell(request, messages.SUCCESS, retried, "Retried %d run; it is pending again.",
+                   "Retried %d runs; they are pending again.")
+        self._tell(request, messages.WARNING, skipped, "Skipped %d run that cannot be retried: %s",
+                   "Skipped %d runs that cannot be retried: %s")
 
     @admin.action(description="Cancel selected runs", permissions=["steer"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         cancelled, finished, skipped = 0, 0, []
+        # Stored as the run's error message: who cancelled it stays visible on the run.
         reason = f"cancelled in the admin by {request.user.get_username() or 'an anonymous user'}"
         for run_id in _ids(queryset):
             try:
@@ -282,34 +232,23 @@ class RunAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
                     finished += 1
             except durable.DurableError as exc:
                 skipped.append(str(exc))
-        if cancelled:
-            self.message_user(
-                request,
-                ngettext("Cancelled %d run.", "Cancelled %d runs.", cancelled) % cancelled,
-                messages.SUCCESS,
-            )
-        if finished:
-            self.message_user(
-                request,
-                ngettext(
-                    "%d run had already finished; left as it was.",
-                    "%d runs had already finished; left as they were.",
-                    finished,
-                )
-                % finished,
-                messages.WARNING,
-            )
-        if skipped:
-            self.message_user(
-                request,
-                ngettext("Could not cancel %d run: %s", "Could not cancel %d runs: %s", len(skipped))
-                % (len(skipped), _reasons(skipped)),
-                messages.ERROR,
-            )
+        self._tell(request, messages.SUCCESS, cancelled, "Cancelled %d run.", "Cancelled %d runs.")
+        self._tell(request, messages.WARNING, finished, "%d run had already finished; left as it was.",
+                   "%d runs had already finished; left as they were.")
+        self._tell(request, messages.ERROR, skipped, "Could not cancel %d run: %s",
+                   "Could not cancel %d runs: %s")
+
+    def _tell(self, request: HttpRequest, level: int, what: int | list[str], one: str, many: str) -> None:
+        """Report a count, or the reasons runs were skipped, unless there is nothing to report."""
+        if not what:
+            return
+        count = len(what) if isinstance(what, list) else what
+        values = (count, _reasons(what)) if isinstance(what, list) else count
+        self.message_user(request, ngettext(one, many, count) % values, level)
 
 
 def _ids(queryset: QuerySet[Run]) -> list[str]:
-    # Ids first, one API call each: every call is its own transaction, as from a shell.
+    # Ids first, then one API call each: every call is its own transaction, as from a shell.
     return list(queryset.order_by("created_at", "pk").values_list("pk", flat=True))
 
 
@@ -345,17 +284,9 @@ class CheckpointStatusFilter(FixedChoicesFilter):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-arg]
+class CheckpointAdmin(DurableRows, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
-        "run_link",
-        "seq",
-        "kind",
-        "name",
-        "status",
-        "attempt",
-        "started_at",
-        "finished_at",
-        "error_message",
+        "run_link", "seq", "kind", "name", "status", "attempt", "started_at", "finished_at", "error_message",
     )
     # The run column is its own link, so the row's change link sits on seq and name.
     list_display_links = ("seq", "name")
@@ -365,33 +296,11 @@ class CheckpointAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-a
     ordering = ("-id",)
     show_full_result_count = False
     fields = readonly_fields = (
-        "run",
-        "seq",
-        "kind",
-        "name",
-        "status",
-        "attempt",
-        "queue",
-        "input_json",
-        "output_json",
-        "error_json",
-        "wake_at",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "last_heartbeat_at",
-        "progress_json",
+        "run", "seq", "kind", "name", "status", "attempt", "queue", "input_json", "output_json", "error_json",
+        "wake_at", "enqueued_at", "started_at", "finished_at", "last_heartbeat_at", "progress_json",
     )
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        # A hole in a history breaks replay: checkpoints go only with their run.
-        return False
+    has_delete_permission = ReadOnlyInline.has_delete_permission
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: Checkpoint) -> str:
@@ -399,7 +308,7 @@ class CheckpointAdmin(DurableDatabase, admin.ModelAdmin):  # type: ignore[type-a
             '<a href="{}">{}</a>', reverse("admin:durable_run_change", args=[quote(obj.run_id)]), obj.run_id
         )
 
-    error_message = error_message
+    error_message = error_summary
     input_json = json_display("input")
     output_json = json_display("output")
     error_json = json_display("error")

@@ -61,7 +61,7 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
             recorded = checkpoints.fail(run_id, seq, attempt, error, now)
         if recorded:
             beats.keep_last(checkpoints)
-            woken = Run.objects.using(db).wake(run_id, now)
+            woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
     if not recorded:
         return "stale"
     if woken:

@@ -1,0 +1,250 @@
+"""The durable_admin pages and actions, driven through the admin with runs made by durable_env."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+import durable
+from durable import Retry
+from durable.models import Checkpoint, Run
+
+#: Flipped by the ``outage`` fixture: while True, ``charge`` fails for good.
+OUTAGE = {"on": False}
+
+
+@durable.step
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@durable.step(retry=Retry(max_attempts=3, initial="1s"))
+def flaky_double(n: int) -> int:
+    if durable.step_info().attempt == 1:
+        raise ConnectionError("the first attempt always fails")
+    return n * 2
+
+
+@durable.step(retry=Retry(max_attempts=1))
+def charge(n: int) -> str:
+    if OUTAGE["on"]:
+        raise ConnectionError("payment provider is down")
+    return f"charged {n}"
+
+
+@durable.workflow(name="tests.admin_add")
+def add_flow(ctx: durable.Context, n: int) -> int:
+    return ctx.step(add, n, 1)
+
+
+@durable.workflow(name="tests.admin_history")
+def history_flow(ctx: durable.Context, n: int) -> int:
+    doubled = ctx.step(flaky_double, ctx.step(add, n, 1))
+    return ctx.step(add, doubled, 0)
+
+
+@durable.workflow(name="tests.admin_charge")
+def charge_flow(ctx: durable.Context, n: int) -> str:
+    return ctx.step(charge, n)
+
+
+@durable.workflow(name="tests.admin_wait")
+def wait_flow(ctx: durable.Context, _: Any) -> Any:
+    return ctx.wait_for_signal("go")
+
+
+CHANGELIST = "admin:durable_run_changelist"
+
+
+@pytest.fixture
+def outage(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    monkeypatch.setitem(OUTAGE, "on", True)
+    return OUTAGE
+
+
+def finished(durable_env: Any, workflow: str, n: int) -> str:
+    """Start a run, run it until idle and return its id."""
+    run_id = durable.start(workflow, n).id
+    durable_env.run_until_idle()
+    return run_id
+
+
+def change_url(run_id: str) -> str:
+    return reverse("admin:durable_run_change", args=[quote(run_id)])
+
+
+def act(client: Client, action: str, run_ids: list[str]) -> list[str]:
+    """Post a changelist action on ``run_ids``; return the messages the admin shows."""
+    response = client.post(reverse(CHANGELIST), {"action": action, "_selected_action": run_ids}, follow=True)
+    assert response.status_code == 200
+    return [str(message) for message in response.context["messages"]]
+
+
+def inline_rows(html: str) -> list[dict[str, str]]:
+    """The cells of the checkpoint inline's rows, by column name."""
+    section = html.split('id="checkpoints-group"', 1)[1].split("</fieldset>", 1)[0]
+    rows = re.findall(r'<tr class="form-row[^"]*"[^>]*>(.*?)</tr>', section, re.S)
+    return [
+        {name: re.sub(r"<[^>]+>", "", text).strip() for name, text in re.findall(r'<td class="field-(\w+)">(.*?)</td>', row, re.S)}
+        for row in rows
+    ]
+
+
+def test_changelist_lists_runs_newest_first(admin_client: Client, durable_env: Any) -> None:
+    older = finished(durable_env, "tests.admin_add", 1)
+    durable_env.advance_time("1s")
+    newer = finished(durable_env, "tests.admin_add", 2)
+
+    response = admin_client.get(reverse(CHANGELIST))
+
+    assert response.status_code == 200
+    assert [run.id for run in response.context["cl"].result_list] == [newer, older]
+    assert "tests.admin_add" in response.content.decode()
+
+
+def test_changelist_filters_by_status(admin_client: Client, durable_env: Any, outage: Any) -> None:
+    completed = finished(durable_env, "tests.admin_add", 1)
+    failed = finished(durable_env, "tests.admin_charge", 1)
+
+    only_failed = admin_client.get(reverse(CHANGELIST), {"status__exact": "failed"})
+    only_completed = admin_client.get(reverse(CHANGELIST), {"status__exact": "completed"})
+
+    assert [run.id for run in only_failed.context["cl"].result_list] == [failed]
+    assert [run.id for run in only_completed.context["cl"].result_list] == [completed]
+
+
+def test_changelist_searches_by_id_and_workflow(admin_client: Client, durable_env: Any) -> None:
+    added = finished(durable_env, "tests.admin_add", 1)
+    waiting = finished(durable_env, "tests.admin_wait", 0)
+
+    by_id = admin_client.get(reverse(CHANGELIST), {"q": waiting})
+    by_workflow = admin_client.get(reverse(CHANGELIST), {"q": "admin_add"})
+
+    assert [run.id for run in by_id.context["cl"].result_list] == [waiting]
+    assert [run.id for run in by_workflow.context["cl"].result_list] == [added]
+
+
+def test_change_page_shows_checkpoints_in_seq_order_with_status_and_attempts(
+    admin_client: Client, durable_env: Any
+) -> None:
+    run_id = finished(durable_env, "tests.admin_history", 4)
+    durable_env.advance_time("2s")  # past the backoff of flaky_double's first attempt
+    assert durable.get_run(run_id).status == "completed"
+
+    response = admin_client.get(change_url(run_id))
+
+    assert response.status_code == 200
+    rows = inline_rows(response.content.decode())
+    assert [(r["seq"], r["name"], r["status"], r["attempt"]) for r in rows] == [
+        ("0", add.name, "completed", "1"),
+        ("1", flaky_double.name, "completed", "2"),
+        ("2", add.name, "completed", "1"),
+    ]
+
+
+def test_change_page_shows_a_failed_steps_short_error(admin_client: Client, durable_env: Any, outage: Any) -> None:
+    run_id = finished(durable_env, "tests.admin_charge", 1)
+
+    rows = inline_rows(admin_client.get(change_url(run_id)).content.decode())
+
+    assert [(r["status"], r["error_message"]) for r in rows] == [
+        ("failed", "ConnectionError: payment provider is down")
+    ]
+
+
+def test_change_page_pretty_prints_json_and_lists_buffered_signals(admin_client: Client, durable_env: Any) -> None:
+    run_id = durable.start("tests.admin_wait", {"order": {"id": 7}}, run_id="order:7/approval_1").id
+    durable_env.run_until_idle()
+    durable.signal(run_id, "later", {"note": "kept until a wait takes it"})
+
+    html = admin_client.get(change_url(run_id)).content.decode()
+
+    assert '{\n  &quot;order&quot;: {\n    &quot;id&quot;: 7\n  }\n}' in html
+    assert "kept until a wait takes it" in html
+    assert 'name="_save"' not in html  # view only: nothing to save
+
+
+def test_retry_action_runs_a_failed_run_again(admin_client: Client, durable_env: Any, outage: Any) -> None:
+    failed = finished(durable_env, "tests.admin_charge", 5)
+    completed = finished(durable_env, "tests.admin_add", 1)
+    assert durable.get_run(failed).status == "failed"
+    outage["on"] = False
+
+    shown = act(admin_client, "retry_runs", [failed, completed])
+
+    assert durable.get_run(failed).status == "pending"
+    assert "Retried 1 run; it is pending again." in shown
+    assert any(m.startswith("Skipped 1 run that cannot be retried:") and "completed" in m for m in shown)
+    durable_env.run_until_idle()
+    run = durable.get_run(failed)
+    assert (run.status, run.output) == ("completed", "charged 5")
+    assert durable.get_run(completed).status == "completed"
+
+
+def test_cancel_action_cancels_a_suspended_run_and_reports_finished_ones(
+    admin_client: Client, durable_env: Any
+) -> None:
+    waiting = finished(durable_env, "tests.admin_wait", 0)
+    completed = finished(durable_env, "tests.admin_add", 1)
+    assert durable.get_run(waiting).status == "suspended"
+
+    shown = act(admin_client, "cancel_runs", [waiting, completed])
+
+    run = durable.get_run(waiting)
+    assert run.status == "cancelled"
+    assert run.error["message"] == "cancelled in the admin by admin"
+    assert durable.get_run(completed).status == "completed"
+    assert shown == ["Cancelled 1 run.", "1 run had already finished; left as it was."]
+
+
+def test_delete_action_deletes_runs_with_their_history(admin_client: Client, durable_env: Any) -> None:
+    run_id = finished(durable_env, "tests.admin_add", 1)
+
+    response = admin_client.post(
+        reverse(CHANGELIST), {"action": "delete_selected", "_selected_action": [run_id], "post": "yes"}, follow=True
+    )
+
+    assert response.status_code == 200
+    assert not Run.objects.filter(id=run_id).exists()
+    assert not Checkpoint.objects.filter(run_id=run_id).exists()
+
+
+def test_add_and_edit_are_denied(admin_client: Client, durable_env: Any) -> None:
+    run_id = finished(durable_env, "tests.admin_add", 1)
+
+    assert admin_client.get(reverse("admin:durable_run_add")).status_code == 403
+    assert admin_client.get(reverse("admin:durable_checkpoint_add")).status_code == 403
+    assert admin_client.post(change_url(run_id), {"workflow": "hijacked"}).status_code == 403
+    assert durable.get_run(run_id).workflow == "tests.admin_add"
+
+
+def test_actions_need_the_change_permission(client: Client, durable_env: Any) -> None:
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_run", content_type__app_label="durable"))
+    client.force_login(viewer)
+    waiting = finished(durable_env, "tests.admin_wait", 0)
+
+    response = client.get(reverse(CHANGELIST))
+    client.post(reverse(CHANGELIST), {"action": "cancel_runs", "_selected_action": [waiting]})
+
+    assert response.status_code == 200
+    assert "cancel_runs" not in response.content.decode()
+    assert durable.get_run(waiting).status == "suspended"
+
+
+def test_checkpoint_changelist_filters_by_kind_and_run(admin_client: Client, durable_env: Any) -> None:
+    waiting = finished(durable_env, "tests.admin_wait", 0)
+    finished(durable_env, "tests.admin_add", 1)
+    url = reverse("admin:durable_checkpoint_changelist")
+
+    signals = admin_client.get(url, {"kind": "signal"})
+    of_run = admin_client.get(url, {"run": waiting})
+
+    assert [(c.run_id, c.kind) for c in signals.context["cl"].result_list] == [(waiting, "signal")]
+    assert [c.run_id for c in of_run.context["cl"].result_list] == [waiting]

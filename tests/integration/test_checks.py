@@ -1,0 +1,129 @@
+"""Django system checks for the DURABLE setting, and the typed settings object they guard."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.checks import Error
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from durable import conf
+
+
+def _errors(durable_setting: Any) -> list[Error]:
+    with override_settings(DURABLE=durable_setting):
+        return [m for m in conf.check_settings() if m.id == "durable.E001"]
+
+
+def test_check_command_passes_with_the_default_settings() -> None:
+    call_command("check")
+
+
+def test_default_settings_raise_no_durable_check() -> None:
+    assert conf.check_settings() == []
+
+
+def test_check_command_fails_on_a_bad_durable_value() -> None:
+    with override_settings(DURABLE={"LEASE": "soon"}), pytest.raises(SystemCheckError, match="durable.E001"):
+        call_command("check")
+
+
+def test_bad_duration_is_reported_as_e001_naming_the_key() -> None:
+    [error] = _errors({"LEASE": "soon"})
+    assert isinstance(error, Error)
+    assert "LEASE" in error.msg
+    assert "'soon' is not a duration" in error.msg
+
+
+def test_zero_lease_is_refused() -> None:
+    [error] = _errors({"LEASE": "0s"})
+    assert "LEASE" in error.msg and "longer than zero" in error.msg
+
+
+def test_unknown_key_is_reported_by_name() -> None:
+    [error] = _errors({"LEASEE": "30s"})
+    assert "LEASEE" in error.msg
+    assert "unknown key" in error.msg
+
+
+@pytest.mark.parametrize("value", [0, -1, "5", True, 2.5])
+def test_max_recovery_attempts_below_one_or_not_an_int_is_refused(value: object) -> None:
+    [error] = _errors({"MAX_RECOVERY_ATTEMPTS": value})
+    assert "MAX_RECOVERY_ATTEMPTS" in error.msg
+
+
+def test_database_naming_a_missing_alias_is_refused() -> None:
+    [error] = _errors({"DATABASE": "tests_missing_alias"})
+    assert "DATABASE" in error.msg
+    assert "'tests_missing_alias' is not a key of DATABASES" in error.msg
+
+
+def test_empty_default_queue_is_refused() -> None:
+    [error] = _errors({"DEFAULT_QUEUE": ""})
+    assert "DEFAULT_QUEUE" in error.msg
+
+
+def test_retention_that_is_not_a_list_is_refused() -> None:
+    [error] = _errors({"RETENTION": {"statuses": ["completed"]}})
+    assert "RETENTION" in error.msg
+
+
+def test_every_bad_key_is_reported() -> None:
+    errors = _errors({"LEASE": "soon", "TIMER_BATCH_SIZE": 0, "NAMESPACE": 3})
+    assert len(errors) == 3
+
+
+def test_use_tz_false_is_reported_as_e002() -> None:
+    with override_settings(USE_TZ=False):
+        ids = [m.id for m in conf.check_settings()]
+    assert "durable.E002" in ids
+
+
+@pytest.mark.xfail(
+    reason="BUG: a DURABLE setting that is not a dict is silently ignored instead of reported",
+    strict=True,
+)
+def test_durable_setting_that_is_not_a_dict_is_reported() -> None:
+    assert _errors([("LEASE", "10s")])
+
+
+@pytest.mark.xfail(
+    reason="BUG: an out-of-range duration raises OverflowError out of the check instead of E001",
+    strict=True,
+)
+def test_out_of_range_duration_is_reported_not_raised() -> None:
+    [error] = _errors({"LEASE": "1000000000d"})
+    assert "LEASE" in error.msg
+
+
+def test_get_returns_overridden_typed_values() -> None:
+    conf.get()  # fill the cache first: the override must reset it
+    overrides = {"LEASE": "10s", "MAX_RECOVERY_ATTEMPTS": 7, "DEFAULT_QUEUE": "tests-q", "EVENT_BUFFER_TTL": 60}
+    with override_settings(DURABLE=overrides):
+        settings = conf.get()
+        assert settings.LEASE == timedelta(seconds=10)
+        assert settings.MAX_RECOVERY_ATTEMPTS == 7
+        assert settings.DEFAULT_QUEUE == "tests-q"
+        assert settings.EVENT_BUFFER_TTL == timedelta(minutes=1)
+
+
+def test_get_returns_to_defaults_after_the_override_ends() -> None:
+    with override_settings(DURABLE={"LEASE": "10s"}):
+        conf.get()
+    assert conf.get().LEASE == timedelta(seconds=30)
+
+
+def test_get_falls_back_to_defaults_for_bad_values() -> None:
+    with override_settings(DURABLE={"LEASE": "soon", "TIMER_BATCH_SIZE": 0}):
+        settings = conf.get()
+        assert settings.LEASE == timedelta(seconds=30)
+        assert settings.TIMER_BATCH_SIZE == 500
+
+
+def test_get_fills_in_an_instance_id_when_unset() -> None:
+    with override_settings(DURABLE={}):
+        assert conf.get().INSTANCE_ID

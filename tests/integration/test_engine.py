@@ -1,0 +1,256 @@
+"""The engine's invariants under injected faults: wakes, fencing, recovery, lost and duplicate messages."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test import override_settings
+
+import durable
+from durable import clock
+from durable.engine import steps, sweeps, turn
+from durable.models import Checkpoint, Run
+
+pytestmark = pytest.mark.django_db
+
+RAN: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _clear():
+    RAN.clear()
+
+
+@durable.step
+def record(name):
+    RAN.append(name)
+    return name
+
+
+@durable.step(local=True)
+def poke_self(run_id):
+    # Runs inside the turn: a wake that lands while the turn is out.
+    if not RAN:
+        RAN.append("poked")
+        durable.signal(run_id, "poke", "hello")
+    return True
+
+
+@durable.step(local=True)
+def steal_lease(run_id):
+    Run.objects.filter(id=run_id).update(locked_by="someone-else")
+    return True
+
+
+@durable.workflow(name="tests.engine_simple")
+def simple_flow(ctx, _):
+    return [ctx.step(record, "a"), ctx.step(record, "b")]
+
+
+@durable.workflow(name="tests.engine_self_wake")
+def self_wake_flow(ctx, _):
+    ctx.step(poke_self, ctx.run_id)
+    return ctx.wait_for_signal("poke")
+
+
+@durable.workflow(name="tests.engine_zombie")
+def zombie_flow(ctx, _):
+    ctx.step(steal_lease, ctx.run_id)
+    ctx.step(poke_self, ctx.run_id)
+    return "zombie finished"
+
+
+def test_wake_during_a_turn_is_not_lost(durable_env):
+    run = durable.start(self_wake_flow)
+    durable_env.run_next()  # one advance: the turn sees the stale wake counter and runs again
+    assert durable.get_run(run.id).status == "completed"
+    assert durable.result(run.id) == "hello"
+
+
+def test_turn_whose_lease_was_taken_over_writes_nothing(durable_env):
+    run = durable.start(zombie_flow)
+    assert turn.advance(run.id) == "lost"
+    record_ = durable.get_run(run.id)
+    assert record_.status == "running" and record_.locked_by == "someone-else"
+    # The first local step ran, but the zombie could not record it, nor anything after it.
+    assert not Checkpoint.objects.filter(run_id=run.id).exists()
+    assert RAN == []
+
+
+def test_a_held_lease_refuses_a_second_turn(durable_env):
+    run = durable.start(simple_flow)
+    now = durable_env.now()
+    assert Run.objects.claim(run.id, "worker-a/1", now, timedelta(seconds=30))
+    assert turn.advance(run.id) == "busy"
+
+
+def test_orphaned_turn_is_recovered_and_counted(durable_env):
+    run = durable.start(simple_flow)
+    durable_env.drop()
+    Run.objects.claim(run.id, "dead-worker/1", durable_env.now(), timedelta(seconds=30))
+    durable_env.advance_time("20s")
+    assert durable.get_run(run.id).status == "running"  # the lease still holds
+    durable_env.advance_time("15s")
+    record_ = durable.get_run(run.id)
+    assert record_.status == "completed"
+    assert record_.recovery_attempts == 0  # reset by the successful turn
+    assert RAN == ["a", "b"]
+
+
+class WorkerDied(BaseException):
+    """Stands for the process dying mid-turn: it escapes the engine, leaving the lease held."""
+
+
+CRASH = {"on": True}
+
+
+@durable.step(local=True)
+def maybe_crash():
+    if CRASH["on"]:
+        raise WorkerDied()
+    return "survived"
+
+
+@durable.workflow(name="tests.engine_crash_loop")
+def crash_loop_flow(ctx, _):
+    return ctx.step(maybe_crash)
+
+
+@override_settings(DURABLE={"MAX_RECOVERY_ATTEMPTS": 2})
+def test_crash_loop_goes_dead_past_max_recovery_attempts(durable_env):
+    CRASH["on"] = True
+    run = durable.start(crash_loop_flow)
+    with pytest.raises(WorkerDied):
+        durable_env.run_until_idle()
+    for recovery in (1, 2):
+        with pytest.raises(WorkerDied):
+            durable_env.advance_time("31s")  # the lease expires, the orphan sweep re-drives it
+        assert durable.get_run(run.id).recovery_attempts == recovery
+    durable_env.advance_time("31s")
+    record_ = durable.get_run(run.id)
+    assert record_.status == "dead"
+    assert record_.error["code"] == "max_recovery_attempts"
+    with pytest.raises(durable.RunFailed):
+        durable.result(run.id)
+    CRASH["on"] = False
+    durable.retry(run.id)
+    assert durable.get_run(run.id).recovery_attempts == 0
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "survived"
+
+
+def test_duplicate_step_delivery_runs_and_records_once(durable_env):
+    run = durable.start(simple_flow)
+    durable_env.run_next()
+    (message,) = durable_env.pending()
+    durable_env.run_next()
+    assert steps.run_step(*message.args) == "stale"
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == ["a", "b"]
+    assert RAN == ["a", "b"]
+
+
+def test_duplicate_advance_is_harmless(durable_env):
+    run = durable.start(simple_flow)
+    durable_env.run_until_idle()
+    assert turn.advance(run.id) == "busy"  # finished: nothing to claim
+    assert durable.result(run.id) == ["a", "b"]
+
+
+def test_lost_advance_is_redriven_within_a_lease(durable_env):
+    with override_settings(DURABLE={"INLINE_NEXT_TURN": False}):
+        run = durable.start(simple_flow)
+        durable_env.run_next()  # turn: dispatch step a
+        durable_env.run_next()  # step a runs, sends advance
+        assert [m.task for m in durable_env.drop()] == ["durable.advance"]
+        durable_env.advance_time("29s")
+        assert durable.get_run(run.id).status == "suspended"
+        durable_env.advance_time("1s")
+        assert durable.result(run.id) == ["a", "b"]
+        assert RAN == ["a", "b"]
+
+
+def test_lost_first_turn_is_redriven(durable_env):
+    run = durable.start(simple_flow)
+    durable_env.drop()
+    durable_env.advance_time("5m")
+    assert durable.result(run.id) == ["a", "b"]
+
+
+def test_lost_step_message_is_sent_again_and_runs_once(durable_env):
+    run = durable.start(simple_flow)
+    durable_env.run_next()
+    assert [m.task for m in durable_env.drop()] == ["durable.run_step"]
+    durable_env.advance_time("5m")
+    assert durable.result(run.id) == ["a", "b"]
+    assert RAN == ["a", "b"]
+
+
+def test_crash_between_commit_and_publish_is_repaired(durable_env, monkeypatch):
+    from durable import dispatch
+
+    def broker_down(message):
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(dispatch, "sender", broker_down)
+    run = durable.start(simple_flow)  # committed, but its message never leaves
+    durable_env.run_until_idle()
+    monkeypatch.setattr(dispatch, "sender", durable_env.capture)
+    assert durable.get_run(run.id).status == "pending"
+    durable_env.advance_time("5m")
+    assert durable.result(run.id) == ["a", "b"]
+
+
+def test_worker_without_the_workflow_code_leaves_the_run_alone(durable_env):
+    run = Run.objects.create(id="from-the-future", workflow="tests.engine_unknown", version="1",
+                             queue="durable", created_at=durable_env.now(), updated_at=durable_env.now())
+    assert turn.advance(run.id) == "parked"
+    record_ = durable.get_run(run.id)
+    assert record_.status == "suspended" and record_.locked_by is None
+    assert record_.wake_at == durable_env.now() + timedelta(minutes=5)
+
+
+def test_repeated_timer_sweeps_do_not_resend_a_woken_run(durable_env):
+    run = durable.start(simple_flow, delay="1h")
+    Run.objects.filter(id=run.id).update(wake_at=durable_env.now())
+    assert sweeps.sweep_timers() == 1
+    assert sweeps.sweep_timers() == 0
+    assert [m.args for m in durable_env.pending()] == [(run.id,)]
+
+
+def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transactional_db):
+    now = clock.now()
+    Run.objects.bulk_create(
+        Run(id=f"due-{i}", workflow="x", version="1", queue="q", status="suspended",
+            wake_at=now - timedelta(seconds=1), created_at=now, updated_at=now)
+        for i in range(10)
+    )
+    taken: dict[str, list[str]] = {}
+    first_has_rows = threading.Event()
+    second_done = threading.Event()
+
+    def sweep(name, wait_for):
+        try:
+            with transaction.atomic():
+                taken[name] = [run_id for run_id, _ in Run.objects.due(clock.now(), 6)]
+                first_has_rows.set()
+                if wait_for:
+                    wait_for.wait(10)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=sweep, args=("first", second_done))
+    first.start()
+    first_has_rows.wait(10)
+    second = threading.Thread(target=sweep, args=("second", None))
+    second.start()
+    second.join(10)
+    second_done.set()
+    first.join(10)
+    assert len(taken["first"]) == 6
+    assert len(taken["second"]) == 4
+    assert not set(taken["first"]) & set(taken["second"])
+    assert connection.vendor == "postgresql"

@@ -1,0 +1,98 @@
+"""Shared pieces for the replay() unit tests: a fixed clock, limits, steps and a turn runner."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import durable
+from durable.context import RunFacts, TurnState, replay
+from durable.definitions import Retry, Workflow
+from durable.errors import ApplicationError
+from durable.history import COMPLETED, BufferedSignal, Limits, Outcome, Record
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+LIMITS = Limits(
+    reconcile_interval=timedelta(days=1),
+    redispatch_after=timedelta(minutes=1),
+    timeout_grace=timedelta(seconds=5),
+    heartbeat_throttle=timedelta(seconds=10),
+    default_queue="tests-unit-queue",
+)
+RUN = RunFacts(id="run-1", workflow="tests.unit_replay.wf", version="1", namespace=None, input={"n": 1})
+calls: list[str] = []
+
+
+@durable.step(name="tests.unit_replay.remote", timeout="1m")
+def remote(x: int) -> int:
+    calls.append("remote")
+    return x * 10
+
+
+@durable.step(name="tests.unit_replay.other")
+def other() -> str:
+    calls.append("other")
+    return "other"
+
+
+@durable.step(name="tests.unit_replay.pair", local=True)
+def pair(a: int, b: int) -> tuple[int, int]:
+    durable.heartbeat({"phase": "pairing"})
+    return (a, b)
+
+
+@durable.step(name="tests.unit_replay.flaky", local=True, retry=Retry(max_attempts=3, initial="10s"))
+def flaky() -> int:
+    calls.append(f"flaky attempt {durable.step_info().attempt}")
+    raise ValueError("flaky failed")
+
+
+@durable.step(name="tests.unit_replay.once", local=True, retry=Retry(max_attempts=1))
+def once() -> int:
+    raise ApplicationError("card declined", code="declined")
+
+
+@dataclass
+class Turn:
+    """One replay() call and what it reported through its callbacks."""
+
+    outcome: Outcome
+    state: TurnState
+    flushes: list[TurnState] = field(default_factory=list)
+    renews: list[None] = field(default_factory=list)
+
+
+def turn(
+    body: Callable[[Any, Any], Any],
+    records: Sequence[Record] | dict[int, Record] = (),
+    signals: Sequence[BufferedSignal] = (),
+    *,
+    now: datetime = T0,
+) -> Turn:
+    """Replay ``body`` once at ``now`` over ``records`` and ``signals``."""
+    recs = records if isinstance(records, dict) else {r.seq: r for r in records}
+    state = TurnState(records=recs, signals=list(signals))
+    flushes: list[TurnState] = []
+    renews: list[None] = []
+    outcome = replay(
+        Workflow(fn=body, name=RUN.workflow),
+        RUN,
+        state,
+        clock=lambda: now,
+        limits=LIMITS,
+        flush=flushes.append,
+        renew=lambda: renews.append(None),
+    )
+    return Turn(outcome, state, flushes, renews)
+
+
+def done(seq: int, name: str, output: Any, kind: str = "step") -> Record:
+    """A completed position, as loaded from an earlier turn."""
+    return Record(seq=seq, kind=kind, name=name, status=COMPLETED, output=output, stored_as=(COMPLETED, 1))
+
+
+@durable.step(name="tests.unit_replay.beating", heartbeat_timeout="10s")
+def beating() -> None:
+    calls.append("beating")

@@ -1,0 +1,66 @@
+"""Pin durable's public namespace: API.md's names, nothing more, in a sorted ``__all__``."""
+
+from __future__ import annotations
+
+import importlib
+
+import durable
+
+PUBLIC = [
+    "ApplicationError",
+    "ChildFailed",
+    "Context",
+    "DurableError",
+    "GatherError",
+    "InvalidInput",
+    "NonDeterminismError",
+    "QueueFull",
+    "Retry",
+    "RunCancelled",
+    "RunFailed",
+    "RunFinished",
+    "RunHandle",
+    "RunNotFound",
+    "Step",
+    "StepFailed",
+    "StepInfo",
+    "UpdateRejected",
+    "WaitTimeout",
+    "Workflow",
+    "WorkflowNotRegistered",
+    "cancel",
+    "delete_run",
+    "get_run",
+    "heartbeat",
+    "result",
+    "retry",
+    "signal",
+    "start",
+    "step",
+    "step_info",
+    "workflow",
+]
+
+
+def test_all_is_sorted() -> None:
+    assert list(durable.__all__) == sorted(durable.__all__)
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(durable.__all__) == len(set(durable.__all__))
+
+
+def test_all_is_exactly_the_public_names() -> None:
+    assert set(durable.__all__) == set(PUBLIC)
+
+
+def test_every_public_name_is_importable_from_the_package_root() -> None:
+    module = importlib.import_module("durable")
+    missing = [name for name in PUBLIC if not hasattr(module, name)]
+    assert missing == []
+
+
+def test_star_import_gives_the_public_names() -> None:
+    namespace: dict[str, object] = {}
+    exec("from durable import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(PUBLIC)
