@@ -40,6 +40,9 @@ _OTHERS: dict[str, Any] = {
     "DATABASE": "default",
     "INLINE_NEXT_TURN": True,
 }
+_MUST_BE_POSITIVE = {
+    "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
+}
 KNOWN_KEYS = set(_DURATIONS) | set(_POSITIVE_INTS) | set(_OTHERS)
 
 
@@ -75,6 +78,9 @@ class Settings:
 def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     """Return (key, message) for each bad value in ``raw``."""
     found: list[tuple[str, str]] = []
+    declared = getattr(django_settings, "DURABLE", None)
+    if declared is not None and not isinstance(declared, dict):
+        return [("DURABLE", f"must be a dict of settings, got {type(declared).__name__}")]
     for key in sorted(set(raw) - KNOWN_KEYS):
         found.append((key, f"unknown key; known keys are {', '.join(sorted(KNOWN_KEYS))}"))
     for key in _DURATIONS:
@@ -84,7 +90,7 @@ def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
             except ValueError as exc:
                 found.append((key, str(exc)))
                 continue
-            if key in ("LEASE", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL") and not value:
+            if key in _MUST_BE_POSITIVE and not value:
                 found.append((key, "must be longer than zero"))
     for key in _POSITIVE_INTS:
         if key in raw:

@@ -176,7 +176,7 @@ class Context:
             raise InvalidInput(str(exc)) from None
         rec = self._position("signal", name)
         if rec is None:
-            rec = self._new("signal", name, input={"timeout": delta and delta.total_seconds()})
+            rec = self._new("signal", name, input={"timeout": None if delta is None else delta.total_seconds()})
             rec.wake_at = None if delta is None else self._clock() + delta
         return self._settle(self._resolve_signal(rec))
 

@@ -34,19 +34,29 @@ class Retry:
             raise InvalidInput(f"Retry(max_attempts=...) must be an int, got {self.max_attempts!r}")
         if self.max_attempts < 1:
             raise InvalidInput("Retry(max_attempts=...) counts the first attempt: use 1 or more")
-        if not isinstance(self.backoff, (int, float)) or self.backoff < 1:
+        if isinstance(self.backoff, bool) or not isinstance(self.backoff, (int, float)) or self.backoff < 1:
             raise InvalidInput(f"Retry(backoff=...) must be a number >= 1, got {self.backoff!r}")
         try:
             object.__setattr__(self, "initial", parse_duration(self.initial, what="Retry.initial"))
             object.__setattr__(self, "maximum", parse_duration(self.maximum, what="Retry.maximum"))
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        object.__setattr__(self, "non_retryable", tuple(self.non_retryable))
+        entries = self.non_retryable
+        if isinstance(entries, (str, type)):
+            entries = (entries,)
+        for entry in entries:
+            if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, BaseException))):
+                raise InvalidInput(
+                    f"Retry(non_retryable=...) lists exception classes or dotted names, got {entry!r}"
+                )
+        object.__setattr__(self, "non_retryable", tuple(entries))
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> timedelta:
         """Return the wait before attempt ``attempt + 1``, with up to 20% jitter."""
-        base = self.initial.total_seconds() * self.backoff ** (attempt - 1)
-        base = min(base, self.maximum.total_seconds())
+        try:
+            base = min(self.initial.total_seconds() * self.backoff ** (attempt - 1), self.maximum.total_seconds())
+        except OverflowError:  # a very late attempt of a long retry: the cap applies
+            base = self.maximum.total_seconds()
         return timedelta(seconds=base * (1 + 0.2 * rand()))
 
     def is_retryable(self, exc: BaseException) -> bool:

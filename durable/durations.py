@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
@@ -18,7 +19,7 @@ def parse_duration(value: object, *, what: str = "duration") -> timedelta:
     elif isinstance(value, bool):
         raise ValueError(f"{what}: expected a duration, got {value!r}")
     elif isinstance(value, (int, float)):
-        result = timedelta(seconds=value)
+        result = _seconds(value, what)
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
@@ -26,12 +27,21 @@ def parse_duration(value: object, *, what: str = "duration") -> timedelta:
                 f'{what}: {value!r} is not a duration; write e.g. "250ms", "30s", "5m", "2h", '
                 '"3d", a number of seconds or a timedelta'
             )
-        result = timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+        result = _seconds(float(match.group(1)) * _UNITS[match.group(2)], what)
     else:
         raise ValueError(f"{what}: expected a duration, got {type(value).__name__}")
     if result < timedelta(0):
         raise ValueError(f"{what}: must not be negative, got {value!r}")
     return result
+
+
+def _seconds(seconds: float, what: str) -> timedelta:
+    if not math.isfinite(seconds):
+        raise ValueError(f"{what}: must be a finite duration, got {seconds!r}")
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"{what}: {seconds!r} seconds is too long (at most 999999999 days)") from None
 
 
 def optional_duration(value: object, *, what: str = "duration") -> timedelta | None:

@@ -146,8 +146,11 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
 class DurableWorker:
     """A real worker (and optionally beat) on the configured broker and the test database."""
 
-    def __init__(self, app_name: str, workdir: Path, env: dict[str, str], queues: list[str]) -> None:
+    def __init__(
+        self, app_name: str, workdir: Path, env: dict[str, str], queues: list[str], include: list[str]
+    ) -> None:
         self.app_name, self.workdir, self.env, self.queues = app_name, workdir, env, queues
+        self.include = include
         self.worker = self._worker(1)
         self.beat: CeleryProcess | None = None
         self._generation = 1
@@ -158,6 +161,9 @@ class DurableWorker:
             "--pool=prefork", f"--concurrency={concurrency}", "-Q", ",".join(self.queues),
             "-n", f"durable-test-{os.getpid()}-{generation}@%h", "--without-gossip", "--without-mingle",
         ]
+        if self.include:
+            # The test module defines its workflows; the worker must import it to know them.
+            argv += ["--include", ",".join(self.include)]
         return CeleryProcess(argv, self.env, self.workdir / "worker.log", "ready.")
 
     def start_beat(self) -> CeleryProcess:
@@ -213,7 +219,8 @@ def durable_worker(request: pytest.FixtureRequest) -> Iterator[DurableWorker]:
     env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")])
     app_name = os.environ.get("DURABLE_TEST_CELERY_APP") or current_app.main or "project"
     workdir = Path(tempfile.mkdtemp(prefix="durable-worker-"))
-    worker = DurableWorker(app_name, workdir, env, queues)
+    include = [request.module.__name__] if request.module is not None else []
+    worker = DurableWorker(app_name, workdir, env, queues, include)
     worker.worker.start()
     try:
         yield worker

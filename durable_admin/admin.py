@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +18,7 @@ from django.contrib.auth import get_permission_codename
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import Truncator
@@ -37,50 +37,72 @@ CHECKPOINT_KINDS = ("step", "sleep", "signal", "event", "child", "entity", "valu
 CHECKPOINT_STATUSES = ("pending", "completed", "failed")
 
 
-def pretty_json(value: Any, empty: str) -> str:
-    """Render a JSON value indented in a <pre>, escaped."""
-    if value is None:
-        return empty
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
-    return format_html('<pre style="margin: 0; white-space: pre-wrap">{}</pre>', text)
-
-
-def short_error(error: Any, empty: str, length: int = 120) -> str:
-    """Return ``Type: message`` of a stored error dict, cut to ``length`` characters."""
-    if not error:
-        return empty
-    if not isinstance(error, dict):
-        return Truncator(str(error)).chars(length)
-    text = str(error.get("message") or "")
-    if error.get("type"):
-        text = f"{error['type']}: {text}"
-    return Truncator(text).chars(length)
-
-
-def json_display(field: str, description: str | None = None) -> Any:
+def json_display(field: str) -> Any:
     """A read-only admin column showing ``field`` as indented JSON."""
 
-    @admin.display(description=description or field.replace("_", " "))
+    @admin.display(description=field.replace("_", " "))
     def show(model_admin: admin.options.BaseModelAdmin[Any], obj: Model) -> str:
-        return pretty_json(getattr(obj, field), model_admin.get_empty_value_display())
+        value = getattr(obj, field)
+        if value is None:
+            return model_admin.get_empty_value_display()
+        text = json.dumps(value, indent=2, ensure_ascii=False)
+        return format_html('<pre style="margin: 0; white-space: pre-wrap">{}</pre>', text)
 
     return show
 
 
 @admin.display(description="error")
 def error_summary(model_admin: admin.options.BaseModelAdmin[Any], obj: Checkpoint) -> str:
-    return short_error(obj.error, model_admin.get_empty_value_display())
+    """``Type: message`` of the step's last error, short enough for a table cell."""
+    error = obj.error
+    if not error:
+        return model_admin.get_empty_value_display()
+    if isinstance(error, dict):
+        error = f"{error.get('type') or 'Error'}: {error.get('message')}"
+    return Truncator(str(error)).chars(120)
 
 
-def format_duration(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.3f}s"
-    return str(timedelta(seconds=round(seconds)))
+def timestamp_display(field: str) -> Any:
+    """A read-only column showing ``field`` to the millisecond, sortable like the field."""
+
+    @admin.display(description=field.replace("_", " "), ordering=field)
+    def show(model_admin: admin.options.BaseModelAdmin[Any], obj: Model) -> str:
+        value = getattr(obj, field)
+        if value is None:
+            return model_admin.get_empty_value_display()
+        local = timezone.localtime(value)
+        return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local:%Z}"
+
+    return show
+
+
+def fixed_choices_filter(field: str, values: tuple[str, ...]) -> type[admin.SimpleListFilter]:
+    """A list filter on a column whose values are known, so showing it needs no DISTINCT query."""
+
+    class FixedChoicesFilter(admin.SimpleListFilter):
+        title = parameter_name = field
+
+        def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+            return [(value, value) for value in values]
+
+        def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+            return queryset.filter(**{field: self.value()}) if self.value() else queryset
+
+    return FixedChoicesFilter
 
 
 class DurableRows:
     """Rows the engine owns: read from ``DURABLE["DATABASE"]``, never added or edited by a form."""
+
+    # Django shows datetimes to the minute; a run's steps and retries are seconds apart.
+    created_time = timestamp_display("created_at")
+    updated_time = timestamp_display("updated_at")
+    wake_time = timestamp_display("wake_at")
+    enqueued_time = timestamp_display("enqueued_at")
+    started_time = timestamp_display("started_at")
+    finished_time = timestamp_display("finished_at")
+    heartbeat_time = timestamp_display("last_heartbeat_at")
+    locked_until_time = timestamp_display("locked_until")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(conf.get().DATABASE)  # type: ignore[misc]
@@ -92,7 +114,7 @@ class DurableRows:
         return False
 
 
-class ReadOnlyInline(DurableRows, admin.TabularInline):  # type: ignore[type-arg]
+class ReadOnlyInline(DurableRows, admin.TabularInline):
     extra = max_num = 0
     can_delete = False
 
@@ -105,16 +127,18 @@ class CheckpointInline(ReadOnlyInline):
     model = Checkpoint
     ordering = ("seq",)
     fields = readonly_fields = (
-        "seq", "kind", "name", "status", "attempt", "enqueued_at", "started_at", "finished_at", "duration",
-        "last_heartbeat_at", "progress_json", "error_message",
+        "seq", "kind", "name", "status", "attempt", "enqueued_time", "started_time", "finished_time",
+        "duration", "heartbeat_time", "progress_json", "error_message",
     )
     verbose_name_plural = "history (checkpoints, in seq order)"
+    show_change_link = True  # the row's full input and output are on the checkpoint's own page
 
     @admin.display(description="duration")
     def duration(self, obj: Checkpoint) -> str:
         if obj.started_at is None or obj.finished_at is None:
             return self.get_empty_value_display()
-        return format_duration(obj.finished_at - obj.started_at)
+        seconds = (obj.finished_at - obj.started_at).total_seconds()
+        return f"{seconds:.3f}s" if seconds < 60 else str(timedelta(seconds=round(seconds)))
 
     progress_json = json_display("progress")
     error_message = error_summary
@@ -123,7 +147,7 @@ class CheckpointInline(ReadOnlyInline):
 class SignalInline(ReadOnlyInline):
     model = Signal
     ordering = ("id",)
-    fields = readonly_fields = ("name", "payload_json", "created_at", "consumed_seq")
+    fields = readonly_fields = ("name", "payload_json", "created_time", "consumed_seq")
     verbose_name_plural = "signals (consumed_seq is empty while buffered)"
 
     payload_json = json_display("payload")
@@ -137,9 +161,10 @@ class RunChangeList(ChangeList):
 
 
 @admin.register(Run)
-class RunAdmin(DurableRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class RunAdmin(DurableRows, admin.ModelAdmin):
     list_display = (
-        "id", "workflow", "version", "status", "created_at", "started_at", "finished_at", "recovery_attempts",
+        "id", "workflow", "version", "status", "created_time", "started_time", "finished_time",
+        "recovery_attempts",
     )
     list_filter = ("status", "workflow")
     search_fields = ("id", "workflow")
@@ -153,9 +178,10 @@ class RunAdmin(DurableRows, admin.ModelAdmin):  # type: ignore[type-arg]
         (None, {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags")}),
         ("Data", {"fields": ("input_json", "output_json", "error_json", "search_attributes_json")}),
         ("Lineage", {"fields": ("parent", "continued_from", "history")}),
-        ("Timing", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "wake_at")}),
+        ("Timing", {"fields": ("created_time", "updated_time", "started_time", "finished_time",
+                               "wake_time")}),
         ("Engine", {
-            "fields": ("recovery_attempts", "locked_by", "locked_until", "wakes", "failed_seqs"),
+            "fields": ("recovery_attempts", "locked_by", "locked_until_time", "wakes", "failed_seqs"),
             "classes": ("collapse",),
         }),
     )
@@ -252,52 +278,31 @@ def _ids(queryset: QuerySet[Run]) -> list[str]:
     return list(queryset.order_by("created_at", "pk").values_list("pk", flat=True))
 
 
-def _reasons(reasons: Iterable[str]) -> str:
-    reasons = list(reasons)
+def _reasons(reasons: list[str]) -> str:
     text = "; ".join(reasons[:MAX_REASONS_SHOWN])
     if len(reasons) > MAX_REASONS_SHOWN:
         text += f"; and {len(reasons) - MAX_REASONS_SHOWN} more"
     return text
 
 
-class FixedChoicesFilter(admin.SimpleListFilter):
-    """A filter on a column whose values are known, so listing them needs no query."""
-
-    choices_list: tuple[str, ...] = ()
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(value, value) for value in self.choices_list]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(**{self.parameter_name: value}) if value else queryset
-
-
-class KindFilter(FixedChoicesFilter):
-    title = parameter_name = "kind"
-    choices_list = CHECKPOINT_KINDS
-
-
-class CheckpointStatusFilter(FixedChoicesFilter):
-    title = parameter_name = "status"
-    choices_list = CHECKPOINT_STATUSES
-
-
 @admin.register(Checkpoint)
-class CheckpointAdmin(DurableRows, admin.ModelAdmin):  # type: ignore[type-arg]
+class CheckpointAdmin(DurableRows, admin.ModelAdmin):
     list_display = (
-        "run_link", "seq", "kind", "name", "status", "attempt", "started_at", "finished_at", "error_message",
+        "run_link", "seq", "kind", "name", "status", "attempt", "started_time", "finished_time",
+        "error_message",
     )
     # The run column is its own link, so the row's change link sits on seq and name.
     list_display_links = ("seq", "name")
-    list_filter = (KindFilter, CheckpointStatusFilter)
+    list_filter = (
+        fixed_choices_filter("kind", CHECKPOINT_KINDS), fixed_choices_filter("status", CHECKPOINT_STATUSES),
+    )
     search_fields = ("=run__id", "name")
     # Newest rows first, on the primary key's index rather than a sort over (run, seq).
     ordering = ("-id",)
     show_full_result_count = False
     fields = readonly_fields = (
         "run", "seq", "kind", "name", "status", "attempt", "queue", "input_json", "output_json", "error_json",
-        "wake_at", "enqueued_at", "started_at", "finished_at", "last_heartbeat_at", "progress_json",
+        "wake_time", "enqueued_time", "started_time", "finished_time", "heartbeat_time", "progress_json",
     )
 
     has_delete_permission = ReadOnlyInline.has_delete_permission

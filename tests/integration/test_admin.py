@@ -68,7 +68,7 @@ def outage(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     return OUTAGE
 
 
-def finished(durable_env: Any, workflow: str, n: int) -> str:
+def run_to_idle(durable_env: Any, workflow: str, n: int) -> str:
     """Start a run, run it until idle and return its id."""
     run_id = durable.start(workflow, n).id
     durable_env.run_until_idle()
@@ -90,16 +90,14 @@ def inline_rows(html: str) -> list[dict[str, str]]:
     """The cells of the checkpoint inline's rows, by column name."""
     section = html.split('id="checkpoints-group"', 1)[1].split("</fieldset>", 1)[0]
     rows = re.findall(r'<tr class="form-row[^"]*"[^>]*>(.*?)</tr>', section, re.S)
-    return [
-        {name: re.sub(r"<[^>]+>", "", text).strip() for name, text in re.findall(r'<td class="field-(\w+)">(.*?)</td>', row, re.S)}
-        for row in rows
-    ]
+    cells = [re.findall(r'<td class="field-(\w+)">(.*?)</td>', row, re.S) for row in rows]
+    return [{name: re.sub(r"<[^>]+>", "", text).strip() for name, text in row} for row in cells]
 
 
 def test_changelist_lists_runs_newest_first(admin_client: Client, durable_env: Any) -> None:
-    older = finished(durable_env, "tests.admin_add", 1)
+    older = run_to_idle(durable_env, "tests.admin_add", 1)
     durable_env.advance_time("1s")
-    newer = finished(durable_env, "tests.admin_add", 2)
+    newer = run_to_idle(durable_env, "tests.admin_add", 2)
 
     response = admin_client.get(reverse(CHANGELIST))
 
@@ -109,8 +107,8 @@ def test_changelist_lists_runs_newest_first(admin_client: Client, durable_env: A
 
 
 def test_changelist_filters_by_status(admin_client: Client, durable_env: Any, outage: Any) -> None:
-    completed = finished(durable_env, "tests.admin_add", 1)
-    failed = finished(durable_env, "tests.admin_charge", 1)
+    completed = run_to_idle(durable_env, "tests.admin_add", 1)
+    failed = run_to_idle(durable_env, "tests.admin_charge", 1)
 
     only_failed = admin_client.get(reverse(CHANGELIST), {"status__exact": "failed"})
     only_completed = admin_client.get(reverse(CHANGELIST), {"status__exact": "completed"})
@@ -120,8 +118,8 @@ def test_changelist_filters_by_status(admin_client: Client, durable_env: Any, ou
 
 
 def test_changelist_searches_by_id_and_workflow(admin_client: Client, durable_env: Any) -> None:
-    added = finished(durable_env, "tests.admin_add", 1)
-    waiting = finished(durable_env, "tests.admin_wait", 0)
+    added = run_to_idle(durable_env, "tests.admin_add", 1)
+    waiting = run_to_idle(durable_env, "tests.admin_wait", 0)
 
     by_id = admin_client.get(reverse(CHANGELIST), {"q": waiting})
     by_workflow = admin_client.get(reverse(CHANGELIST), {"q": "admin_add"})
@@ -133,7 +131,7 @@ def test_changelist_searches_by_id_and_workflow(admin_client: Client, durable_en
 def test_change_page_shows_checkpoints_in_seq_order_with_status_and_attempts(
     admin_client: Client, durable_env: Any
 ) -> None:
-    run_id = finished(durable_env, "tests.admin_history", 4)
+    run_id = run_to_idle(durable_env, "tests.admin_history", 4)
     durable_env.advance_time("2s")  # past the backoff of flaky_double's first attempt
     assert durable.get_run(run_id).status == "completed"
 
@@ -148,8 +146,10 @@ def test_change_page_shows_checkpoints_in_seq_order_with_status_and_attempts(
     ]
 
 
-def test_change_page_shows_a_failed_steps_short_error(admin_client: Client, durable_env: Any, outage: Any) -> None:
-    run_id = finished(durable_env, "tests.admin_charge", 1)
+def test_change_page_shows_a_failed_steps_short_error(
+    admin_client: Client, durable_env: Any, outage: Any
+) -> None:
+    run_id = run_to_idle(durable_env, "tests.admin_charge", 1)
 
     rows = inline_rows(admin_client.get(change_url(run_id)).content.decode())
 
@@ -158,21 +158,23 @@ def test_change_page_shows_a_failed_steps_short_error(admin_client: Client, dura
     ]
 
 
-def test_change_page_pretty_prints_json_and_lists_buffered_signals(admin_client: Client, durable_env: Any) -> None:
+def test_change_page_pretty_prints_json_and_lists_buffered_signals(
+    admin_client: Client, durable_env: Any
+) -> None:
     run_id = durable.start("tests.admin_wait", {"order": {"id": 7}}, run_id="order:7/approval_1").id
     durable_env.run_until_idle()
     durable.signal(run_id, "later", {"note": "kept until a wait takes it"})
 
     html = admin_client.get(change_url(run_id)).content.decode()
 
-    assert '{\n  &quot;order&quot;: {\n    &quot;id&quot;: 7\n  }\n}' in html
+    assert "{\n  &quot;order&quot;: {\n    &quot;id&quot;: 7\n  }\n}" in html
     assert "kept until a wait takes it" in html
     assert 'name="_save"' not in html  # view only: nothing to save
 
 
 def test_retry_action_runs_a_failed_run_again(admin_client: Client, durable_env: Any, outage: Any) -> None:
-    failed = finished(durable_env, "tests.admin_charge", 5)
-    completed = finished(durable_env, "tests.admin_add", 1)
+    failed = run_to_idle(durable_env, "tests.admin_charge", 5)
+    completed = run_to_idle(durable_env, "tests.admin_add", 1)
     assert durable.get_run(failed).status == "failed"
     outage["on"] = False
 
@@ -190,8 +192,8 @@ def test_retry_action_runs_a_failed_run_again(admin_client: Client, durable_env:
 def test_cancel_action_cancels_a_suspended_run_and_reports_finished_ones(
     admin_client: Client, durable_env: Any
 ) -> None:
-    waiting = finished(durable_env, "tests.admin_wait", 0)
-    completed = finished(durable_env, "tests.admin_add", 1)
+    waiting = run_to_idle(durable_env, "tests.admin_wait", 0)
+    completed = run_to_idle(durable_env, "tests.admin_add", 1)
     assert durable.get_run(waiting).status == "suspended"
 
     shown = act(admin_client, "cancel_runs", [waiting, completed])
@@ -204,10 +206,12 @@ def test_cancel_action_cancels_a_suspended_run_and_reports_finished_ones(
 
 
 def test_delete_action_deletes_runs_with_their_history(admin_client: Client, durable_env: Any) -> None:
-    run_id = finished(durable_env, "tests.admin_add", 1)
+    run_id = run_to_idle(durable_env, "tests.admin_add", 1)
 
     response = admin_client.post(
-        reverse(CHANGELIST), {"action": "delete_selected", "_selected_action": [run_id], "post": "yes"}, follow=True
+        reverse(CHANGELIST),
+        {"action": "delete_selected", "_selected_action": [run_id], "post": "yes"},
+        follow=True,
     )
 
     assert response.status_code == 200
@@ -216,7 +220,7 @@ def test_delete_action_deletes_runs_with_their_history(admin_client: Client, dur
 
 
 def test_add_and_edit_are_denied(admin_client: Client, durable_env: Any) -> None:
-    run_id = finished(durable_env, "tests.admin_add", 1)
+    run_id = run_to_idle(durable_env, "tests.admin_add", 1)
 
     assert admin_client.get(reverse("admin:durable_run_add")).status_code == 403
     assert admin_client.get(reverse("admin:durable_checkpoint_add")).status_code == 403
@@ -226,9 +230,11 @@ def test_add_and_edit_are_denied(admin_client: Client, durable_env: Any) -> None
 
 def test_actions_need_the_change_permission(client: Client, durable_env: Any) -> None:
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
-    viewer.user_permissions.add(Permission.objects.get(codename="view_run", content_type__app_label="durable"))
+    viewer.user_permissions.add(
+        Permission.objects.get(codename="view_run", content_type__app_label="durable")
+    )
     client.force_login(viewer)
-    waiting = finished(durable_env, "tests.admin_wait", 0)
+    waiting = run_to_idle(durable_env, "tests.admin_wait", 0)
 
     response = client.get(reverse(CHANGELIST))
     client.post(reverse(CHANGELIST), {"action": "cancel_runs", "_selected_action": [waiting]})
@@ -239,8 +245,8 @@ def test_actions_need_the_change_permission(client: Client, durable_env: Any) ->
 
 
 def test_checkpoint_changelist_filters_by_kind_and_run(admin_client: Client, durable_env: Any) -> None:
-    waiting = finished(durable_env, "tests.admin_wait", 0)
-    finished(durable_env, "tests.admin_add", 1)
+    waiting = run_to_idle(durable_env, "tests.admin_wait", 0)
+    run_to_idle(durable_env, "tests.admin_add", 1)
     url = reverse("admin:durable_checkpoint_changelist")
 
     signals = admin_client.get(url, {"kind": "signal"})

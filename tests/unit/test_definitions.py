@@ -211,11 +211,6 @@ def test_retry_delay_with_default_randomness_stays_within_jitter_bounds() -> Non
         assert timedelta(seconds=4) <= retry.delay(3) <= timedelta(seconds=4.8)
 
 
-@pytest.mark.xfail(
-    reason="BUG: backoff ** (attempt - 1) overflows a float for large attempt numbers, so a "
-    "long-retrying step crashes with OverflowError instead of waiting `maximum`",
-    strict=True,
-)
 def test_retry_delay_for_very_late_attempt_is_capped_at_maximum() -> None:
     retry = Retry(max_attempts=5000, initial="1s", backoff=2.0, maximum="1h")
     assert retry.delay(2000, rand=lambda: 0.0) == timedelta(hours=1)
@@ -273,10 +268,6 @@ def test_bad_retry_arguments_raise_invalid_input(kwargs: dict[str, object], mess
         Retry(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    reason="BUG: non_retryable given one class (not a tuple) raises TypeError instead of InvalidInput",
-    strict=True,
-)
 def test_non_retryable_given_a_bare_class_raises_invalid_input_or_is_accepted() -> None:
     try:
         retry = Retry(non_retryable=ValueError)  # type: ignore[arg-type]
@@ -285,11 +276,6 @@ def test_non_retryable_given_a_bare_class_raises_invalid_input_or_is_accepted() 
     assert not retry.is_retryable(ValueError())
 
 
-@pytest.mark.xfail(
-    reason="BUG: non_retryable given one dotted-name string is split into characters and silently "
-    "matches nothing",
-    strict=True,
-)
 def test_non_retryable_given_a_bare_string_raises_invalid_input_or_is_accepted() -> None:
     try:
         retry = Retry(non_retryable="ValueError")  # type: ignore[arg-type]

@@ -90,10 +90,6 @@ def test_recorded_signal_timeout_replays_as_wait_timeout_failing_the_run() -> No
     assert outcome.failed_seqs == [0]
 
 
-@pytest.mark.xfail(
-    reason="BUG: timeout=0 records {'timeout': timedelta(0)} (`delta and ...` is falsy), not JSON",
-    strict=True,
-)
 def test_signal_wait_with_zero_timeout_records_json_input() -> None:
     def body(ctx: durable.Context, inp: Any) -> None:
         try:

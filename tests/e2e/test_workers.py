@@ -1,0 +1,111 @@
+"""End to end: real ``celery worker`` and ``celery beat`` subprocesses on the configured stack.
+
+The worker imports this module (durable_worker passes ``--include``), so the workflows below are
+registered on both sides. Steps log their executions to files, a ledger that outlives workers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import durable
+from durable.models import Checkpoint
+from durable.testing import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+LEDGER = Path(tempfile.gettempdir()) / "durable-e2e-ledger"
+
+
+def ledger(run_id: str) -> list[str]:
+    path = LEDGER / run_id
+    return path.read_text().split() if path.exists() else []
+
+
+def _log(event: str) -> None:
+    LEDGER.mkdir(exist_ok=True)
+    info = durable.step_info()
+    with open(LEDGER / info.run_id, "a") as f:
+        f.write(f"{event}:{info.seq}:{info.attempt}\n")
+
+
+@durable.step
+def quick(value):
+    _log("quick")
+    return value
+
+
+@durable.step(timeout="3s", retry=durable.Retry(max_attempts=3, initial="200ms"))
+def slow(seconds):
+    _log("start")
+    time.sleep(seconds)
+    _log("end")
+    return "slept"
+
+
+@durable.workflow(name="tests.e2e_kill")
+def kill_flow(ctx, seconds):
+    return [ctx.step(quick, "before"), ctx.step(slow, seconds), ctx.step(quick, "after")]
+
+
+@durable.workflow(name="tests.e2e_early_signal")
+def early_signal_flow(ctx, seconds):
+    ctx.step(slow, seconds)
+    return ctx.wait_for_signal("go", timeout="1m")
+
+
+@durable.workflow(name="tests.e2e_timer")
+def timer_flow(ctx, seconds):
+    ctx.step(quick, "before")
+    ctx.sleep(seconds)
+    return "rang"
+
+
+def test_example_workflow_completes(durable_worker):
+    durable_worker.start_beat()
+    order = {"id": 1, "items": [{"sku": "a", "cents": 500, "qty": 2}], "cooling_off": "1s"}
+    run = durable.start("shop.fulfil", order)
+    wait_for(lambda: Checkpoint.objects.filter(run_id=run.id, kind="signal").exists(), 60,
+             what="the approval wait")
+    durable.signal(run.id, "approve", {"address": "1 Main St, Springfield"})
+    output = durable.result(run.id, timeout=60)
+    assert output["cents"] == 1000 and output["tracking"] == "TRACK-1-SPRINGFIELD"
+    charge = Checkpoint.objects.get(run_id=run.id, name="shop.charge_card")
+    assert (charge.status, charge.attempt) == ("completed", 2)  # one durable retry
+
+
+def test_worker_killed_mid_step_resumes_after_restart_and_records_once(durable_worker):
+    durable_worker.start_beat()
+    run = durable.start(kill_flow, 2.0)
+    wait_for(lambda: "start:1:1" in ledger(run.id), 60, what="the slow step to start")
+    durable_worker.kill()  # SIGKILL the worker and its pool: the step dies mid-flight
+    assert "end:1:1" not in ledger(run.id)
+    durable_worker.restart()
+    assert durable.result(run.id, timeout=90) == ["before", "slept", "after"]
+    rows = list(Checkpoint.objects.filter(run_id=run.id).values_list("seq", "status"))
+    assert rows == [(0, "completed"), (1, "completed"), (2, "completed")]
+    events = ledger(run.id)
+    # The killed attempt started and never ended; a later attempt ran it to the end, once.
+    assert events.count("start:1:1") == 1 and "end:1:1" not in events
+    assert sum(e.startswith("end:1:") for e in events) == 1
+    print(f"ledger of the killed step: {[e for e in events if ':1:' in e]}")
+
+
+def test_signal_sent_before_the_wait_is_not_lost(durable_worker):
+    run = durable.start(early_signal_flow, 0.5)
+    durable.signal(run.id, "go", {"early": True})
+    assert durable.result(run.id, timeout=60) == {"early": True}
+
+
+def test_two_second_timer_fires_within_three_seconds_of_due(durable_worker):
+    durable_worker.start_beat()
+    run = durable.start(timer_flow, 2)
+    assert durable.result(run.id, timeout=60) == "rang"
+    timer = Checkpoint.objects.get(run_id=run.id, kind="sleep")
+    late = (timer.finished_at - timer.wake_at).total_seconds()
+    print(f"2 s timer fired {late:.2f} s after its due time")
+    assert 0 <= late <= 3
