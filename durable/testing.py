@@ -32,13 +32,26 @@ class DurableEnv:
         self.messages: list[dispatch.Message] = []
         self._freezer = freezer
         self._handlers: dict[str, Callable[..., Any]] = {}
+        self._broker_down = False
         from django.db import connections
 
         # How deep the test framework's own atomic blocks go (0 under transactional_db).
         self._test_depth = len(connections[conf.get().DATABASE].atomic_blocks)
 
     def capture(self, message: dispatch.Message) -> None:
+        if self._broker_down:
+            raise ConnectionError("broker unreachable (durable_env.broker_down())")
         self.messages.append(message)
+
+    @contextlib.contextmanager
+    def broker_down(self) -> Iterator[None]:
+        """Make every publish inside the block fail, as an unreachable broker would."""
+        self._broker_down = True
+        try:
+            yield
+            self._commit_callbacks()  # what committed inside the block published inside it
+        finally:
+            self._broker_down = False
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:

@@ -189,16 +189,10 @@ def test_lost_step_message_is_sent_again_and_runs_once(durable_env):
     assert RAN == ["a", "b"]
 
 
-def test_crash_between_commit_and_publish_is_repaired(durable_env, monkeypatch):
-    from durable import dispatch
-
-    def broker_down(message):
-        raise ConnectionError("broker unreachable")
-
-    monkeypatch.setattr(dispatch, "sender", broker_down)
-    run = durable.start(simple_flow)  # committed, but its message never leaves
-    durable_env.run_until_idle()
-    monkeypatch.setattr(dispatch, "sender", durable_env.capture)
+def test_crash_between_commit_and_publish_is_repaired(durable_env):
+    with durable_env.broker_down():
+        run = durable.start(simple_flow)  # committed, but its message never leaves
+    assert durable_env.pending() == []
     assert durable.get_run(run.id).status == "pending"
     durable_env.advance_time("5m")
     assert durable.result(run.id) == ["a", "b"]
@@ -254,3 +248,16 @@ def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transacti
     assert len(taken["second"]) == 4
     assert not set(taken["first"]) & set(taken["second"])
     assert connection.vendor == "postgresql"
+
+
+def test_manage_py_durable_sweep_wakes_due_runs(durable_env):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    run = durable.start(simple_flow, delay="1h")
+    Run.objects.filter(id=run.id).update(wake_at=durable_env.now())
+    out = StringIO()
+    call_command("durable", "sweep", stdout=out)
+    assert "woke 1 due run(s)" in out.getvalue()
+    assert [m.args for m in durable_env.pending()] == [(run.id,)]

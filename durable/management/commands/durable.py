@@ -1,0 +1,20 @@
+"""``manage.py durable sweep``: run the repair sweeps once, e.g. from cron where beat is not used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from durable.engine import sweeps
+
+
+class Command(BaseCommand):
+    help = "Run durable's sweeps once: wake due timers and recover orphaned runs."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("action", choices=["sweep"])
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        orphans, timers = sweeps.sweep_orphans(), sweeps.sweep_timers()
+        self.stdout.write(f"recovered {orphans} orphaned run(s), woke {timers} due run(s)")
