@@ -266,6 +266,11 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             )
         )
 
+    def rewrite(self, run_id: str, seq: int, expected: tuple[str, int], **fields: Any) -> bool:
+        """Write a turn's new view of a position, if it is still in the state the turn read."""
+        status, attempt = expected
+        return bool(self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt).update(**fields))
+
     def beat(self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool) -> bool:
         fields: dict[str, Any] = {"last_heartbeat_at": now}
         if with_progress:

@@ -184,11 +184,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings) -> None:
                 )
             )
         else:
-            status, attempt = rec.stored_as
-            changed = checkpoints.filter(run_id=run_id, seq=rec.seq, status=status, attempt=attempt).update(
-                **{f: getattr(rec, f) for f in _WRITTEN}
-            )
-            if not changed:
+            if not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, **{f: getattr(rec, f) for f in _WRITTEN}):
                 raise _Stale()
     if new:
         checkpoints.bulk_create(new)

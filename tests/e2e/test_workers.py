@@ -47,6 +47,17 @@ def slow(seconds):
     return "slept"
 
 
+@durable.step(timeout="1s", retry=durable.Retry(max_attempts=2, initial="100ms"))
+def overruns():
+    _log("overrun")
+    time.sleep(10)
+
+
+@durable.workflow(name="tests.e2e_overrun")
+def overrun_flow(ctx, _):
+    return ctx.step(overruns)
+
+
 @durable.workflow(name="tests.e2e_kill")
 def kill_flow(ctx, seconds):
     return [ctx.step(quick, "before"), ctx.step(slow, seconds), ctx.step(quick, "after")]
@@ -109,3 +120,14 @@ def test_two_second_timer_fires_within_three_seconds_of_due(durable_worker):
     late = (timer.finished_at - timer.wake_at).total_seconds()
     print(f"2 s timer fired {late:.2f} s after its due time")
     assert 0 <= late <= 3
+
+
+def test_step_timeout_is_a_celery_time_limit_and_a_failed_attempt(durable_worker):
+    durable_worker.start_beat()
+    run = durable.start(overrun_flow)
+    with pytest.raises(durable.RunFailed) as failure:
+        durable.result(run.id, timeout=60)
+    assert failure.value.code == "timeout"
+    step = Checkpoint.objects.get(run_id=run.id)
+    assert (step.status, step.attempt, step.error["type"]) == ("failed", 2, "StepTimeout")
+    assert ledger(run.id) == ["overrun:0:1", "overrun:0:2"]

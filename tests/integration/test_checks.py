@@ -122,3 +122,12 @@ def test_get_falls_back_to_defaults_for_bad_values() -> None:
 
 def test_get_fills_in_an_instance_id_when_unset() -> None:
     assert _loaded({})["INSTANCE_ID"]
+
+
+@pytest.mark.django_db
+def test_models_and_migrations_agree():
+    from io import StringIO
+
+    out = StringIO()
+    call_command("makemigrations", "durable", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()

@@ -261,3 +261,14 @@ def test_manage_py_durable_sweep_wakes_due_runs(durable_env):
     call_command("durable", "sweep", stdout=out)
     assert "woke 1 due run(s)" in out.getvalue()
     assert [m.args for m in durable_env.pending()] == [(run.id,)]
+
+
+def test_worker_that_does_not_serve_the_runs_queue_sends_the_next_turn_there(durable_env):
+    served, steps.served_queues = steps.served_queues, {"other-queue"}
+    try:
+        run = durable.start(simple_flow)
+        durable_env.run_next()  # the turn dispatches step a
+        durable_env.run_next()  # step a is recorded; the next turn is sent, not run here
+    finally:
+        steps.served_queues = served
+    assert [(m.task, m.args) for m in durable_env.pending()] == [("durable.advance", (run.id,))]
