@@ -105,6 +105,11 @@ def start(
     settings = conf.get()
     definition = _resolve(workflow, version)
     stored_input = _payload(input, f"the input of workflow {definition.name!r}")
+    if definition.input_schema is not None:
+        try:
+            definition.input_schema.model_validate(stored_input)
+        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
+            raise InvalidInput(f"the input does not fit workflow {definition.name!r}'s input_schema: {exc}") from exc
     if definition.validate_input is not None:
         try:
             definition.validate_input(stored_input)
@@ -192,8 +197,14 @@ def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) 
         raise InvalidInput(f"reason must be a string, got {reason!r}")
     error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
     with transaction.atomic(using=settings.DATABASE):
-        get_run(run_id)
-        return _runs().cancel(run_id, error, clock.now())
+        run = get_run(run_id)
+        if not _runs().cancel(run_id, error, clock.now()):
+            return False
+        from .engine import lifecycle
+
+        run.status, run.error = CANCELLED, error
+        lifecycle.finished(run)
+        return True
 
 
 def retry(run_id: str) -> RunHandle:

@@ -1,18 +1,28 @@
-"""Celery wiring: the beat schedule of the sweeps, and what a worker learns at start-up."""
+"""Celery wiring: the sweeps' beat schedule, a worker's start-up and shutdown, and broker checks."""
 
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
 from typing import Any
 
 from celery import signals
+from django.core import checks
 
-from . import conf
-from .engine import steps
+from . import clock, conf, dispatch
+
+log = logging.getLogger("durable.celery")
 
 SWEEPS = {
     "durable.sweep_timers": "TIMER_SWEEP_INTERVAL",
     "durable.sweep_orphans": "ORPHAN_SWEEP_INTERVAL",
 }
+CELERY_DEFAULT_PREFETCH = 4
+REDIS_DEFAULT_VISIBILITY = timedelta(hours=1)
+
+#: When this worker process started: leases its instance id holds that were not renewed since
+#: belong to a predecessor.
+booted_at = clock.now()
 
 
 def beat_schedule() -> dict[str, dict[str, Any]]:
@@ -37,7 +47,83 @@ def _add_sweeps(sender: Any = None, **_: Any) -> None:
         scheduler.update_from_dict(missing)
 
 
+@signals.celeryd_init.connect
+def _prefetch_one(sender: Any = None, conf: Any = None, **_: Any) -> None:
+    # A worker that prefetches holds messages another idle worker could run; Celery's default
+    # is 4, a value the project set on purpose is kept.
+    global booted_at
+    booted_at = clock.now()
+    if conf is not None and conf.worker_prefetch_multiplier == CELERY_DEFAULT_PREFETCH:
+        conf.worker_prefetch_multiplier = 1
+
+
 @signals.celeryd_after_setup.connect
 def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    from .engine import steps
+
     # The worker runs a run's next turn itself only when it consumes that run's queue.
     steps.served_queues = set(instance.app.amqp.queues.consume_from)
+
+
+@signals.worker_ready.connect
+def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
+    """A worker restarted under the same INSTANCE_ID takes its predecessor's leases back at once."""
+    from django.db import connections
+
+    from .engine import sweeps
+
+    try:
+        found = sweeps.reclaim(conf.get().INSTANCE_ID, booted_at)
+        if found:
+            log.warning("durable: reclaimed %d run(s) left by a predecessor of %s", found, conf.get().INSTANCE_ID)
+    except Exception:  # noqa: BLE001 - the orphan sweep recovers them later anyway
+        log.warning("durable: could not reclaim leases at start-up", exc_info=True)
+    finally:
+        # Pool children forked later must not inherit this connection.
+        connections.close_all()
+
+
+@signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
+def _hand_back_leases(**_: Any) -> None:
+    """Release the leases of turns this process still runs, so another worker continues at once."""
+    from .engine import turn
+    from .models import Run
+
+    settings = conf.get()
+    for run_id, owner in list(turn.active.items()):
+        try:
+            queue = Run.objects.using(settings.DATABASE).filter(id=run_id).values_list("queue", flat=True).first()
+            if Run.objects.using(settings.DATABASE).release(run_id, owner, clock.now(), clock.now()):
+                dispatch.advance(run_id, queue or settings.DEFAULT_QUEUE)
+        except Exception:  # noqa: BLE001 - the orphan sweep recovers it after the lease
+            log.warning("durable: could not hand back the lease of run %s", run_id, exc_info=True)
+
+
+@checks.register("durable")
+def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Redis would redeliver a step that is still running within its timeout."""
+    from celery import current_app
+
+    from .definitions import registry
+
+    broker = str(current_app.conf.broker_url or "")
+    if not broker.startswith(("redis://", "rediss://")):
+        return []
+    options = current_app.conf.broker_transport_options or {}
+    visibility = timedelta(seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds()))
+    longest = max(
+        (step for step in registry.steps.values() if step.timeout is not None),
+        key=lambda step: step.timeout,
+        default=None,
+    )
+    if longest is None or longest.timeout < visibility:
+        return []
+    return [
+        checks.Warning(
+            f"Redis visibility_timeout ({visibility}) is not longer than step {longest.name!r}'s "
+            f"timeout ({longest.timeout}): Redis would hand the running step to a second worker.",
+            hint="Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above the longest step timeout.",
+            id="durable.W001",
+        )
+    ]

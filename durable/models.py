@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.functions import Coalesce, Least
 
 
@@ -150,22 +150,47 @@ class RunQuerySet(models.QuerySet["Run"]):
 
     def orphans(self, now: datetime, limit: int) -> list[tuple[str, str]]:
         """(id, queue) of runs whose turn died holding the lease."""
-        qs = self.filter(status=Status.RUNNING, locked_until__lt=now)
-        return list(_skip_locked(qs.order_by("locked_until")).values_list("id", "queue")[:limit])
+        qs = self.filter(status=Status.RUNNING, locked_until__lt=now).order_by("locked_until")
+        return list(qs.values_list("id", "queue")[:limit])
 
-    def recover(self, run_id: str, now: datetime, max_attempts: int, error: dict[str, Any]) -> str | None:
-        """Take an orphaned turn's run back: ``dead`` past the budget, else due now, counted."""
-        expired = self.filter(id=run_id, status=Status.RUNNING, locked_until__lt=now)
+    def recover(
+        self,
+        run_id: str,
+        now: datetime,
+        max_attempts: int,
+        error: dict[str, Any],
+        *,
+        stale_before: datetime | None = None,
+        owner_prefix: str | None = None,
+    ) -> str | None:
+        """Take back a run whose turn died holding its lease; say what became of it.
+
+        ``parked``: a dispatched step is still in flight, so the dead turn is not counted as a
+        crash. ``dead``: the recovery budget is spent. ``suspended``: counted, due at once.
+        """
+        orphan = self.filter(id=run_id, status=Status.RUNNING, locked_until__lt=stale_before or now)
+        if owner_prefix is not None:
+            orphan = orphan.filter(locked_by__startswith=owner_prefix)
         released = {"locked_by": None, "locked_until": None, "updated_at": now}
-        if expired.filter(recovery_attempts__gte=max_attempts).update(
+        in_flight = Checkpoint.objects.filter(
+            run_id=OuterRef("id"), kind="step", status="pending", enqueued_at__isnull=False
+        )
+        if orphan.filter(Exists(in_flight)).update(status=Status.SUSPENDED, wake_at=now, **released):
+            return "parked"
+        if orphan.filter(recovery_attempts__gte=max_attempts).update(
             status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
         ):
             return Status.DEAD
-        if expired.update(
+        if orphan.update(
             status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
         ):
             return Status.SUSPENDED
         return None
+
+    def held_by(self, owner_prefix: str, limit: int) -> list[tuple[str, str]]:
+        """(id, queue) of running runs whose lease names this instance."""
+        qs = self.filter(status=Status.RUNNING, locked_by__startswith=owner_prefix)
+        return list(qs.values_list("id", "queue")[:limit])
 
 
 def _skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:

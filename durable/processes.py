@@ -11,25 +11,41 @@ from pathlib import Path
 
 
 class CeleryProcess:
-    """A ``celery`` subprocess in its own process group, so a kill takes its pool children too."""
+    """A ``celery`` subprocess in its own process group, so a kill takes its pool children too.
+
+    Every start appends to the same log file; ``wait_ready()`` only looks at what this start wrote.
+    """
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, ready_text: str) -> None:
         self.argv, self.env, self.log_path, self.ready_text = argv, env, log_path, ready_text
         self.proc: subprocess.Popen[bytes] | None = None
+        self._offset = 0
 
-    def start(self, timeout: float = 60) -> CeleryProcess:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+    def start(self, timeout: float = 60, *, wait: bool = True) -> CeleryProcess:
+        """Spawn the process; with ``wait`` (the default) return once it says it is ready."""
+        self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        return self.wait_ready(timeout) if wait else self
+
+    def wait_ready(self, timeout: float = 60) -> CeleryProcess:
+        """Block until this start's log shows the ready text; raise if the process exits first."""
+        assert self.proc is not None, "start() the process first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.argv[:4]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            if self.ready_text in self.log_path.read_text(errors="replace")[offset:]:
-                return self
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                if self.ready_text in f.read().decode(errors="replace"):
+                    return self
             time.sleep(0.1)
         raise RuntimeError(f"{self.argv[:4]} was not ready within {timeout}s:\n{self.log()[-3000:]}")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -43,8 +59,14 @@ class CeleryProcess:
     def stop(self, timeout: float = 20) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+
+    def restart(self, timeout: float = 60) -> CeleryProcess:
+        """Stop (gracefully) if running, then start again with the same argv, env and log file."""
+        self.stop()
+        return self.start(timeout)

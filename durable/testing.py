@@ -140,19 +140,19 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
     import freezegun
     from django.utils import timezone
 
-    from .engine import steps
+    from .engine import steps, turn
 
     if not any(name in request.fixturenames for name in ("db", "transactional_db", "django_db_setup")):
         request.getfixturevalue("db")
     freezer = freezegun.freeze_time(timezone.now(), tick=False)
     frozen = freezer.start()
     env = DurableEnv(frozen)
-    saved = (dispatch.sender, api.never_wait, steps.served_queues)
-    dispatch.sender, api.never_wait, steps.served_queues = env.capture, True, None
+    saved = (dispatch.sender, api.never_wait, steps.served_queues, turn.keep_leases_alive)
+    dispatch.sender, api.never_wait, steps.served_queues, turn.keep_leases_alive = env.capture, True, None, False
     try:
         yield env
     finally:
-        dispatch.sender, api.never_wait, steps.served_queues = saved
+        dispatch.sender, api.never_wait, steps.served_queues, turn.keep_leases_alive = saved
         freezer.stop()
 
 

@@ -136,8 +136,25 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
+# Any DURABLE key can be set from the environment as DURABLE_<KEY> (tests and the chaos suite
+# use this to shorten intervals for the worker subprocesses they start).
+_DURABLE_FROM_ENV = {
+    "DEFAULT_QUEUE": str,
+    "LEASE": str,
+    "RECONCILE_INTERVAL": str,
+    "MAX_RECOVERY_ATTEMPTS": int,
+    "TIMER_BATCH_SIZE": int,
+    "HEARTBEAT_PERSIST_THROTTLE": str,
+    "TIMER_SWEEP_INTERVAL": str,
+    "ORPHAN_SWEEP_INTERVAL": str,
+    "STEP_REDISPATCH_AFTER": str,
+    "STEP_TIMEOUT_GRACE": str,
+    "INSTANCE_ID": str,
+}
 DURABLE = {
-    "DEFAULT_QUEUE": os.environ.get("DURABLE_DEFAULT_QUEUE", "durable"),
+    key: cast(os.environ[f"DURABLE_{key}"])
+    for key, cast in _DURABLE_FROM_ENV.items()
+    if os.environ.get(f"DURABLE_{key}")
 }
 
 LOGGING = {

@@ -5,10 +5,13 @@ Each pass is bounded and idempotent; two beats running them at once only duplica
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import transaction
 
 from .. import clock, conf, dispatch
-from ..models import Run
+from ..models import Run, Status
+from . import lifecycle
 from .turn import recovery_exhausted
 
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
@@ -38,14 +41,42 @@ def sweep_timers() -> int:
 def sweep_orphans() -> int:
     """Re-drive runs whose turn died holding its lease; past the budget they go ``dead``."""
     settings = conf.get()
-    runs = Run.objects.using(settings.DATABASE)
     now = clock.now()
+    return recover(Run.objects.using(settings.DATABASE).orphans(now, settings.TIMER_BATCH_SIZE), now)
+
+
+def reclaim(instance_id: str, booted_at: datetime) -> int:
+    """Take back, at start-up, the leases a predecessor with this ``instance_id`` left behind.
+
+    Only leases last renewed before this process booted: a lease still being renewed belongs to
+    a live process (say a pool child that outlived its parent) and is left alone.
+    """
+    settings = conf.get()
+    prefix = f"{instance_id}/"
+    held = Run.objects.using(settings.DATABASE).held_by(prefix, settings.TIMER_BATCH_SIZE)
+    return recover(held, clock.now(), stale_before=booted_at + settings.LEASE, owner_prefix=prefix)
+
+
+def recover(
+    candidates: list[tuple[str, str]],
+    now: datetime,
+    *,
+    stale_before: datetime | None = None,
+    owner_prefix: str | None = None,
+) -> int:
+    settings = conf.get()
+    runs = Run.objects.using(settings.DATABASE)
+    error = recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1)
     recovered = 0
-    with transaction.atomic(using=settings.DATABASE):
-        for run_id, queue in runs.orphans(now, settings.TIMER_BATCH_SIZE):
-            error = recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1)
-            outcome = runs.recover(run_id, now, settings.MAX_RECOVERY_ATTEMPTS, error)
-            if outcome == "suspended":
+    for run_id, queue in candidates:
+        with transaction.atomic(using=settings.DATABASE):
+            outcome = runs.recover(
+                run_id, now, settings.MAX_RECOVERY_ATTEMPTS, error,
+                stale_before=stale_before, owner_prefix=owner_prefix,
+            )
+            if outcome == Status.DEAD:
+                lifecycle.finished(runs.get(id=run_id))
+            elif outcome is not None:
                 dispatch.advance(run_id, queue)
-            recovered += outcome is not None
+        recovered += outcome is not None
     return recovered

@@ -8,6 +8,7 @@ again instead of going to sleep on stale facts.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Any
 
@@ -15,10 +16,11 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..context import RunFacts, TurnState, replay
-from ..definitions import registry
-from ..errors import WorkflowNotRegistered, _ControlFlow
+from ..definitions import Workflow, registry
+from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
+from . import lifecycle
 
 log = logging.getLogger("durable.engine")
 
@@ -44,6 +46,12 @@ def limits(settings: conf.Settings) -> Limits:
     )
 
 
+#: Turns this process is running now (run id -> lease owner), handed back on worker shutdown.
+active: dict[str, str] = {}
+#: Renew leases from a thread while a turn runs; durable_env turns this off (one thread, frozen clock).
+keep_leases_alive = True
+
+
 def advance(run_id: str) -> str:
     """Run turns of ``run_id`` until it settles; return what happened, for logs and tests."""
     settings = conf.get()
@@ -51,15 +59,27 @@ def advance(run_id: str) -> str:
     owner = f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
     if not runs.claim(run_id, owner, clock.now(), settings.LEASE):
         return "busy"
+    active[run_id] = owner
+    keeper = _LeaseKeeper(run_id, owner, settings) if keep_leases_alive else None
+    try:
+        return _turns(run_id, owner, settings, keeper)
+    finally:
+        active.pop(run_id, None)
+        if keeper is not None:
+            keeper.stop()
+
+
+def _turns(run_id: str, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | None) -> str:
+    runs = Run.objects.using(settings.DATABASE)
     for _ in range(MAX_RERUNS):
         run = runs.filter(id=run_id, locked_by=owner).first()
         if run is None:
             return "lost"
         if run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS:
-            runs.die(run_id, recovery_exhausted(run.recovery_attempts - 1), clock.now())
+            _die(run, settings)
             return Status.DEAD
         try:
-            outcome = _turn(run, owner, settings)
+            outcome = _turn(run, owner, settings, keeper)
         except LeaseLost:
             return "lost"
         except _Stale:
@@ -73,6 +93,43 @@ def advance(run_id: str) -> str:
     return "busy"
 
 
+def _die(run: Run, settings: conf.Settings) -> None:
+    error = recovery_exhausted(run.recovery_attempts - 1)
+    with transaction.atomic(using=settings.DATABASE):
+        if Run.objects.using(settings.DATABASE).die(run.id, error, clock.now()):
+            run.status, run.error = Status.DEAD, error
+            lifecycle.finished(run)
+
+
+class _LeaseKeeper:
+    """Renews a turn's lease from a thread, so a long local step does not lose it."""
+
+    def __init__(self, run_id: str, owner: str, settings: conf.Settings) -> None:
+        self.lost = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(run_id, owner, settings), name=f"durable-lease-{run_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, run_id: str, owner: str, settings: conf.Settings) -> None:
+        from django.db import connections
+
+        try:
+            while not self._stopped.wait(settings.LEASE.total_seconds() / 3):
+                if not Run.objects.using(settings.DATABASE).renew(run_id, owner, clock.now(), settings.LEASE):
+                    self.lost = True
+                    return
+        except Exception:  # noqa: BLE001 - a failed renewal only means the lease may lapse
+            log.warning("durable: could not renew the lease of run %s", run_id, exc_info=True)
+        finally:
+            connections[settings.DATABASE].close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
 def recovery_exhausted(attempts: int) -> dict[str, Any]:
     return {
         "message": f"the run's turns crashed or lost their lease {attempts} times in a row",
@@ -82,7 +139,7 @@ def recovery_exhausted(attempts: int) -> dict[str, Any]:
     }
 
 
-def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
+def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | None) -> Outcome | None:
     db = settings.DATABASE
     try:
         workflow = registry.workflow(run.workflow, run.version)
@@ -94,20 +151,28 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
         return None
     state = TurnState(records=_load_records(run.id, db), signals=_load_signals(run.id, db))
 
+    def renew() -> None:
+        if (keeper is not None and keeper.lost) or not Run.objects.using(db).renew(
+            run.id, owner, clock.now(), settings.LEASE
+        ):
+            raise LeaseLost()
+
     def flush(current: TurnState) -> None:
         with transaction.atomic(using=db):
-            if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
-                raise LeaseLost()
+            renew()
             _write(run.id, current, settings)
         _mark_saved(current)
 
-    def renew() -> None:
-        if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
-            raise LeaseLost()
-
+    try:
+        body_input = _parse_input(workflow, run.input)
+    except InvalidInput as exc:
+        outcome = Outcome("failed", error=exc.to_dict())
+        with transaction.atomic(using=db):
+            _settle(run, owner, outcome, settings)
+        return outcome
     outcome = replay(
         workflow,
-        RunFacts(run.id, run.workflow, run.version, run.namespace or None, run.input),
+        RunFacts(run.id, run.workflow, run.version, run.namespace or None, body_input),
         state,
         clock=clock.now,
         limits=limits(settings),
@@ -116,9 +181,27 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     )
     with transaction.atomic(using=db):
         _write(run.id, state, settings)
-        if not Run.objects.using(db).settle(run.id, owner, run.wakes, clock.now(), **_run_fields(outcome)):
-            raise _Stale()
+        _settle(run, owner, outcome, settings)
     return outcome
+
+
+def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings) -> None:
+    fields = _run_fields(outcome)
+    if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
+        raise _Stale()
+    if outcome.status != "suspended":
+        run.status, run.error = fields["status"], fields.get("error")
+        lifecycle.finished(run)
+
+
+def _parse_input(workflow: Workflow, raw: Any) -> Any:
+    """The input as the body receives it: validated by ``input_schema`` on every turn."""
+    if workflow.input_schema is None:
+        return raw
+    try:
+        return workflow.input_schema.model_validate(raw)
+    except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
+        raise InvalidInput(f"the input of run no longer fits {workflow.name}'s input_schema: {exc}") from None
 
 
 def _run_fields(outcome: Outcome) -> dict[str, Any]:
