@@ -22,12 +22,14 @@ from .errors import (
     WaitTimeout,
     WorkflowNotRegistered,
 )
+from .inputs import DeadLetter
 from .stepscope import StepInfo, heartbeat, step_info
 
 __all__ = [
     "ApplicationError",
     "ChildFailed",
     "Context",
+    "DeadLetter",
     "DurableError",
     "GatherError",
     "InvalidInput",

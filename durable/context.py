@@ -55,12 +55,20 @@ class TurnState:
     """Everything a turn changed, for the executor to persist."""
 
     records: dict[int, Record]
-    signals: list[BufferedSignal]
+    #: Signals not yet consumed, oldest first; None until first needed (see ``load_signals``).
+    signals: list[BufferedSignal] | None = None
+    #: Loads ``signals`` on first use, so turns that wait for no signal skip the query.
+    load_signals: Callable[[], list[BufferedSignal]] | None = None
     dispatch: list[Record] = field(default_factory=list)
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
+
+    def buffered(self) -> list[BufferedSignal]:
+        if self.signals is None:
+            self.signals = self.load_signals() if self.load_signals is not None else []
+        return self.signals
 
     def unsaved(self) -> list[Record]:
         return [r for r in self.records.values() if r.dirty or r.stored_as is None]
@@ -366,7 +374,7 @@ class Context:
             return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
         now = self._clock()
         buffered = next(
-            (s for s in self._state.signals if s.name == rec.name and s.consumed_seq is None), None
+            (s for s in self._state.buffered() if s.name == rec.name and s.consumed_seq is None), None
         )
         if buffered is not None:
             buffered.consumed_seq = rec.seq

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import models
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db import connections, models
+from django.db.models import Exists, F, OuterRef, Value
 from django.db.models.functions import Coalesce, Least
 
 
@@ -29,30 +29,29 @@ TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD)
 
 
 class RunQuerySet(models.QuerySet["Run"]):
-    def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
-        """Take the turn lease of an unfinished run whose lease is free or expired.
+    def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> Run | None:
+        """Take the turn lease of an unfinished run whose lease is free or expired; return the row.
 
         Taking over a ``running`` run means its last turn died holding the lease: that counts
-        as a recovery attempt.
+        as a recovery attempt. One statement: the UPDATE returns the claimed row.
         """
-        return bool(
-            self.filter(
-                Q(locked_until__isnull=True) | Q(locked_until__lt=now),
-                id=run_id,
-                status__in=UNFINISHED,
-            ).update(
-                recovery_attempts=Case(
-                    When(status=Status.RUNNING, then=F("recovery_attempts") + 1),
-                    default=F("recovery_attempts"),
-                    output_field=models.PositiveIntegerField(),
-                ),
-                status=Status.RUNNING,
-                locked_by=owner,
-                locked_until=now + lease,
-                started_at=Coalesce(F("started_at"), Value(now)),
-                updated_at=now,
-            )
+        ops = connections[self.db].ops
+        at = ops.adapt_datetimefield_value
+        table = ops.quote_name(Run._meta.db_table)
+        sql = (
+            f"UPDATE {table} SET "
+            "recovery_attempts = CASE WHEN status = %s THEN recovery_attempts + 1 ELSE recovery_attempts END, "
+            "status = %s, locked_by = %s, locked_until = %s, started_at = COALESCE(started_at, %s), "
+            "updated_at = %s "
+            "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
+            "RETURNING *"
         )
+        params = [
+            Status.RUNNING, Status.RUNNING, owner, at(now + lease), at(now), at(now),
+            run_id, *UNFINISHED, at(now),
+        ]
+        claimed = list(Run.objects.using(self.db).raw(sql, params))
+        return claimed[0] if claimed else None
 
     def renew(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
         """Extend a lease this owner still holds; False means it was taken over."""
@@ -201,8 +200,6 @@ def _skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:
 
 
 def _supports_skip_locked(alias: str) -> bool:
-    from django.db import connections
-
     return bool(connections[alias].features.has_select_for_update_skip_locked)
 
 

@@ -3,7 +3,9 @@
 - ``durable_env``: durable's Celery messages are captured in-process; ``run_until_idle()`` runs
   them, ``advance_time()`` moves a frozen clock and runs the sweeps, so timers fire at once.
 - ``durable_worker``: a real ``celery worker`` subprocess on the configured broker and the test
-  database, for end-to-end tests (with ``start_beat()``, ``kill()`` and ``restart()``).
+  database, for end-to-end tests (with ``start_beat()``, ``kill()`` and ``restart()``), and
+  ``add_worker()`` for more workers, each killable and restartable on its own; a test module
+  configures it by overriding the ``durable_worker_options`` fixture.
 """
 
 from __future__ import annotations
@@ -156,51 +158,141 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
         freezer.stop()
 
 
+class WorkerHandle:
+    """One ``celery worker`` process of a DurableWorker: its own ``-n`` name, env and log file.
+
+    The name (and so the log file and any ``DURABLE_INSTANCE_ID`` in its env) stays the same
+    across kills and restarts, as a worker restarted by a supervisor keeps its identity.
+    """
+
+    def __init__(self, name: str, process: CeleryProcess) -> None:
+        self.name, self.process = name, process
+        self.kills = 0
+        self.restarts = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.process.env
+
+    @property
+    def alive(self) -> bool:
+        return self.process.alive
+
+    def start(self, timeout: float = 60, *, wait: bool = True) -> WorkerHandle:
+        self.process.start(timeout, wait=wait)
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> WorkerHandle:
+        self.process.wait_ready(timeout)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children, as an OOM kill or a lost node would."""
+        self.kills += 1
+        self.process.kill()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def restart(self, timeout: float = 60) -> WorkerHandle:
+        """Start it again (stopping it first if it still runs), same name, env and log file."""
+        self.restarts += 1
+        self.process.restart(timeout)
+        return self
+
+    def logs(self) -> str:
+        return self.process.log()
+
+    def __repr__(self) -> str:
+        return f"<WorkerHandle {self.name} {'alive' if self.alive else 'down'}>"
+
+
 class DurableWorker:
-    """A real worker (and optionally beat) on the configured broker and the test database."""
+    """Real workers (and optionally beat) on the configured broker and the test database.
+
+    The fixture starts one worker (``primary``); ``add_worker()`` starts more, each its own
+    process with its own ``-n`` name, log file and environment overrides. ``kill()``,
+    ``restart()`` act on the primary worker; ``close()`` stops them all and beat.
+    """
 
     def __init__(
-        self, app_name: str, workdir: Path, env: dict[str, str], queues: list[str], include: list[str]
+        self,
+        app_name: str,
+        workdir: Path,
+        env: dict[str, str],
+        queues: list[str],
+        include: list[str],
+        concurrency: int = 2,
     ) -> None:
         self.app_name, self.workdir, self.env, self.queues = app_name, workdir, env, queues
-        self.include = include
-        self.worker = self._worker(1)
+        self.include, self.concurrency = include, concurrency
+        self.workers: list[WorkerHandle] = []
+        self.primary = self._handle("worker", {}, concurrency)
         self.beat: CeleryProcess | None = None
-        self._generation = 1
 
-    def _worker(self, generation: int, concurrency: int = 2) -> CeleryProcess:
+    @property
+    def worker(self) -> CeleryProcess:
+        """The primary worker's process (kept for code written before ``add_worker``)."""
+        return self.primary.process
+
+    def _handle(self, name: str, env_overrides: dict[str, str], concurrency: int) -> WorkerHandle:
+        if any(w.name == name for w in self.workers):
+            raise ValueError(f"a worker named {name!r} already exists")
         argv = [
             sys.executable, "-m", "celery", "-A", self.app_name, "worker", "--loglevel=INFO",
             "--pool=prefork", f"--concurrency={concurrency}", "-Q", ",".join(self.queues),
-            "-n", f"durable-test-{os.getpid()}-{generation}@%h", "--without-gossip", "--without-mingle",
+            "-n", f"durable-test-{os.getpid()}-{name}@%h", "--without-gossip", "--without-mingle",
         ]
         if self.include:
             # The test module defines its workflows; the worker must import it to know them.
             argv += ["--include", ",".join(self.include)]
-        return CeleryProcess(argv, self.env, self.workdir / "worker.log", "ready.")
+        env = {**self.env, **env_overrides}
+        handle = WorkerHandle(name, CeleryProcess(argv, env, self.workdir / f"{name}.log", "ready."))
+        self.workers.append(handle)
+        return handle
 
-    def start_beat(self) -> CeleryProcess:
+    def add_worker(
+        self,
+        env_overrides: dict[str, str] | None = None,
+        *,
+        name: str | None = None,
+        concurrency: int | None = None,
+        start: bool = True,
+        wait: bool = True,
+    ) -> WorkerHandle:
+        """Start one more worker process and return its handle.
+
+        ``env_overrides`` are added to the fixture's environment for this process only (e.g.
+        ``{"DURABLE_INSTANCE_ID": "w2", "DURABLE_LEASE": "3s"}``). With ``wait=False`` it returns
+        once spawned; call ``handle.wait_ready()`` (several workers then boot in parallel).
+        """
+        name = name or f"worker{len(self.workers) + 1}"
+        handle = self._handle(name, dict(env_overrides or {}), concurrency or self.concurrency)
+        return handle.start(wait=wait) if start else handle
+
+    def start_beat(self, env_overrides: dict[str, str] | None = None) -> CeleryProcess:
         argv = [
             sys.executable, "-m", "celery", "-A", self.app_name, "beat", "--loglevel=INFO",
             "-s", str(self.workdir / "beat-schedule"), "--pidfile=",
         ]
-        self.beat = CeleryProcess(argv, self.env, self.workdir / "beat.log", "beat: Starting")
+        env = {**self.env, **(env_overrides or {})}
+        self.beat = CeleryProcess(argv, env, self.workdir / "beat.log", "beat: Starting")
         return self.beat.start()
 
     def kill(self) -> None:
-        """SIGKILL the worker and its pool children, as an OOM kill or a lost node would."""
-        self.worker.kill()
+        """SIGKILL the primary worker and its pool children, as an OOM kill or a lost node would."""
+        self.primary.kill()
 
     def restart(self) -> None:
-        self.worker.stop()
-        self._generation += 1
-        self.worker = self._worker(self._generation).start()
+        self.primary.restart()
 
     def logs(self) -> str:
-        return self.worker.log() + (self.beat.log() if self.beat else "")
+        """Every worker's log (in the order they were added), then beat's."""
+        return "".join(w.logs() for w in self.workers) + (self.beat.log() if self.beat else "")
 
     def close(self) -> None:
-        self.worker.stop()
+        for handle in self.workers:
+            handle.stop()
         if self.beat is not None:
             self.beat.stop()
 
@@ -214,6 +306,13 @@ def _purge(queues: list[str]) -> None:
             # A queue that does not exist yet holds nothing to purge.
             with contextlib.suppress(Exception):
                 channel.queue_purge(queue)
+
+
+@pytest.fixture
+def durable_worker_options() -> dict[str, Any]:
+    """Override in a test module to configure ``durable_worker``: ``env`` (dict) is added to every
+    worker's and beat's environment; ``start=False`` leaves the primary worker unstarted."""
+    return {}
 
 
 @pytest.fixture
@@ -233,8 +332,11 @@ def durable_worker(request: pytest.FixtureRequest) -> Iterator[DurableWorker]:
     app_name = os.environ.get("DURABLE_TEST_CELERY_APP") or current_app.main or "project"
     workdir = Path(tempfile.mkdtemp(prefix="durable-worker-"))
     include = [request.module.__name__] if request.module is not None else []
+    options = request.getfixturevalue("durable_worker_options")
+    env.update(options.get("env", {}))
     worker = DurableWorker(app_name, workdir, env, queues, include)
-    worker.worker.start()
+    if options.get("start", True):
+        worker.primary.start()
     try:
         yield worker
     finally:

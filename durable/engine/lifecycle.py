@@ -6,35 +6,16 @@ Called inside the transaction that made the run terminal, so a crash cannot sepa
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import DurableError
+from ..inputs import DeadLetter
 from ..models import Run, Status
 
 log = logging.getLogger("durable.engine")
 
 DLQ_PREFIX = "dlq:"
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """The input of a dead-letter workflow: the run that went ``dead`` and why."""
-
-    dead_run_id: str
-    workflow: str
-    input: Any
-    error: dict[str, Any] | None
-
-    @classmethod
-    def model_validate(cls, value: Any) -> DeadLetter:
-        """Build from the stored JSON, so ``input_schema=durable.DeadLetter`` works."""
-        return value if isinstance(value, cls) else cls(**value)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def finished(run: Run) -> None:

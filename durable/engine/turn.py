@@ -57,22 +57,24 @@ def advance(run_id: str) -> str:
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE)
     owner = f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
-    if not runs.claim(run_id, owner, clock.now(), settings.LEASE):
+    run = runs.claim(run_id, owner, clock.now(), settings.LEASE)
+    if run is None:
         return "busy"
     active[run_id] = owner
     keeper = _LeaseKeeper(run_id, owner, settings) if keep_leases_alive else None
     try:
-        return _turns(run_id, owner, settings, keeper)
+        return _turns(run, owner, settings, keeper)
     finally:
         active.pop(run_id, None)
         if keeper is not None:
             keeper.stop()
 
 
-def _turns(run_id: str, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | None) -> str:
+def _turns(claimed: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | None) -> str:
     runs = Run.objects.using(settings.DATABASE)
+    run_id = claimed.id
+    run: Run | None = claimed
     for _ in range(MAX_RERUNS):
-        run = runs.filter(id=run_id, locked_by=owner).first()
         if run is None:
             return "lost"
         if run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS:
@@ -83,8 +85,8 @@ def _turns(run_id: str, owner: str, settings: conf.Settings, keeper: _LeaseKeepe
         except LeaseLost:
             return "lost"
         except _Stale:
-            if not runs.renew(run_id, owner, clock.now(), settings.LEASE):
-                return "lost"
+            # A wake landed during the turn: read the run again and replay.
+            run = runs.filter(id=run_id, locked_by=owner).first()
             continue
         if outcome is not None:
             return outcome.status
@@ -149,7 +151,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | 
                     run.workflow, run.version, run.id)
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
-    state = TurnState(records=_load_records(run.id, db), signals=_load_signals(run.id, db))
+    state = TurnState(records=_load_records(run.id, db), load_signals=lambda: _load_signals(run.id, db))
 
     def renew() -> None:
         if (keeper is not None and keeper.lost) or not Run.objects.using(db).renew(

@@ -29,7 +29,7 @@ def noop(value):
 def long_local(run_id, seconds):
     time.sleep(seconds)
     # Another worker tries to take the run over once the original lease would have expired.
-    THIEF["won"] = Run.objects.claim(run_id, "thief/1", clock.now(), timedelta(seconds=30))
+    THIEF["won"] = Run.objects.claim(run_id, "thief/1", clock.now(), timedelta(seconds=30)) is not None
     return "done"
 
 
@@ -261,3 +261,44 @@ def test_stored_input_that_no_longer_fits_the_schema_fails_without_retry(durable
     durable_env.run_until_idle()
     record = durable.get_run(run.id)
     assert (record.status, record.error["code"]) == ("failed", "invalid_input")
+
+
+@durable.workflow(name="tests.recovery_multi")
+def multi_flow(ctx, n):
+    values = [ctx.step(noop, n), ctx.step(noop, n + 1)]
+    ctx.sleep("10s")
+    return values + [ctx.wait_for_signal("go", timeout="1h")]
+
+
+def test_every_run_completes_after_the_broker_loses_everything(durable_env):
+    runs = [durable.start(multi_flow, i) for i in range(6)]
+    for _ in range(4):  # some runs part-way, some not started
+        durable_env.run_next()
+    durable_env.drop()  # the broker is flushed: every queued message is gone
+    for run in runs[:3]:
+        durable.signal(run.id, "go", "early")
+    durable_env.drop()
+    durable_env.advance_time("5m")
+    for run in runs[3:]:
+        durable.signal(run.id, "go", "late")
+    durable_env.drop()
+    durable_env.advance_time("5m")
+    assert [durable.result(r.id) for r in runs] == [
+        [i, i + 1, "early" if i < 3 else "late"] for i in range(6)
+    ]
+    steps = Checkpoint.objects.filter(kind="step")
+    assert steps.count() == 12 and not steps.exclude(status="completed").exists()
+
+
+def test_dead_letter_handler_can_take_the_typed_input(durable_env):
+    seen = []
+
+    @durable.workflow(name="tests.recovery_typed_dlq", input_schema=durable.DeadLetter)
+    def typed(ctx, letter):
+        seen.append(letter)
+        return letter.dead_run_id
+
+    run = durable.start(typed, {"dead_run_id": "x", "workflow": "w", "input": None, "error": None})
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "x"
+    assert isinstance(seen[0], durable.DeadLetter)

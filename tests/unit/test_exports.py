@@ -10,6 +10,7 @@ PUBLIC = [
     "ApplicationError",
     "ChildFailed",
     "Context",
+    "DeadLetter",
     "DurableError",
     "GatherError",
     "InvalidInput",

@@ -1,0 +1,1 @@
+"""The benchmark suite: ``python bench/run.py`` (see README.md)."""

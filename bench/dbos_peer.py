@@ -1,0 +1,89 @@
+"""The DBOS Transact peer, run in its own process: ``python -m bench.dbos_peer N REPS THREADS``.
+
+The same workflow as ``bench.local10``: ten no-op steps, on the same PostgreSQL (database
+``dbos_bench``). Prints one JSON object: sequential latencies and concurrent throughput samples.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+from dbos import DBOS
+
+from bench.env import DBOS_DB, PG
+
+STEPS = 10
+
+DBOS(config={"name": "durable-bench", "system_database_url": f"{PG}/{DBOS_DB}", "log_level": "WARNING"})
+
+
+@DBOS.step()
+def noop(i: int) -> int:
+    return i
+
+
+@DBOS.workflow()
+def local10() -> int:
+    total = 0
+    for i in range(STEPS):
+        total += noop(i)
+    return total
+
+
+def truncate() -> None:
+    with psycopg.connect(f"{PG}/{DBOS_DB}", autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables "
+            "WHERE schemaname = 'dbos' AND tablename IN ('workflow_status', 'operation_outputs')"
+        )]
+        conn.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+
+
+def sequential(count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        assert local10() == sum(range(STEPS))
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def threaded(n: int, threads: int) -> float:
+    """N workflows called from a pool of ``threads`` threads (the harness durable in-process uses)."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        assert all(r == sum(range(STEPS)) for r in pool.map(lambda _: local10(), range(n)))
+    return time.perf_counter() - t0
+
+
+def started(n: int) -> float:
+    """N workflows through DBOS's own ``DBOS.start_workflow`` (its executor), then every result."""
+    t0 = time.perf_counter()
+    handles = [DBOS.start_workflow(local10) for _ in range(n)]
+    assert all(h.get_result() == sum(range(STEPS)) for h in handles)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    n, reps, threads = (int(a) for a in sys.argv[1:4])
+    DBOS.launch()
+    truncate()
+    sequential(20)  # warm-up
+    result = {"sequential_s": [], "threaded_s": [], "start_workflow_s": []}
+    for _ in range(reps):
+        truncate()
+        result["sequential_s"].append(sorted(sequential(10))[5])
+        truncate()
+        result["threaded_s"].append(threaded(n, threads))
+        truncate()
+        result["start_workflow_s"].append(started(n))
+    DBOS.destroy()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

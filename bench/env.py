@@ -1,0 +1,218 @@
+"""Where the benchmarks run: PostgreSQL + Redis set-up, Django in this process, and the worker.
+
+Only the databases ``durable_bench`` / ``dbos_bench`` and Redis db 5 are touched.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+DURABLE_DB, DBOS_DB = "durable_bench", "dbos_bench"
+REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/5")
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
+QUEUES = "durable,celery"
+
+#: The environment of this process and of the worker: the example project on PostgreSQL + Redis,
+#: DEBUG off (Django keeps no query log), warnings only.
+ENV = {
+    "DJANGO_SETTINGS_MODULE": "project.settings",
+    "DATABASE_URL": f"{PG}/{DURABLE_DB}",
+    "CELERY_BROKER_URL": REDIS,
+    "DJANGO_DEBUG": "0",
+    "DURABLE_LOG_LEVEL": "WARNING",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+}
+
+#: Tables emptied between repetitions, so every repetition starts from the same state.
+TABLES = ("durable_signal", "durable_checkpoint", "durable_run", "django_celery_results_taskresult")
+
+
+def setup() -> None:
+    """Create the databases, point Django at them, migrate, import the workloads."""
+    os.environ.update(ENV)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import psycopg
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        for name in (DURABLE_DB, DBOS_DB):
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                conn.execute(f'CREATE DATABASE "{name}"')
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    import project.celery  # noqa: F401 - makes the project's app current_app for durable's sender
+
+    import bench.workloads  # noqa: F401
+
+
+def truncate() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+
+
+def purge_queues() -> None:
+    from celery import current_app
+
+    with current_app.connection_for_write() as conn:
+        for queue in QUEUES.split(","):
+            try:
+                conn.default_channel.queue_purge(queue)
+            except Exception:  # noqa: BLE001 - a queue not declared yet holds nothing
+                pass
+
+
+class Worker:
+    """A real ``celery -A project worker`` subprocess (prefork), with its process tree's RSS."""
+
+    def __init__(self, name: str = "bench", concurrency: int = CONCURRENCY) -> None:
+        from durable.processes import CeleryProcess
+
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.log_path = RESULTS / f"worker-{name}.log"
+        self.log_path.write_text("")
+        argv = [
+            sys.executable, "-m", "celery", "-A", "project", "worker", "--loglevel=WARNING",
+            "--pool=prefork", f"--concurrency={concurrency}", "-Q", QUEUES, "-n", f"{name}@%h",
+            "--include", "bench.workloads", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        self.concurrency = concurrency
+        self.process = CeleryProcess(argv, {**os.environ, **ENV}, self.log_path, "")
+
+    def start(self) -> Worker:
+        purge_queues()
+        self.process.start(wait=False)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 90) -> None:
+        """Ready when it has forked its pool and runs a chain end to end."""
+        from bench import workloads
+
+        deadline = time.monotonic() + timeout
+        while len(self.children()) < self.concurrency:
+            if not self.process.alive or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{self.process.log()[-3000:]}")
+            time.sleep(0.1)
+        workloads.celery_chain().apply_async().get(timeout=timeout, interval=0.05)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def pid(self) -> int:
+        assert self.process.proc is not None
+        return self.process.proc.pid
+
+    def children(self) -> list:
+        import psutil
+
+        try:
+            return psutil.Process(self.pid()).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def rss(self) -> dict:
+        """Peak (VmHWM) and current RSS, MiB: the parent, each pool child, and their sum."""
+        import psutil
+
+        procs = [psutil.Process(self.pid()), *self.children()]
+        peaks, now = [], []
+        for proc in procs:
+            peaks.append(_vm_hwm(proc.pid) / 1024)
+            now.append(proc.memory_info().rss / 2**20)
+        return {
+            "peak_parent_mib": round(peaks[0], 1),
+            "peak_children_mib": [round(p, 1) for p in peaks[1:]],
+            "peak_max_child_mib": round(max(peaks[1:], default=0), 1),
+            "peak_total_mib": round(sum(peaks), 1),
+            "rss_total_mib": round(sum(now), 1),
+        }
+
+
+def _vm_hwm(pid: int) -> int:
+    """Peak resident set size of ``pid`` in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def machine() -> dict:
+    import psutil
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import psycopg
+
+    with psycopg.connect(f"{PG}/postgres") as conn:
+        pg = conn.execute("SHOW server_version").fetchone()[0]
+        sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+    import redis
+
+    info = redis.Redis.from_url(REDIS).info("server")
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cores": psutil.cpu_count(logical=True),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "postgresql": pg,
+        "postgresql_synchronous_commit": sync,
+        "redis": info.get("redis_version"),
+        "worker": f"celery prefork, concurrency {CONCURRENCY}, queues {QUEUES}",
+    }
+
+
+def versions() -> dict:
+    names = ["durable", "Django", "celery", "kombu", "redis", "psycopg", "django-celery-results",
+             "dbos", "SQLAlchemy", "psutil", "pyinstrument", "py-spy"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_free_revision() -> str | None:
+    """No git here by rule: identify the engine by a hash of its sources instead."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "durable").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def run_module(module: str, *args: str, timeout: float = 600) -> str:
+    """Run ``python -m module args`` with the bench environment; return its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], env={**os.environ, **ENV}, cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{module} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout

@@ -1,0 +1,35 @@
+"""Repetition and summary helpers shared by the benchmark families."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def summary(samples: list[float], digits: int = 4) -> dict[str, Any]:
+    """Median (the figure), min, max and the raw samples of one measurement."""
+    ordered = sorted(samples)
+    return {
+        "median": round(statistics.median(ordered), digits),
+        "min": round(ordered[0], digits),
+        "max": round(ordered[-1], digits),
+        "n": len(ordered),
+        "samples": [round(s, digits) for s in samples],
+    }
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, poll: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+def ratio(a: float, b: float, digits: int = 2) -> float | None:
+    return round(a / b, digits) if b else None

@@ -1,0 +1,69 @@
+"""What the benchmarks run, importable by the worker (``--include bench.workloads``).
+
+Every durable workload has a Celery or DBOS twin doing the same work: ten no-op steps.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+import durable
+
+STEPS = 10
+
+
+# -- durable ------------------------------------------------------------------------------------
+
+@durable.step(name="bench.noop_step")
+def noop_step(i: int) -> int:
+    """A dispatched step: one Celery task on the durable queue."""
+    return i
+
+
+@durable.step(name="bench.noop_local", local=True)
+def noop_local(i: int) -> int:
+    """A local step: runs inside the workflow turn, no broker hop."""
+    return i
+
+
+@durable.workflow(name="bench.dispatched10")
+def dispatched10(ctx: durable.Context, _input: object) -> int:
+    total = 0
+    for i in range(STEPS):
+        total += ctx.step(noop_step, i)
+    return total
+
+
+@durable.workflow(name="bench.local10")
+def local10(ctx: durable.Context, _input: object) -> int:
+    total = 0
+    for i in range(STEPS):
+        total += ctx.step(noop_local, i)
+    return total
+
+
+@durable.workflow(name="bench.parked")
+def parked(ctx: durable.Context, _input: object) -> None:
+    """The workflow named by the rows the sweep benchmarks insert (never actually run there)."""
+    ctx.sleep("1h")
+
+
+# -- the Celery peer ----------------------------------------------------------------------------
+# Intermediate links store no result (as a chain needs none); the last one stores its result in
+# the project's result backend (django-db, i.e. the same PostgreSQL), where the bench polls it.
+
+@shared_task(name="bench.noop", ignore_result=True)
+def noop(i: int) -> int:
+    return i
+
+
+@shared_task(name="bench.noop_last")
+def noop_last(i: int) -> int:
+    return i
+
+
+def celery_chain():
+    """The Celery twin of ``dispatched10``: a chain of ten no-op tasks."""
+    from celery import chain
+
+    return chain(*[noop.si(i) for i in range(STEPS - 1)], noop_last.si(STEPS - 1))
