@@ -1,0 +1,32 @@
+"""The ceiling: single-row INSERT + COMMIT per second from Python on the same PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from bench.env import DURABLE_DB, PG
+from bench.stats import summary
+
+
+def commits_per_second(seconds: float) -> float:
+    with psycopg.connect(f"{PG}/{DURABLE_DB}") as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_ceiling (id bigserial PRIMARY KEY, v jsonb)")
+        conn.execute("TRUNCATE bench_ceiling")
+        conn.commit()
+        count, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute("INSERT INTO bench_ceiling (v) VALUES (%s)", ('{"output": 1}',))
+            conn.commit()
+            count += 1
+        return count / (time.perf_counter() - t0)
+
+
+def run(reps: int, seconds: float) -> dict:
+    commits_per_second(0.5)  # warm-up
+    return {"commits_per_s": summary([commits_per_second(seconds) for _ in range(reps)], 1)}
+
+
+if __name__ == "__main__":
+    print(run(3, 2))

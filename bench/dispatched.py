@@ -1,0 +1,122 @@
+"""Families 1 and 2: a workflow of ten dispatched no-op steps vs a Celery chain of ten no-op tasks.
+
+Both run on the same worker (one ``celery worker`` subprocess, prefork) and the same Redis, and
+both results land in the same PostgreSQL, which the bench polls the same way for both: durable's
+run row, and the chain's last task's result row (django-celery-results).
+"""
+
+from __future__ import annotations
+
+import time
+
+import durable
+from bench import workloads
+from bench.env import truncate
+from bench.stats import ratio, summary, wait_until
+
+POLL = 0.002  # seconds between two looks at the result, for durable and Celery alike
+TERMINAL = ("completed", "failed", "cancelled", "dead")
+
+
+def _run_status(run_id: str) -> str | None:
+    from durable.models import Run
+
+    return Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+
+
+def durable_once(workflow: str) -> float:
+    t0 = time.perf_counter()
+    run_id = durable.start(workflow).id
+    status = wait_until(lambda: (s := _run_status(run_id)) in TERMINAL and s, 120, POLL, f"run {run_id}")
+    elapsed = time.perf_counter() - t0
+    if status != "completed":
+        raise RuntimeError(f"run {run_id} ended {status}: {durable.get_run(run_id).error}")
+    return elapsed
+
+
+def durable_api_once(workflow: str) -> float:
+    """The same, waiting with ``durable.result()`` as shipped (its own back-off poll)."""
+    t0 = time.perf_counter()
+    durable.start(workflow).result(timeout=120)
+    return time.perf_counter() - t0
+
+
+def chain_once() -> float:
+    from django_celery_results.models import TaskResult
+
+    t0 = time.perf_counter()
+    task_id = workloads.celery_chain().apply_async().id
+    wait_until(lambda: TaskResult.objects.filter(task_id=task_id, status="SUCCESS").exists(), 120, POLL, "chain")
+    return time.perf_counter() - t0
+
+
+def durable_many(workflow: str, n: int) -> dict[str, float]:
+    """Start ``n`` runs back to back; seconds until all completed (and until all were sent)."""
+    from durable.models import Run
+
+    truncate()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        durable.start(workflow)
+    sent = time.perf_counter() - t0
+
+    def done() -> bool:
+        finished = Run.objects.filter(status__in=TERMINAL).count()
+        if finished >= n and Run.objects.exclude(status="completed").exists():
+            raise RuntimeError(f"some {workflow} runs did not complete")
+        return finished >= n
+
+    wait_until(done, 1800, 0.02, f"{n} {workflow} runs")
+    return {"total_s": time.perf_counter() - t0, "send_s": sent}
+
+
+def chains_many(n: int) -> dict[str, float]:
+    from django_celery_results.models import TaskResult
+
+    truncate()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        workloads.celery_chain().apply_async()
+    sent = time.perf_counter() - t0
+    wait_until(lambda: TaskResult.objects.filter(status="SUCCESS").count() >= n, 1800, 0.02, f"{n} chains")
+    return {"total_s": time.perf_counter() - t0, "send_s": sent}
+
+
+def latency(latency_reps: int) -> dict:
+    """Family 1: one run at a time, start to result; durable and Celery interleaved."""
+    truncate()
+    for _ in range(3):  # warm-up: imports, connections, pool children
+        durable_once("bench.dispatched10"), chain_once()
+    d, c, api = [], [], []
+    for _ in range(latency_reps):
+        d.append(durable_once("bench.dispatched10"))
+        c.append(chain_once())
+    for _ in range(max(5, latency_reps // 4)):
+        api.append(durable_api_once("bench.dispatched10"))
+    d_s, c_s = summary(d), summary(c)
+    return {
+        "durable_s": d_s,
+        "chain_s": c_s,
+        "durable_via_result_api_s": summary(api),
+        "ratio_durable_over_chain": ratio(d_s["median"], c_s["median"]),
+        "goal_max_ratio": 1.5,
+    }
+
+
+def throughput(n: int, reps: int) -> dict:
+    """Family 2: n started at once; runs (chains) per second until the last completes."""
+    d, c = [], []
+    for _ in range(reps):
+        d.append(durable_many("bench.dispatched10", n))
+        c.append(chains_many(n))
+    d_s = summary([n / r["total_s"] for r in d], 1)
+    c_s = summary([n / r["total_s"] for r in c], 1)
+    return {
+        "n": n,
+        "durable_runs_per_s": d_s,
+        "chain_per_s": c_s,
+        "durable_send_s": summary([r["send_s"] for r in d]),
+        "chain_send_s": summary([r["send_s"] for r in c]),
+        "ratio_chain_over_durable": ratio(c_s["median"], d_s["median"]),
+        "goal_max_ratio": 1.5,
+    }
