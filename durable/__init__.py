@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .api import RunHandle, cancel, delete_run, get_run, result, retry, signal, start
+from .composition import Deferred, Outcome
 from .context import Context
 from .definitions import Retry, Step, Workflow, step, workflow
 from .errors import (
@@ -30,10 +31,12 @@ __all__ = [
     "ChildFailed",
     "Context",
     "DeadLetter",
+    "Deferred",
     "DurableError",
     "GatherError",
     "InvalidInput",
     "NonDeterminismError",
+    "Outcome",
     "QueueFull",
     "Retry",
     "RunCancelled",

@@ -125,35 +125,53 @@ def start(
     if namespace is not None and not isinstance(namespace, str):
         raise InvalidInput(f"namespace must be a string, got {namespace!r}")
 
-    now = clock.now()
-    queue = definition.queue or settings.DEFAULT_QUEUE
-    fields = {
-        "workflow": definition.name,
-        "version": definition.version,
-        "queue": queue,
-        "input": stored_input,
-        "namespace": namespace if namespace is not None else (settings.NAMESPACE or ""),
-        "tags": sorted({*definition.tags, *tags}),
-        "created_at": now,
-        "updated_at": now,
-        # A pending run always carries a wake: its delay, or the safety net if the send is lost.
-        "wake_at": now + wait if wait else now + settings.RECONCILE_INTERVAL,
-    }
     if run_id is not None:
         existing = _runs().filter(id=run_id).first()
         if existing is not None:
             return _same_workflow(existing, definition.name)
     try:
         with transaction.atomic(using=settings.DATABASE):
-            run = _runs().create(id=run_id or uuid.uuid4().hex, **fields)
-            if not wait:
-                dispatch.advance(run.id, queue)
+            created = new_run(definition, stored_input, run_id=run_id, namespace=namespace, tags=tags, delay=wait)
     except IntegrityError:
         existing = _runs().filter(id=run_id).first()
         if existing is None:
             raise
         return _same_workflow(existing, definition.name)
-    return RunHandle(run.id)
+    return RunHandle(created)
+
+
+def new_run(
+    definition: Workflow,
+    stored_input: Any,
+    *,
+    run_id: str | None = None,
+    namespace: str | None = None,
+    tags: Any = (),
+    delay: timedelta = timedelta(0),
+    **links: Any,
+) -> str:
+    """Insert a validated run and send its first turn on commit; return its id."""
+    settings = conf.get()
+    now = clock.now()
+    queue = definition.queue or settings.DEFAULT_QUEUE
+    run = _runs().create(
+        id=run_id or uuid.uuid4().hex,
+        workflow=definition.name,
+        version=definition.version,
+        queue=queue,
+        input=stored_input,
+        namespace=namespace if namespace is not None else (settings.NAMESPACE or ""),
+        tags=sorted({*definition.tags, *tags}),
+        created_at=now,
+        updated_at=now,
+        # A pending run always carries a wake: its delay, or the safety net if the send is lost.
+        wake_at=now + delay if delay else now + settings.RECONCILE_INTERVAL,
+        deadline=now + delay + definition.timeout if definition.timeout else None,
+        **links,
+    )
+    if not delay:
+        dispatch.advance(run.id, queue)
+    return run.id
 
 
 def _same_workflow(existing: Run, name: str) -> RunHandle:
@@ -233,6 +251,11 @@ def result(run_id: str, timeout: Any = None) -> Any:
     pause = 0.02
     while True:
         run = get_run(run_id)
+        if run.status == COMPLETED:
+            successor = _runs().filter(continued_from_id=run.id).values_list("id", flat=True).first()
+            if successor is not None:
+                run_id = successor  # follow the continue-as-new chain to its last run
+                continue
         if run.status in TERMINAL:
             return _outcome(run)
         if never_wait:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .composition import Composition, ContinueAsNew
 from .definitions import Step, Workflow, registry
 from .durations import parse_duration
 from .errors import (
@@ -26,7 +27,17 @@ from .errors import (
     WaitTimeout,
     error_dict,
 )
-from .history import COMPLETED, FAILED, PENDING, BufferedSignal, Limits, Outcome, Record, roundtrip
+from .history import (
+    COMPLETED,
+    FAILED,
+    PENDING,
+    BufferedSignal,
+    ChildStart,
+    Limits,
+    Outcome,
+    Record,
+    roundtrip,
+)
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.workflow")
@@ -39,6 +50,7 @@ class RunFacts:
     version: str
     namespace: str | None
     input: Any
+    deadline: datetime | None = None
 
 
 class _Pending:
@@ -62,6 +74,7 @@ class TurnState:
     dispatch: list[Record] = field(default_factory=list)
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
+    children: list[ChildStart] = field(default_factory=list)
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
 
@@ -87,7 +100,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context:
+class Context(Composition):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -140,17 +153,24 @@ class Context:
     def step(self, step: Step | str, *args: Any, **kwargs: Any) -> Any:
         """Run ``step`` (at least once per attempt) and return its recorded output."""
         definition = self._step_definition(step)
-        rec = self._position("step", definition.name)
+        rec = self._step_position(definition, args, kwargs, fan=None, fail_fast=False)
+        return self._settle(self._resolve_step(rec, definition))
+
+    def _step_position(
+        self, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any], *, fan: int | None, fail_fast: bool
+    ) -> Record:
+        rec = self._position("step", step.name)
         if rec is None:
             rec = self._new(
                 "step",
-                definition.name,
-                input=roundtrip({"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {definition.name!r}"),
-                queue="" if definition.local else (definition.queue or self._limits.default_queue),
+                step.name,
+                input=roundtrip({"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {step.name!r}"),
+                queue="" if step.local else (step.queue or self._limits.default_queue),
             )
-            if not definition.local:
-                self._send(rec, definition)
-        return self._settle(self._resolve_step(rec, definition))
+            rec.fan, rec.fail_fast = fan, fail_fast
+            if not step.local:
+                self._send(rec, step)
+        return rec
 
     def sleep(self, duration: Any) -> None:
         """Wait durably for ``duration`` (a timer in the database, never a Celery ETA)."""
@@ -241,6 +261,14 @@ class Context:
             rec = self._new("value", name, status=COMPLETED, output=make())
             rec.finished_at = self._clock()
         return rec.output
+
+    @staticmethod
+    def _pending(wake_at: datetime | None) -> _Pending:
+        return _Pending(wake_at)
+
+    @staticmethod
+    def _is_pending(answer: Any) -> bool:
+        return isinstance(answer, _Pending)
 
     def _settle(self, answer: Any) -> Any:
         if isinstance(answer, _Pending):
@@ -413,14 +441,25 @@ def replay(
         flush=flush,
         renew=renew,
     )
+    if run.deadline is not None and clock() >= run.deadline:
+        return Outcome("failed", error={
+            "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
+            "type": "WorkflowTimeout",
+            "code": "timeout",
+            "details": {"deadline": run.deadline.isoformat()},
+        })
     try:
         value = workflow.fn(ctx, run.input)
     except Suspend:
         if ctx._nondeterminism is not None:
             return _failed(ctx._nondeterminism, state)
         now = clock()
-        wake_at = min([*state.wakes, now + limits.reconcile_interval])
+        wake_at = min([*state.wakes, now + limits.reconcile_interval, *filter(None, [run.deadline])])
         return Outcome("suspended", wake_at=wake_at)
+    except ContinueAsNew as request:
+        if ctx._nondeterminism is not None:
+            return _failed(ctx._nondeterminism, state)
+        return Outcome("continued", next_input=request.input)
     except Exception as exc:  # noqa: BLE001 - an error escaping the body fails the run
         return _failed(ctx._nondeterminism or exc, state)
     if ctx._nondeterminism is not None:

@@ -33,6 +33,9 @@ class Record:
     finished_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
     queue: str = ""
+    #: First position of the fan this record belongs to, and whether its first failure resumes.
+    fan: int | None = None
+    fail_fast: bool = False
     #: (status, attempt) as stored; None while the row does not exist yet.
     stored_as: tuple[str, int] | None = None
     dirty: bool = False
@@ -64,11 +67,24 @@ class Limits:
 class Outcome:
     """What a turn decided for the run."""
 
-    status: str  # completed | failed | suspended
+    status: str  # completed | failed | suspended | continued
     output: Any = None
     error: dict[str, Any] | None = None
     wake_at: datetime | None = None
     failed_seqs: list[int] = field(default_factory=list)
+    #: For ``continued``: the input of the run that continues this one.
+    next_input: Any = None
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """A child run the turn starts, in the same transaction as the position that waits for it."""
+
+    run_id: str
+    workflow: str
+    version: str
+    input: Any
+    seq: int
 
 
 def roundtrip(value: Any, *, what: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, models
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Exists, F, OuterRef, Value
 from django.db.models.functions import Coalesce, Least
 
@@ -136,6 +136,19 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
+    def start_child(self, child: Any, *, parent: Run, now: datetime, queue: str, reconcile: timedelta) -> bool:
+        """Create the child run a parent's turn starts; False if that id already exists."""
+        try:
+            with transaction.atomic(using=self.db):
+                self.create(
+                    id=child.run_id, workflow=child.workflow, version=child.version, queue=queue,
+                    input=child.input, parent=parent, parent_seq=child.seq, namespace=parent.namespace,
+                    created_at=now, updated_at=now, wake_at=now + reconcile,
+                )
+        except IntegrityError:
+            return False
+        return True
+
     def due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
         """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
         qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now)
@@ -233,6 +246,10 @@ class Run(models.Model):
     wakes = models.BigIntegerField(default=0)
     #: Positions whose failure ended the run: what retry() gives a fresh attempt.
     failed_seqs = models.JSONField(null=True, blank=True)
+    #: The position in the parent's history that waits for this run.
+    parent_seq = models.PositiveIntegerField(null=True, blank=True)
+    #: Execution deadline of the whole run (the workflow's ``timeout``).
+    deadline = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -293,6 +310,18 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         status, attempt = expected
         return bool(self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt).update(**fields))
 
+    def fan_closed(self, run_id: str, fan: int) -> bool:
+        """No member of the fan is still pending (asked after a member's result committed)."""
+        return not self.filter(run_id=run_id, status="pending", fan=fan).exists()
+
+    def settle_child(self, run_id: str, seq: int, status: str, output: Any, error: Any, now: datetime) -> bool:
+        """Record at position ``seq`` of ``run_id`` how the child started there ended."""
+        return bool(
+            self.filter(run_id=run_id, seq=seq, kind="child", status="pending").update(
+                status=status, output=output, error=error, finished_at=now
+            )
+        )
+
     def beat(self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool) -> bool:
         fields: dict[str, Any] = {"last_heartbeat_at": now}
         if with_progress:
@@ -319,6 +348,10 @@ class Checkpoint(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     progress = models.JSONField(null=True, blank=True)
+    #: First position of the fan (ctx.all / all_settled) this member belongs to.
+    fan = models.PositiveIntegerField(null=True, blank=True)
+    #: The fan resumes the run at its first failure (ctx.all), not only once closed.
+    fail_fast = models.BooleanField(default=False)
 
     objects = CheckpointQuerySet.as_manager()
 

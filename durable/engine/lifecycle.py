@@ -6,12 +6,15 @@ Called inside the transaction that made the run terminal, so a crash cannot sepa
 from __future__ import annotations
 
 import logging
+from typing import Any
+
+from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import DurableError
 from ..inputs import DeadLetter
-from ..models import Run, Status
+from ..models import Checkpoint, Run, Status
 
 log = logging.getLogger("durable.engine")
 
@@ -20,13 +23,62 @@ DLQ_PREFIX = "dlq:"
 
 def finished(run: Run) -> None:
     """Tell the world a run reached a terminal state (call inside that transaction)."""
-    settings = conf.get()
-    runs = Run.objects.using(settings.DATABASE)
-    if run.parent_id and runs.wake(run.parent_id, clock.now(), clock.now() + settings.LEASE):
-        parent_queue = runs.filter(id=run.parent_id).values_list("queue", flat=True).first()
-        dispatch.advance(run.parent_id, parent_queue or settings.DEFAULT_QUEUE)
+    if run.parent_id:
+        _tell_parent(run)
     if run.status == Status.DEAD:
         dead_letter(run)
+
+
+def _tell_parent(run: Run) -> None:
+    """Settle the parent's position that waits for this run, and wake the parent when it should."""
+    settings = conf.get()
+    db = settings.DATABASE
+    now = clock.now()
+    if run.parent_seq is None:
+        return
+    if run.status == Status.COMPLETED:
+        status, output, error = "completed", run.output, None
+    else:
+        error = dict(run.error or {"message": run.status, "type": run.status, "code": run.status, "details": None})
+        error.setdefault("details", None)
+        status, output = "failed", None
+    checkpoints = Checkpoint.objects.using(db)
+    if not checkpoints.settle_child(run.parent_id, run.parent_seq, status, output, error, now):
+        return  # nobody waits for it (start_child), or it was settled already
+    position = checkpoints.filter(run_id=run.parent_id, seq=run.parent_seq).values("fan", "fail_fast").first()
+    parent_id = run.parent_id
+    if position is None or position["fan"] is None or (status == "failed" and position["fail_fast"]):
+        wake(parent_id)
+        return
+    fan = position["fan"]
+
+    def join() -> None:
+        # Asked after this child's end committed, so the last member always sees the fan closed.
+        if Checkpoint.objects.using(db).fan_closed(parent_id, fan):
+            wake(parent_id)
+
+    transaction.on_commit(join, using=db)
+
+
+def wake(run_id: str) -> None:
+    """Wake an unfinished run and send it a turn."""
+    settings = conf.get()
+    runs = Run.objects.using(settings.DATABASE)
+    if runs.wake(run_id, clock.now(), clock.now() + settings.LEASE):
+        queue = runs.filter(id=run_id).values_list("queue", flat=True).first()
+        dispatch.advance(run_id, queue or settings.DEFAULT_QUEUE)
+
+
+def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:
+    """Write the run that continues ``run`` (before ``run`` is marked completed); return its id."""
+    from ..api import new_run
+
+    newest = registry.workflow(workflow.name)
+    successor = new_run(
+        newest, input, namespace=run.namespace or None, tags=run.tags, continued_from=run,
+        parent_id=run.parent_id, parent_seq=run.parent_seq,
+    )
+    return successor
 
 
 def dead_letter(run: Run) -> None:

@@ -34,7 +34,7 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
         Checkpoint.objects.using(db)
         .select_related("run")
         .filter(run_id=run_id, seq=seq)
-        .only("name", "status", "attempt", "input", "run__status", "run__queue")
+        .only("name", "status", "attempt", "input", "fan", "fail_fast", "run__status", "run__queue")
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
@@ -48,25 +48,37 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
     except WorkflowNotRegistered as exc:
         step, output, error, retryable = None, None, exc.to_dict(), True
     now = clock.now()
-    woken = False
+    woken = joins_later = False
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
             recorded = checkpoints.complete(run_id, seq, attempt, output, now)
-        elif retryable and step is not None and attempt < step.retry.max_attempts:
-            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + step.retry.delay(attempt))
-        elif retryable and step is None:
-            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + settings.RECONCILE_INTERVAL)
+        elif recorded_retry(step, retryable, attempt):
+            # A worker without the step's code retries after the reconcile interval.
+            delay = step.retry.delay(attempt) if step is not None else settings.RECONCILE_INTERVAL
+            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + delay)
         else:
             recorded = checkpoints.fail(run_id, seq, attempt, error, now)
         if recorded:
             beats.keep_last(checkpoints)
-            woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
+            settled = error is None or not recorded_retry(step, retryable, attempt)
+            joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
+            if not joins_later:
+                woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
     if not recorded:
         return "stale"
+    # A fan member wakes the run only once the fan is closed. Asked after this result committed,
+    # so the last member always sees it closed (two may: the second turn is a harmless replay).
+    if joins_later and Checkpoint.objects.using(db).fan_closed(run_id, row.fan):
+        woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
     if woken:
         next_turn(run_id, row.run.queue, settings)
     return "completed" if error is None else "failed"
+
+
+def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:
+    """Whether a failed attempt was recorded as a retry (the position stays pending)."""
+    return retryable and (step is None or attempt < step.retry.max_attempts)
 
 
 def next_turn(run_id: str, queue: str, settings: conf.Settings) -> None:

@@ -174,7 +174,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | 
         return outcome
     outcome = replay(
         workflow,
-        RunFacts(run.id, run.workflow, run.version, run.namespace or None, body_input),
+        RunFacts(run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline),
         state,
         clock=clock.now,
         limits=limits(settings),
@@ -183,6 +183,9 @@ def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | 
     )
     with transaction.atomic(using=db):
         _write(run.id, state, settings)
+        _start_children(run, state, settings)
+        if outcome.status == "continued":
+            outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
         _settle(run, owner, outcome, settings)
     return outcome
 
@@ -191,9 +194,25 @@ def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings) -> 
     fields = _run_fields(outcome)
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
-    if outcome.status != "suspended":
-        run.status, run.error = fields["status"], fields.get("error")
+    if outcome.status in ("completed", "failed"):
+        run.status, run.output, run.error = fields["status"], fields.get("output"), fields.get("error")
         lifecycle.finished(run)
+
+
+def _start_children(run: Run, state: TurnState, settings: conf.Settings) -> None:
+    now = clock.now()
+    for child in state.children:
+        created = Run.objects.using(settings.DATABASE).start_child(
+            child, parent=run, now=now, queue=_queue_of(child.workflow, child.version, settings),
+            reconcile=settings.RECONCILE_INTERVAL,
+        )
+        if created:
+            dispatch.advance(child.run_id, _queue_of(child.workflow, child.version, settings))
+    state.children.clear()
+
+
+def _queue_of(name: str, version: str, settings: conf.Settings) -> str:
+    return registry.workflow(name, version).queue or settings.DEFAULT_QUEUE
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:
@@ -208,7 +227,7 @@ def _parse_input(workflow: Workflow, raw: Any) -> Any:
 
 def _run_fields(outcome: Outcome) -> dict[str, Any]:
     now = clock.now()
-    if outcome.status == "completed":
+    if outcome.status in ("completed", "continued"):
         return {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}
     if outcome.status == "failed":
         return {
@@ -239,6 +258,8 @@ def _load_records(run_id: str, db: str) -> dict[int, Record]:
             finished_at=row.finished_at,
             last_heartbeat_at=row.last_heartbeat_at,
             queue=row.queue,
+            fan=row.fan,
+            fail_fast=row.fail_fast,
             stored_as=(row.status, row.attempt),
         )
     return records
@@ -265,7 +286,8 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings) -> None:
             new.append(
                 Checkpoint(
                     run_id=run_id, seq=rec.seq, kind=rec.kind, name=rec.name, queue=rec.queue,
-                    input=rec.input, **{f: getattr(rec, f) for f in _WRITTEN},
+                    input=rec.input, fan=rec.fan, fail_fast=rec.fail_fast,
+                    **{f: getattr(rec, f) for f in _WRITTEN},
                 )
             )
         else:

@@ -146,19 +146,26 @@ def test_unregistered_dead_letter_workflow_only_warns(durable_env, caplog):
     assert "could not dead-letter" in caplog.text
 
 
+@durable.workflow(name="tests.recovery_parent")
+def parent_flow(ctx, _):
+    try:
+        return ctx.child(plain_flow, None)
+    except durable.ChildFailed as exc:
+        return {"child failed": exc.code}
+
+
 @override_settings(DURABLE={"MAX_RECOVERY_ATTEMPTS": 1})
 def test_parent_learns_at_once_when_a_child_dies(durable_env):
-    parent = durable.start(plain_flow)
-    child = durable.start(plain_flow)
-    Run.objects.filter(id=child.id).update(parent_id=parent.id)
-    durable_env.run_until_idle()
-    Run.objects.filter(id=parent.id).update(status="suspended")
-    wakes = Run.objects.get(id=parent.id).wakes
-    _orphan(child.id, attempts=1)
+    parent = durable.start(parent_flow)
+    durable_env.run_next()  # the parent's turn starts the child
+    (child,) = Run.objects.filter(parent_id=parent.id)
+    durable_env.drop()
+    _orphan(child.id, attempts=1)  # the child's turns keep crashing
     sweeps.sweep_orphans()
     assert durable.get_run(child.id).status == "dead"
-    assert Run.objects.get(id=parent.id).wakes == wakes + 1
-    assert [m.args for m in durable_env.pending()] == [(parent.id,)]
+    assert [m.args for m in durable_env.pending()] == [(parent.id,)]  # at once, not at a sweep
+    durable_env.run_until_idle()
+    assert durable.result(parent.id) == {"child failed": "max_recovery_attempts"}
 
 
 def test_shutdown_hands_back_the_leases_of_running_turns(durable_env):
