@@ -30,18 +30,48 @@ ENV = {
     "CELERY_BROKER_URL": REDIS,
     "DJANGO_DEBUG": "0",
     "DURABLE_LOG_LEVEL": "WARNING",
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
 }
+
+#: The packages measured, copied at start-up so that the worker and this process run the same
+#: code for the whole run even if the work tree changes meanwhile (see ``snapshot()``).
+SNAPSHOT_PACKAGES = ("durable", "durable_admin", "project")
+snapshot_dir: Path | None = None
 
 #: Tables emptied between repetitions, so every repetition starts from the same state.
 TABLES = ("durable_signal", "durable_checkpoint", "durable_run", "django_celery_results_taskresult")
 
 
+def source_hash(base: Path = ROOT) -> str:
+    """Identify the measured code by a hash of its sources (the bench runs no git)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for package in SNAPSHOT_PACKAGES:
+        for path in sorted((base / package).rglob("*.py")):
+            digest.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def snapshot() -> Path:
+    """Copy durable, durable_admin and project to /tmp and put the copy first on the path."""
+    import shutil
+    import tempfile
+
+    global snapshot_dir
+    target = Path(tempfile.mkdtemp(prefix="durable-bench-src-"))
+    for package in SNAPSHOT_PACKAGES:
+        shutil.copytree(ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__"))
+    snapshot_dir = target
+    ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    sys.path[:0] = [str(target), str(ROOT)]
+    return target
+
+
 def setup() -> None:
-    """Create the databases, point Django at them, migrate, import the workloads."""
+    """Snapshot the code, create the databases, point Django at them, migrate, import workloads."""
+    if snapshot_dir is None:
+        snapshot()
     os.environ.update(ENV)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     import psycopg
 
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
@@ -195,16 +225,6 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-def git_free_revision() -> str | None:
-    """No git here by rule: identify the engine by a hash of its sources instead."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "durable").rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def run_module(module: str, *args: str, timeout: float = 600) -> str:

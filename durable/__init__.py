@@ -23,7 +23,7 @@ from .errors import (
     WaitTimeout,
     WorkflowNotRegistered,
 )
-from .inputs import DeadLetter
+from .inputs import DeadLetter, Failure
 from .stepscope import StepInfo, heartbeat, step_info
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "DeadLetter",
     "Deferred",
     "DurableError",
+    "Failure",
     "GatherError",
     "InvalidInput",
     "NonDeterminismError",

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # Run statuses, spelled here so importing durable does not import its models before Django is ready.
 COMPLETED, FAILED, CANCELLED, DEAD = "completed", "failed", "cancelled", "dead"
 TERMINAL = (COMPLETED, FAILED, CANCELLED, DEAD)
+UNFINISHED = ("pending", "running", "suspended")
 
 #: True while durable.testing captures messages: result() must not wait for work nobody runs.
 never_wait = False
@@ -215,14 +216,26 @@ def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) 
         raise InvalidInput(f"reason must be a string, got {reason!r}")
     error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
     with transaction.atomic(using=settings.DATABASE):
-        run = get_run(run_id)
-        if not _runs().cancel(run_id, error, clock.now()):
+        get_run(run_id)
+        if not _cancel_tree(run_id, error):
             return False
-        from .engine import lifecycle
-
-        run.status, run.error = CANCELLED, error
-        lifecycle.finished(run)
         return True
+
+
+def _cancel_tree(run_id: str, error: dict[str, Any]) -> bool:
+    """Cancel a run and, depth first, its unfinished children (the cancel reaches grandchildren).
+
+    Children go first so the parent, already cancelled, is not woken by their ends.
+    """
+    from .engine import lifecycle
+
+    if not _runs().cancel(run_id, error, clock.now()):
+        return False
+    for child_id in _runs().filter(parent_id=run_id, status__in=UNFINISHED).values_list("id", flat=True):
+        _cancel_tree(child_id, {**error, "message": f"{error['message']} (its parent {run_id} was cancelled)"})
+    run = get_run(run_id)
+    lifecycle.finished(run)
+    return True
 
 
 def retry(run_id: str) -> RunHandle:

@@ -25,3 +25,20 @@ class DeadLetter:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The input of an ``on_error`` handler workflow: the run that failed and its error."""
+
+    run_id: str
+    workflow: str
+    input: Any
+    error: dict[str, Any] | None
+
+    @classmethod
+    def model_validate(cls, value: Any) -> Failure:
+        return value if isinstance(value, cls) else cls(**value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

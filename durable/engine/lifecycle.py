@@ -13,12 +13,13 @@ from django.db import transaction
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import DurableError
-from ..inputs import DeadLetter
+from ..inputs import DeadLetter, Failure
 from ..models import Checkpoint, Run, Status
 
 log = logging.getLogger("durable.engine")
 
 DLQ_PREFIX = "dlq:"
+ON_ERROR_PREFIX = "on_error:"
 
 
 def finished(run: Run) -> None:
@@ -27,6 +28,8 @@ def finished(run: Run) -> None:
         _tell_parent(run)
     if run.status == Status.DEAD:
         dead_letter(run)
+    elif run.status == Status.FAILED:
+        route_failure(run)
 
 
 def _tell_parent(run: Run) -> None:
@@ -85,22 +88,36 @@ def dead_letter(run: Run) -> None:
     """Start the dead-letter workflow for ``run`` as ``dlq:<run id>``, once."""
     if run.id.startswith(DLQ_PREFIX):
         return  # a dead-letter handler that dies is not routed again
-    handler = _handler_for(run)
+    definition = _definition(run)
+    handler = (definition.dead_letter if definition else None) or conf.get().DEAD_LETTER_WORKFLOW
+    letter = DeadLetter(dead_run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
+    _hand_over(run, handler, letter.to_dict(), f"{DLQ_PREFIX}{run.id}")
+
+
+def route_failure(run: Run) -> None:
+    """Start the ``on_error`` handler whose code matches the run's error (else ``"*"``), once."""
+    definition = _definition(run)
+    routes = (definition.on_error if definition else None) or {}
+    code = (run.error or {}).get("code")
+    handler = routes.get(code) if code in routes else routes.get("*")
+    failure = Failure(run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
+    _hand_over(run, handler, failure.to_dict(), f"{ON_ERROR_PREFIX}{run.id}")
+
+
+def _definition(run: Run) -> Workflow | None:
+    try:
+        return registry.workflow(run.workflow, run.version)
+    except DurableError:
+        return None
+
+
+def _hand_over(run: Run, handler: Workflow | str | None, payload: dict[str, Any], run_id: str) -> None:
+    """Start ``handler`` for ``run`` under a derived id, so a repeated hand-over starts nothing new."""
     if handler is None:
         return
     from ..api import start
 
-    letter = DeadLetter(dead_run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
     try:
-        start(handler, letter.to_dict(), run_id=f"{DLQ_PREFIX}{run.id}", namespace=run.namespace or None)
+        start(handler, payload, run_id=run_id, namespace=run.namespace or None)
     except DurableError as exc:
-        log.warning("durable: could not dead-letter run %s to %r: %s", run.id, handler, exc)
-
-
-def _handler_for(run: Run) -> Workflow | str | None:
-    try:
-        definition = registry.workflow(run.workflow, run.version)
-    except DurableError:
-        definition = None
-    handler = definition.dead_letter if definition is not None else None
-    return handler or conf.get().DEAD_LETTER_WORKFLOW
+        log.warning("durable: could not hand run %s over to %r: %s", run.id, handler, exc)

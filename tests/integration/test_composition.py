@@ -199,3 +199,56 @@ def test_defer_takes_only_steps(durable_env):
     run = durable.start(flow)
     durable_env.run_until_idle()
     assert "takes what ctx.defer() returns" in durable.get_run(run.id).error["message"]
+
+
+@durable.workflow(name="tests.comp_waiting_child")
+def waiting_child_flow(ctx, _):
+    return ctx.wait_for_signal("go")
+
+
+@durable.workflow(name="tests.comp_waiting_parent")
+def waiting_parent_flow(ctx, _):
+    return ctx.child(waiting_child_flow, None)
+
+
+@durable.workflow(name="tests.comp_grandparent")
+def grandparent_flow(ctx, _):
+    return ctx.child(waiting_parent_flow, None)
+
+
+def test_cancelling_a_parent_cancels_its_running_children(durable_env):
+    run = durable.start(grandparent_flow)
+    durable_env.run_until_idle()
+    tree = list(Run.objects.exclude(id=run.id))
+    assert len(tree) == 2 and all(r.status == "suspended" for r in tree)
+    assert durable.cancel(run.id, reason="order withdrawn") is True
+    durable_env.run_until_idle()
+    statuses = {r.id: (r.status, r.error["code"]) for r in Run.objects.all()}
+    assert set(statuses.values()) == {("cancelled", "cancelled")}
+
+
+@durable.workflow(name="tests.comp_failure_handler")
+def failure_handler(ctx, failure):
+    return {"failed_run": failure["run_id"], "code": failure["error"]["code"]}
+
+
+@durable.workflow(name="tests.comp_other_handler")
+def other_handler(ctx, failure):
+    return "other"
+
+
+@durable.workflow(name="tests.comp_routed",
+                  on_error={"declined": failure_handler, "*": other_handler})
+def routed_flow(ctx, code):
+    raise durable.ApplicationError("no", code=code)
+
+
+def test_on_error_routes_by_code_once(durable_env):
+    declined = durable.start(routed_flow, "declined")
+    other = durable.start(routed_flow, "anything")
+    durable_env.run_until_idle()
+    assert durable.result(f"on_error:{declined.id}") == {"failed_run": declined.id, "code": "declined"}
+    assert durable.result(f"on_error:{other.id}") == "other"
+    durable.retry(declined.id)
+    durable_env.run_until_idle()
+    assert Run.objects.filter(id__startswith="on_error:").count() == 2  # a second failure routes nothing new

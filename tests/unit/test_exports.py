@@ -13,6 +13,7 @@ PUBLIC = [
     "DeadLetter",
     "Deferred",
     "DurableError",
+    "Failure",
     "GatherError",
     "InvalidInput",
     "NonDeterminismError",
