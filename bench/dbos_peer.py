@@ -1,4 +1,4 @@
-"""The DBOS Transact peer, run in its own process: ``python -m bench.dbos_peer N REPS THREADS``.
+"""The DBOS Transact peer, in its own process: ``python -m bench.dbos_peer N REPS LATENCY_REPS THREADS``.
 
 The same workflow as ``bench.local10``: ten no-op steps, on the same PostgreSQL (database
 ``dbos_bench``). Prints one JSON object: sequential latencies and concurrent throughput samples.
@@ -69,14 +69,13 @@ def started(n: int) -> float:
 
 
 def main() -> None:
-    n, reps, threads = (int(a) for a in sys.argv[1:4])
+    n, reps, latency_reps, threads = (int(a) for a in sys.argv[1:5])
     DBOS.launch()
     truncate()
-    sequential(20)  # warm-up
-    result = {"sequential_s": [], "threaded_s": [], "start_workflow_s": []}
+    sequential(5)  # warm-up
+    truncate()
+    result = {"sequential_s": sequential(latency_reps), "threaded_s": [], "start_workflow_s": []}
     for _ in range(reps):
-        truncate()
-        result["sequential_s"].append(sorted(sequential(10))[5])
         truncate()
         result["threaded_s"].append(threaded(n, threads))
         truncate()

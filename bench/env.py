@@ -25,7 +25,7 @@ QUEUES = "durable,celery"
 #: The environment of this process and of the worker: the example project on PostgreSQL + Redis,
 #: DEBUG off (Django keeps no query log), warnings only.
 ENV = {
-    "DJANGO_SETTINGS_MODULE": "project.settings",
+    "DJANGO_SETTINGS_MODULE": os.environ.get("BENCH_SETTINGS", "project.settings"),
     "DATABASE_URL": f"{PG}/{DURABLE_DB}",
     "CELERY_BROKER_URL": REDIS,
     "DJANGO_DEBUG": "0",

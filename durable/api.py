@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 # Run statuses, spelled here so importing durable does not import its models before Django is ready.
 COMPLETED, FAILED, CANCELLED, DEAD = "completed", "failed", "cancelled", "dead"
 TERMINAL = (COMPLETED, FAILED, CANCELLED, DEAD)
-UNFINISHED = ("pending", "running", "suspended")
 
 #: True while durable.testing captures messages: result() must not wait for work nobody runs.
 never_wait = False
@@ -210,32 +209,20 @@ def signal(run_id: str, name: str, payload: Any = None) -> None:
 def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) -> bool:
     """Cancel an unfinished run; False if it had already finished."""
     settings = conf.get()
-    if compensate:
-        raise DurableError("cancel(compensate=True) needs sagas, which this release does not have yet")
     if reason is not None and not isinstance(reason, str):
         raise InvalidInput(f"reason must be a string, got {reason!r}")
     error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
     with transaction.atomic(using=settings.DATABASE):
-        get_run(run_id)
-        if not _cancel_tree(run_id, error):
-            return False
-        return True
+        run = get_run(run_id)
+        if compensate:
+            # Durable intent: the next turn unwinds the saga, then marks the run cancelled.
+            if not _runs().request_cancel(run_id, {"reason": reason}, clock.now()):
+                return run.status not in TERMINAL
+            dispatch.advance(run_id, run.queue)
+            return True
+        from .engine import lifecycle
 
-
-def _cancel_tree(run_id: str, error: dict[str, Any]) -> bool:
-    """Cancel a run and, depth first, its unfinished children (the cancel reaches grandchildren).
-
-    Children go first so the parent, already cancelled, is not woken by their ends.
-    """
-    from .engine import lifecycle
-
-    if not _runs().cancel(run_id, error, clock.now()):
-        return False
-    for child_id in _runs().filter(parent_id=run_id, status__in=UNFINISHED).values_list("id", flat=True):
-        _cancel_tree(child_id, {**error, "message": f"{error['message']} (its parent {run_id} was cancelled)"})
-    run = get_run(run_id)
-    lifecycle.finished(run)
-    return True
+        return lifecycle.cancel_tree(run_id, error)
 
 
 def retry(run_id: str) -> RunHandle:
@@ -245,6 +232,8 @@ def retry(run_id: str) -> RunHandle:
         run = get_run(run_id)
         if run.status not in (FAILED, DEAD, CANCELLED):
             raise DurableError(f"only a failed, dead or cancelled run can be retried; run {run_id!r} is {run.status}")
+        if run.checkpoints.filter(kind="compensation").exists():
+            raise DurableError(f"run {run_id!r} was compensated; its effects were undone, so it cannot be retried")
         if run.failed_seqs:
             # A fresh attempt at what ended the run: the positions are replayed as new.
             run.checkpoints.filter(seq__in=run.failed_seqs).delete()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from . import saga
 from .composition import Composition, ContinueAsNew
 from .definitions import Step, Workflow, registry
 from .durations import parse_duration
@@ -51,6 +52,8 @@ class RunFacts:
     namespace: str | None
     input: Any
     deadline: datetime | None = None
+    #: Set by ``cancel(compensate=True)``: unwind instead of running the body.
+    cancel_request: dict[str, Any] | None = None
 
 
 class _Pending:
@@ -441,6 +444,8 @@ def replay(
         flush=flush,
         renew=renew,
     )
+    if run.cancel_request is not None:
+        return saga.unwind(ctx, Outcome("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
     if run.deadline is not None and clock() >= run.deadline:
         return Outcome("failed", error={
             "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
@@ -461,7 +466,8 @@ def replay(
             return _failed(ctx._nondeterminism, state)
         return Outcome("continued", next_input=request.input)
     except Exception as exc:  # noqa: BLE001 - an error escaping the body fails the run
-        return _failed(ctx._nondeterminism or exc, state)
+        failed = _failed(ctx._nondeterminism or exc, state)
+        return saga.unwind(ctx, failed) if saga.needs_unwind(ctx) else failed
     if ctx._nondeterminism is not None:
         return _failed(ctx._nondeterminism, state)
     try:

@@ -217,6 +217,8 @@ class Registry:
         return versions[version]
 
     def step(self, name: str) -> Step:
+        if name.startswith(COMPENSATE_PREFIX):
+            return compensation_of(self.step(name[len(COMPENSATE_PREFIX):]))
         try:
             return self.steps[name]
         except KeyError:
@@ -224,6 +226,24 @@ class Registry:
                 f"no step is registered as {name!r}; is the module that defines it imported "
                 "by the worker (an app's workflows.py)?"
             ) from None
+
+
+COMPENSATE_PREFIX = "compensate:"
+
+
+def compensation_of(step: Step) -> Step:
+    """The saga undo of ``step`` as a step of its own, with the step's retry policy and queue."""
+    if step.compensate is None:
+        raise WorkflowNotRegistered(f"step {step.name!r} has no @{step.name}.compensation registered")
+    return Step(
+        fn=step.compensate,
+        name=f"{COMPENSATE_PREFIX}{step.name}",
+        queue=step.queue,
+        local=step.local,
+        retry=step.retry,
+        timeout=step.timeout,
+        heartbeat_timeout=step.heartbeat_timeout,
+    )
 
 
 def _origin(fn: Callable[..., Any]) -> str:

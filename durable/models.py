@@ -120,6 +120,14 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
+    def request_cancel(self, run_id: str, request: dict[str, Any], now: datetime) -> bool:
+        """Record a compensating cancel and wake the run; False if finished or already asked."""
+        return bool(
+            self.filter(id=run_id, status__in=UNFINISHED, cancel_request__isnull=True).update(
+                cancel_request=request, wakes=F("wakes") + 1, wake_at=now, updated_at=now
+            )
+        )
+
     def reopen(self, run_id: str, now: datetime) -> bool:
         """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
         return bool(
@@ -128,6 +136,7 @@ class RunQuerySet(models.QuerySet["Run"]):
                 error=None,
                 output=None,
                 failed_seqs=None,
+                cancel_request=None,
                 recovery_attempts=0,
                 finished_at=None,
                 wake_at=now,
@@ -250,6 +259,8 @@ class Run(models.Model):
     parent_seq = models.PositiveIntegerField(null=True, blank=True)
     #: Execution deadline of the whole run (the workflow's ``timeout``).
     deadline = models.DateTimeField(null=True, blank=True)
+    #: A durable ``cancel(compensate=True)``: the next turn unwinds the saga, then cancels.
+    cancel_request = models.JSONField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 

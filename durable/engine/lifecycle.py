@@ -14,7 +14,7 @@ from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import DurableError
 from ..inputs import DeadLetter, Failure
-from ..models import Checkpoint, Run, Status
+from ..models import UNFINISHED, Checkpoint, Run, Status
 
 log = logging.getLogger("durable.engine")
 
@@ -30,6 +30,27 @@ def finished(run: Run) -> None:
         dead_letter(run)
     elif run.status == Status.FAILED:
         route_failure(run)
+    elif run.status == Status.CANCELLED:
+        _cancel_children(run)
+
+
+def cancel_tree(run_id: str, error: dict[str, Any]) -> bool:
+    """Cancel an unfinished run, and through ``finished`` its unfinished children; False if done."""
+    runs = Run.objects.using(conf.get().DATABASE)
+    if not runs.cancel(run_id, error, clock.now()):
+        return False
+    finished(runs.get(id=run_id))
+    return True
+
+
+def _cancel_children(run: Run) -> None:
+    # Policy: a cancelled run's unfinished children (started with ctx.child, ctx.defer_child or
+    # ctx.start_child) are cancelled too, depth first, with the reason naming the ancestor.
+    runs = Run.objects.using(conf.get().DATABASE)
+    error = dict(run.error or {"message": "cancelled", "type": "Cancelled", "code": "cancelled", "details": None})
+    error["message"] = f"{error.get('message')} (its parent {run.id} was cancelled)"
+    for child_id in runs.filter(parent_id=run.id, status__in=UNFINISHED).values_list("id", flat=True):
+        cancel_tree(child_id, error)
 
 
 def _tell_parent(run: Run) -> None:

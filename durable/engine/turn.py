@@ -174,7 +174,10 @@ def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | 
         return outcome
     outcome = replay(
         workflow,
-        RunFacts(run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline),
+        RunFacts(
+            run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline,
+            run.cancel_request,
+        ),
         state,
         clock=clock.now,
         limits=limits(settings),
@@ -194,7 +197,7 @@ def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings) -> 
     fields = _run_fields(outcome)
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
-    if outcome.status in ("completed", "failed"):
+    if outcome.status in ("completed", "failed", "cancelled"):
         run.status, run.output, run.error = fields["status"], fields.get("output"), fields.get("error")
         lifecycle.finished(run)
 
@@ -229,6 +232,8 @@ def _run_fields(outcome: Outcome) -> dict[str, Any]:
     now = clock.now()
     if outcome.status in ("completed", "continued"):
         return {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}
+    if outcome.status == "cancelled":
+        return {"status": Status.CANCELLED, "error": outcome.error, "finished_at": now, "wake_at": None}
     if outcome.status == "failed":
         return {
             "status": Status.FAILED,

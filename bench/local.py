@@ -1,0 +1,99 @@
+"""Family 3: a workflow of ten local steps (``bench.local10``) vs DBOS Transact's ten-step workflow.
+
+Durable is measured two ways, said apart in the report:
+- ``worker``: started with ``durable.start()``, the turn runs in the celery worker subprocess.
+- ``in_process``: the run row is created by ``durable.start()`` (its Celery message dropped) and
+  ``durable.engine.turn.advance()`` runs the turn in this process: what DBOS does, which runs
+  workflows inside the application process.
+DBOS runs in its own process (``bench.dbos_peer``) on the same PostgreSQL (database dbos_bench).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import durable
+from bench import dispatched
+from bench.env import run_module, truncate
+from bench.stats import ratio, summary
+from bench.workloads import STEPS
+
+WORKFLOW = "bench.local10"
+
+
+def _in_process_once() -> float:
+    from durable.engine import turn
+
+    t0 = time.perf_counter()
+    run_id = durable.start(WORKFLOW).id
+    outcome = turn.advance(run_id)
+    elapsed = time.perf_counter() - t0
+    if outcome != "completed":
+        raise RuntimeError(f"in-process run {run_id} ended {outcome}")
+    return elapsed
+
+
+def _in_process_many(n: int, threads: int) -> float:
+    truncate()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda _: _in_process_once(), range(n)))
+    return time.perf_counter() - t0
+
+
+def in_process(n: int, reps: int, latency_reps: int, threads: int) -> dict:
+    from django.db import connections
+
+    from durable import dispatch
+
+    saved, dispatch.sender = dispatch.sender, lambda message: None
+    try:
+        truncate()
+        for _ in range(5):
+            _in_process_once()
+        truncate()
+        seq = [_in_process_once() for _ in range(latency_reps)]
+        many = [_in_process_many(n, threads) for _ in range(reps)]
+    finally:
+        dispatch.sender = saved
+        connections.close_all()
+    return {"sequential_s": summary(seq), "throughput": _throughput(n, many)}
+
+
+def via_worker(n: int, reps: int, latency_reps: int) -> dict:
+    truncate()
+    for _ in range(3):
+        dispatched.durable_once(WORKFLOW)
+    seq = [dispatched.durable_once(WORKFLOW) for _ in range(latency_reps)]
+    many = [dispatched.durable_many(WORKFLOW, n)["total_s"] for _ in range(reps)]
+    return {"sequential_s": summary(seq), "throughput": _throughput(n, many)}
+
+
+def dbos(n: int, reps: int, latency_reps: int, threads: int) -> dict:
+    args = (str(n), str(reps), str(latency_reps), str(threads))
+    raw = json.loads(run_module("bench.dbos_peer", *args, timeout=1800))
+    threaded, started = _throughput(n, raw["threaded_s"]), _throughput(n, raw["start_workflow_s"])
+    best = max((threaded, started), key=lambda t: t["runs_per_s"]["median"])
+    return {
+        "sequential_s": summary(raw["sequential_s"]),
+        "throughput_threads": threaded,
+        "throughput_start_workflow": started,
+        "throughput_best": best,
+    }
+
+
+def _throughput(n: int, seconds: list[float]) -> dict:
+    runs = summary([n / s for s in seconds], 1)
+    return {"n": n, "runs_per_s": runs, "steps_per_s": round(runs["median"] * STEPS, 1)}
+
+
+def compare(worker: dict, inproc: dict, peer: dict) -> dict:
+    best = peer["throughput_best"]["runs_per_s"]["median"]
+    return {
+        "worker_over_dbos_throughput": ratio(worker["throughput"]["runs_per_s"]["median"], best),
+        "in_process_over_dbos_throughput": ratio(inproc["throughput"]["runs_per_s"]["median"], best),
+        "dbos_over_in_process_latency": ratio(peer["sequential_s"]["median"], inproc["sequential_s"]["median"]),
+        "goal_min_ratio": 3.0,
+    }

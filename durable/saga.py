@@ -1,0 +1,85 @@
+"""Saga unwinding for the replay core: run the compensations of completed steps, newest first.
+
+A run unwinds when an error escapes its body, or when a cancel with ``compensate=True`` was
+requested. Steps still in flight are waited for first, so one that completes after the cancel is
+compensated too. Each compensation is a durable step at a position past the body's, so the
+unwind itself survives crashes and replays like any other history.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .definitions import COMPENSATE_PREFIX, compensation_of, registry
+from .errors import StepFailed, WorkflowNotRegistered
+from .history import COMPLETED, PENDING, Outcome, Record
+
+if TYPE_CHECKING:
+    from .context import Context
+
+#: Compensations take positions from here on, after any position a body can reach.
+COMPENSATION_BASE = 1_000_000_000
+
+
+def needs_unwind(ctx: Context) -> bool:
+    """Whether the history holds a completed step with a compensation, or an unwind under way."""
+    return any(rec.kind == "compensation" or _undo_of(rec) is not None for rec in ctx._state.records.values())
+
+
+def unwind(ctx: Context, final: Outcome) -> Outcome:
+    """Compensate, then settle as ``final``; suspend while a compensation or a step is in flight."""
+    records = ctx._state.records
+    in_flight = [
+        rec for rec in records.values()
+        if rec.kind == "step" and rec.status == PENDING and rec.enqueued_at is not None and rec.seq < COMPENSATION_BASE
+    ]
+    for rec in in_flight:
+        answer = ctx._resolve_step(rec, registry.step(rec.name))
+        if ctx._is_pending(answer):
+            return _suspended(ctx, answer.wake_at)
+    done = sorted(
+        (rec for rec in records.values() if rec.seq < COMPENSATION_BASE and _undo_of(rec) is not None),
+        key=lambda rec: rec.seq,
+        reverse=True,
+    )
+    failed = False
+    for k, rec in enumerate(done):
+        step = compensation_of(registry.step(rec.name))
+        position = COMPENSATION_BASE + k
+        comp = records.get(position)
+        if comp is None:
+            args = rec.input or {}
+            comp = Record(
+                seq=position, kind="compensation", name=step.name,
+                input={"args": [rec.output, *args.get("args", [])], "kwargs": args.get("kwargs", {})},
+                queue="" if step.local else (step.queue or ctx._limits.default_queue),
+            )
+            records[position] = comp
+            if not step.local:
+                ctx._send(comp, step)
+        answer = ctx._resolve_step(comp, step)
+        if ctx._is_pending(answer):
+            return _suspended(ctx, answer.wake_at)
+        failed = failed or isinstance(answer, StepFailed)
+    if failed and final.error is not None:
+        final.error = {**final.error, "code": "compensation_failed"}
+    return final
+
+
+def _undo_of(rec: Record) -> Any:
+    if rec.kind != "step" or rec.status != COMPLETED or rec.name.startswith(COMPENSATE_PREFIX):
+        return None
+    try:
+        return registry.step(rec.name).compensate
+    except WorkflowNotRegistered:
+        return None
+
+
+def _suspended(ctx: Context, wake_at: Any) -> Outcome:
+    now = ctx._clock()
+    return Outcome("suspended", wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval])))
+
+
+def cancelled_error(reason: str | None) -> dict[str, Any]:
+    return {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
+
