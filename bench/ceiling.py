@@ -28,5 +28,20 @@ def run(reps: int, seconds: float) -> dict:
     return {"commits_per_s": summary([commits_per_second(seconds) for _ in range(reps)], 1)}
 
 
-if __name__ == "__main__":
-    print(run(3, 2))
+def fractions(ceiling: dict, local: dict, threads: int) -> dict:
+    """Local steps per second, measured by family 3, over the commit ceiling."""
+    from bench.workloads import STEPS
+
+    top = ceiling["commits_per_s"]["median"]
+    found = {
+        "in_process_sequential": ("in-process, one run at a time (one connection, as the ceiling)",
+                                  STEPS / local["in_process"]["sequential_s"]["median"]),
+        "in_process_concurrent": (f"in-process, {threads} threads",
+                                  local["in_process"]["throughput"]["steps_per_s"]),
+        "worker_concurrent": ("through the worker, N at once",
+                              local["worker"]["throughput"]["steps_per_s"]),
+    }
+    return {
+        key: {"what": what, "steps_per_s": round(rate, 1), "fraction": round(rate / top, 3)}
+        for key, (what, rate) in found.items()
+    }

@@ -100,6 +100,18 @@ def _hand_back_leases(**_: Any) -> None:
             log.warning("durable: could not hand back the lease of run %s", run_id, exc_info=True)
 
 
+@signals.task_prerun.connect
+def _mark_task_step_started(task: Any = None, **_: Any) -> None:
+    """A Celery task sent as a step carries a ``durable`` header: mark its attempt started."""
+    where = getattr(getattr(task, "request", None), "durable", None)
+    if not where:
+        return
+    from .models import Checkpoint
+
+    run_id, seq, attempt = where
+    Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, clock.now())
+
+
 @checks.register("durable")
 def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn when Redis would redeliver a step that is still running within its timeout."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import saga
 from .composition import Composition, ContinueAsNew
-from .definitions import Step, Workflow, registry
+from .definitions import Step, Workflow, celery_task_step, registry
 from .durations import parse_duration
 from .errors import (
     DurableError,
@@ -164,11 +164,14 @@ class Context(Composition):
     ) -> Record:
         rec = self._position("step", step.name)
         if rec is None:
+            payload = roundtrip({"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {step.name!r}")
+            if step.celery_task:
+                payload["task"] = True  # sent as the task itself, routed by Celery unless it names a queue
             rec = self._new(
                 "step",
                 step.name,
-                input=roundtrip({"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {step.name!r}"),
-                queue="" if step.local else (step.queue or self._limits.default_queue),
+                input=payload,
+                queue="" if step.local else (step.queue or ("" if step.celery_task else self._limits.default_queue)),
             )
             rec.fan, rec.fail_fast = fan, fail_fast
             if not step.local:
@@ -284,12 +287,20 @@ class Context(Composition):
 
     # -- steps -----------------------------------------------------------------------------
 
-    def _step_definition(self, step: Step | str) -> Step:
+    def _step_definition(self, step: Any) -> Step:
         if isinstance(step, Step):
             return step
         if isinstance(step, str):
-            return registry.step(step)
-        raise InvalidInput(f"ctx.step() takes a @durable.step or its name, got {step!r}")
+            return registry.steps.get(step) or celery_task_step(step)
+        if hasattr(step, "apply_async"):
+            return celery_task_step(step)
+        raise InvalidInput(f"ctx.step() takes a @durable.step, a Celery task or a task name, got {step!r}")
+
+    def _definition_of(self, rec: Record) -> Step:
+        """The step behind a recorded position (a Celery task's is rebuilt from its name)."""
+        if (rec.input or {}).get("task"):
+            return celery_task_step(rec.name)
+        return registry.step(rec.name)
 
     def _resolve_step(self, rec: Record, step: Step) -> Any:
         now = self._clock()

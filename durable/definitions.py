@@ -113,6 +113,8 @@ class Step:
     input_schema: Any = None
     output_schema: Any = None
     compensate: Callable[..., Any] | None = None
+    #: An existing Celery task used as a step: sent with ``send_task`` under its own name.
+    celery_task: bool = False
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
@@ -229,6 +231,23 @@ class Registry:
 
 
 COMPENSATE_PREFIX = "compensate:"
+
+
+def celery_task_step(task: Any) -> Step:
+    """A step that sends an existing Celery task (a ``celery.Task`` or a task name).
+
+    The task keeps its own retry settings: durable records the final result only, once.
+    """
+    name = task if isinstance(task, str) else getattr(task, "name", None)
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"ctx.step() takes a @durable.step, a Celery task or a task name, got {task!r}")
+
+    def _not_here(*args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput(f"{name} is a Celery task: durable sends it, it does not call it")
+
+    _not_here.__name__ = name.rpartition(".")[2]
+    queue = None if isinstance(task, str) else getattr(task, "queue", None)
+    return Step(fn=_not_here, name=name, queue=queue, retry=Retry(max_attempts=1), celery_task=True)
 
 
 def compensation_of(step: Step) -> Step:

@@ -20,6 +20,8 @@ log = logging.getLogger("durable.dispatch")
 
 ADVANCE = "durable.advance"
 RUN_STEP = "durable.run_step"
+STEP_RESULT = "durable.step_result"
+STEP_FAILED = "durable.step_failed"
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class Message:
 def celery_sender(message: Message) -> None:
     from celery import current_app
 
-    current_app.send_task(message.task, args=message.args, queue=message.queue, **message.options)
+    # An empty queue lets Celery's own routing place the message (an existing task's queue).
+    current_app.send_task(message.task, args=message.args, queue=message.queue or None, **message.options)
 
 
 sender: Callable[[Message], None] = celery_sender
@@ -64,6 +67,23 @@ def run_step(
         options["soft_time_limit"] = timeout.total_seconds()
         options["time_limit"] = (timeout + grace).total_seconds()
     send_after_commit(Message(RUN_STEP, (run_id, seq, attempt), queue, options))
+
+
+def celery_task(
+    run_id: str, seq: int, attempt: int, name: str, payload: dict[str, Any], queue: str, result_queue: str
+) -> None:
+    """Send an existing Celery task as a step; its result comes back through ``durable.step_result``."""
+    from celery import signature
+
+    where = {"run_id": run_id, "seq": seq, "attempt": attempt}
+    options: dict[str, Any] = {
+        "kwargs": payload.get("kwargs", {}),
+        "link": signature(STEP_RESULT, kwargs=where, queue=result_queue),
+        "link_error": signature(STEP_FAILED, kwargs=where, queue=result_queue),
+        # Lets a worker that has durable installed mark the attempt started (see durable.celery).
+        "headers": {"durable": [run_id, seq, attempt]},
+    }
+    send_after_commit(Message(name, tuple(payload.get("args", [])), queue, options))
 
 
 def sweep(task: str, queue: str) -> None:

@@ -34,7 +34,7 @@ def unwind(ctx: Context, final: Outcome) -> Outcome:
         if rec.kind == "step" and rec.status == PENDING and rec.enqueued_at is not None and rec.seq < COMPENSATION_BASE
     ]
     for rec in in_flight:
-        answer = ctx._resolve_step(rec, registry.step(rec.name))
+        answer = ctx._resolve_step(rec, ctx._definition_of(rec))
         if ctx._is_pending(answer):
             return _suspended(ctx, answer.wake_at)
     done = sorted(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 
 from .engine import steps, sweeps, turn
+from .errors import error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -29,3 +32,24 @@ def sweep_timers() -> int:
 @shared_task(name="durable.sweep_orphans", ignore_result=True)
 def sweep_orphans() -> int:
     return sweeps.sweep_orphans()
+
+
+@shared_task(name="durable.step_result", **_RELIABLE)
+def step_result(
+    output: Any = None, run_id: str = "", seq: int = 0, attempt: int = 1, error: dict[str, Any] | None = None
+) -> str:
+    """Record a step's result; Celery calls it as the ``link`` of a task used as a step, and a
+    worker in another language may send it itself (``error`` set means the attempt failed)."""
+    return steps.step_result(run_id, seq, attempt, output, error)
+
+
+@shared_task(name="durable.step_failed", ignore_result=True)
+def step_failed(request: Any, exc: BaseException, traceback: Any, run_id: str = "", seq: int = 0, attempt: int = 1) -> str:
+    """The ``link_error`` of a task used as a step: Celery calls it where the task failed for good."""
+    return steps.step_result(run_id, seq, attempt, error=error_dict(exc))
+
+
+@shared_task(name="durable.heartbeat", ignore_result=True)
+def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None) -> bool:
+    """A step's heartbeat sent as a message, for workers that only speak Celery."""
+    return steps.heartbeat(run_id, seq, attempt, progress)

@@ -55,6 +55,20 @@ class DurableEnv:
         finally:
             self._broker_down = False
 
+    def _run_celery_task(self, message: dispatch.Message) -> None:
+        """Run an existing Celery task sent as a step, eagerly, and report it as its link would."""
+        from celery import current_app
+
+        from .engine import steps
+        from .errors import error_dict
+
+        run_id, seq, attempt = message.options["headers"]["durable"]
+        result = current_app.tasks[message.task].apply(args=message.args, kwargs=message.options.get("kwargs"))
+        if result.successful():
+            steps.step_result(run_id, seq, attempt, output=result.result)
+        else:
+            steps.step_result(run_id, seq, attempt, error=error_dict(result.result))
+
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from .engine import steps, sweeps, turn
@@ -96,7 +110,10 @@ class DurableEnv:
         if not self.pending():
             return None
         message = self.messages.pop(0)
-        self._handler(message.task)(*message.args)
+        if message.task.startswith("durable."):
+            self._handler(message.task)(*message.args)
+        else:
+            self._run_celery_task(message)
         return message
 
     def run_until_idle(self, max_tasks: int = 10_000) -> int:

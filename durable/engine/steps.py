@@ -26,20 +26,26 @@ log = logging.getLogger("durable.engine")
 served_queues: set[str] | None = set()
 
 
-def run_step(run_id: str, seq: int, attempt: int) -> str:
-    """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result."""
-    settings = conf.get()
-    db = settings.DATABASE
+def _attempt_row(run_id: str, seq: int, attempt: int, db: str) -> Checkpoint | None:
+    """The checkpoint of this attempt if it is still pending and its run unfinished."""
     row = (
         Checkpoint.objects.using(db)
         .select_related("run")
         .filter(run_id=run_id, seq=seq)
-        .only("name", "status", "attempt", "input", "fan", "fail_fast", "run__status", "run__queue")
+        .only("seq", "name", "status", "attempt", "input", "fan", "fail_fast", "run__status", "run__queue")
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
-        return "stale"
-    if not Checkpoint.objects.using(db).begin(run_id, seq, attempt, clock.now()):
+        return None
+    return row
+
+
+def run_step(run_id: str, seq: int, attempt: int) -> str:
+    """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result."""
+    settings = conf.get()
+    db = settings.DATABASE
+    row = _attempt_row(run_id, seq, attempt, db)
+    if row is None or not Checkpoint.objects.using(db).begin(run_id, seq, attempt, clock.now()):
         return "stale"
     beats = _Beats(run_id, seq, attempt, settings)
     try:
@@ -47,6 +53,41 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
         output, error, retryable = _execute(step, StepInfo(run_id, seq, attempt, row.name), row.input, beats)
     except WorkflowNotRegistered as exc:
         step, output, error, retryable = None, None, exc.to_dict(), True
+    return record(row, step, output, error, retryable, beats)
+
+
+def step_result(run_id: str, seq: int, attempt: int, output: Any = None, error: dict[str, Any] | None = None) -> str:
+    """Record the result a Celery task (or a worker in another language) reports for a step."""
+    settings = conf.get()
+    row = _attempt_row(run_id, seq, attempt, settings.DATABASE)
+    if row is None:
+        return "stale"
+    if error is None:
+        try:
+            output = roundtrip(output, what=f"the result of task {row.name!r}")
+        except InvalidInput as exc:
+            error = {**exc.to_dict(), "code": "invalid_output"}
+    # A Celery task retries by its own settings: what reaches durable is its final result.
+    return record(row, None, output, error, False, None)
+
+
+def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None) -> bool:
+    """A beat sent as a message by a worker that only speaks Celery."""
+    settings = conf.get()
+    progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
+    return Checkpoint.objects.using(settings.DATABASE).beat(
+        run_id, seq, attempt, clock.now(), progress, progress is not None
+    )
+
+
+def record(
+    row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
+    beats: _Beats | None,
+) -> str:
+    """Record one attempt's result exactly once, then wake the run when it should be woken."""
+    settings = conf.get()
+    db = settings.DATABASE
+    run_id, seq, attempt = row.run_id, row.seq, row.attempt
     now = clock.now()
     woken = joins_later = False
     with transaction.atomic(using=db):
@@ -59,8 +100,9 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
             recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + delay)
         else:
             recorded = checkpoints.fail(run_id, seq, attempt, error, now)
-        if recorded:
+        if recorded and beats is not None:
             beats.keep_last(checkpoints)
+        if recorded:
             settled = error is None or not recorded_retry(step, retryable, attempt)
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
             if not joins_later:

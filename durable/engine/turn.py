@@ -305,6 +305,11 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings) -> None:
             raise _Stale()
     state.consumed.clear()
     for rec in state.dispatch:
+        if (rec.input or {}).get("task"):
+            dispatch.celery_task(
+                run_id, rec.seq, rec.attempt, rec.name, rec.input, rec.queue, settings.DEFAULT_QUEUE
+            )
+            continue
         step = registry.step(rec.name)
         dispatch.run_step(run_id, rec.seq, rec.attempt, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE)
     state.dispatch.clear()

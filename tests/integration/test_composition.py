@@ -121,7 +121,7 @@ def test_a_result_before_the_fan_closes_touches_only_its_own_row(durable_env):
         steps.run_step(*message.args)
     # Read the attempt, mark it started, record it, ask whether the fan is closed: no fan-wide read.
     statements = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
-    assert len(statements) == 4
+    assert len(statements) == 4, "\n".join(q[:90] for q in statements)
     assert Run.objects.get(id=run.id).wakes == 0
 
 

@@ -1,0 +1,130 @@
+"""Write bench/results/latest.json and latest.md from one run's results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _verdict(value: float | None, goal: float, at_most: bool) -> str:
+    if value is None:
+        return "n/a"
+    return "met" if (value <= goal if at_most else value >= goal) else "**missed**"
+
+
+def rows(results: dict[str, Any]) -> list[dict[str, str]]:
+    """One row per figure: what, durable's number, the peer's (or goal's), the ratio, the goal."""
+    out: list[dict[str, str]] = []
+
+    def add(what: str, durable: str, peer: str, ratio: float | None, ratio_text: str, goal: str, verdict: str) -> None:
+        out.append({"benchmark": what, "durable": durable, "peer": peer,
+                    "ratio": "n/a" if ratio is None else f"{ratio} {ratio_text}", "goal": goal, "verdict": verdict})
+
+    if "latency" in results:
+        r = results["latency"]
+        add("1. Sequential latency, 10 dispatched steps vs Celery chain of 10 (worker)",
+            _ms(r["durable_s"]["median"]), _ms(r["chain_s"]["median"]),
+            r["ratio_durable_over_chain"], "x slower", "<= 1.5x",
+            _verdict(r["ratio_durable_over_chain"], 1.5, True))
+    if "throughput" in results:
+        r = results["throughput"]
+        add(f"2. Throughput, {r['n']} dispatched-step runs vs {r['n']} chains started at once (worker)",
+            f"{r['durable_runs_per_s']['median']} runs/s", f"{r['chain_per_s']['median']} chains/s",
+            r["ratio_chain_over_durable"], "x slower", "<= 1.5x",
+            _verdict(r["ratio_chain_over_durable"], 1.5, True))
+    if "local" in results:
+        r = results["local"]
+        peer = r["dbos"]["throughput_best"]
+        peer_text = f"{peer['runs_per_s']['median']} runs/s (DBOS)"
+        n = peer["n"]
+        for key, label in (("worker", "through the worker"), ("in_process", "in-process")):
+            mine = r[key]["throughput"]["runs_per_s"]["median"]
+            value = r["compare"][f"{key}_over_dbos_throughput"]
+            add(f"3. Throughput, {n} local-step runs (10 steps), durable {label} vs DBOS in-process",
+                f"{mine} runs/s", peer_text, value, "x DBOS", ">= 3x", _verdict(value, 3.0, False))
+        for key, label in (("worker", "through the worker"), ("in_process", "in-process")):
+            mine = r[key]["sequential_s"]["median"]
+            dbos = r["dbos"]["sequential_s"]["median"]
+            add(f"3. Sequential latency, one local-step run, durable {label} vs DBOS",
+                _ms(mine), _ms(dbos), round(mine / dbos, 2), "x DBOS's time", "(no goal)", "")
+    if "sweeps" in results:
+        for name, goal in (("timers", 10.0), ("orphans", 20.0)):
+            r = results["sweeps"][name]
+            projected = r["projected_10k_s"]
+            count_note = "" if r["count"] == 10_000 else f" (measured on {r['count']:,}, scaled)"
+            add(f"4. Sweep: 10,000 {'due timers woken' if name == 'timers' else 'orphaned runs recovered'}{count_note}",
+                f"{projected} s ({r['runs_per_s']} runs/s)", f"goal {goal:g} s",
+                round(projected / goal, 2), "x the goal's time", f"<= {goal:g} s", _verdict(projected, goal, True))
+    if "ceiling" in results:
+        r = results["ceiling"]
+        for key, label in r["fractions"].items():
+            add(f"5. Local steps/s as a fraction of the commit ceiling: {label['what']}",
+                f"{label['steps_per_s']} steps/s", f"{r['commits_per_s']['median']} commits/s",
+                label["fraction"], "of the ceiling", ">= 0.40", _verdict(label["fraction"], 0.40, False))
+    if "rss" in results:
+        r = results["rss"]
+        (a, pa), (b, pb) = list(r["after_runs"].items())
+        add(f"6. Worker peak RSS (parent + {len(pa['peak_children_mib'])} pool children), after {int(a):,} vs {int(b):,} runs",
+            f"{pb['peak_total_mib']} MiB after {int(b):,}", f"{pa['peak_total_mib']} MiB after {int(a):,}",
+            r["ratio_peak_total"], "x", "<= 1.10x", _verdict(r["ratio_peak_total"], 1.10, True))
+        add("6. Worker peak RSS, largest pool child",
+            f"{pb['peak_max_child_mib']} MiB after {int(b):,}", f"{pa['peak_max_child_mib']} MiB after {int(a):,}",
+            r["ratio_peak_max_child"], "x", "<= 1.10x", _verdict(r["ratio_peak_max_child"], 1.10, True))
+    return out
+
+
+def markdown(data: dict[str, Any]) -> str:
+    meta = data["meta"]
+    m = meta["machine"]
+    lines = [
+        f"# durable benchmarks ({meta['mode']} run)",
+        "",
+        f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
+        f"PostgreSQL {m['postgresql']} (synchronous_commit={m['postgresql_synchronous_commit']}) · Redis {m['redis']} · "
+        f"{m['worker']} · settings `{meta['settings']}`",
+        "",
+        f"Sources measured: durable/ durable_admin/ project/ hash `{meta['source_hash']}`"
+        + (" (**the work tree changed during the run**; the snapshot taken at the start was measured)"
+           if meta.get("tree_changed_during_run") else "")
+        + f". Load average at start / end: {meta['loadavg_start']} / {meta['loadavg_end']}. "
+        f"Suite time: {meta['total_s']:.0f} s.",
+        "",
+        "Each figure is the median of the repetitions listed in latest.json; every ratio compares "
+        "two figures measured in this run.",
+        "",
+        "| Benchmark | durable | peer / goal | ratio | goal | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in data["summary"]:
+        lines.append(f"| {row['benchmark']} | {row['durable']} | {row['peer']} | {row['ratio']} | {row['goal']} | {row['verdict']} |")
+    if "ceiling" in data["results"]:
+        lines += ["", f"Commit ceiling (psycopg, one connection, INSERT + COMMIT): "
+                  f"{data['results']['ceiling']['commits_per_s']['median']} commits/s."]
+    worker = meta.get("worker_peak_rss")
+    if worker:
+        lines += ["", f"Peak RSS of the suite's worker (families 1-3): {worker['peak_total_mib']} MiB in all "
+                  f"(parent {worker['peak_parent_mib']} MiB, children {worker['peak_children_mib']} MiB)."]
+    lines += ["", "Packages: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v), ""]
+    params = meta["params"]
+    lines += [
+        f"Parameters: N={params['n']}, {params['reps']} repetitions of each throughput figure, "
+        f"{params['latency_reps']} single runs for each latency figure, sweeps on {params['sweep_count']:,} rows "
+        f"x {params['reps']}, in-process concurrency {params['threads']} threads, RSS after "
+        f"{params['rss_first']:,} and {params['rss_last']:,} runs.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(data: dict[str, Any], directory: Path) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    data["summary"] = rows(data["results"])
+    json_path, md_path = directory / "latest.json", directory / "latest.md"
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    md_path.write_text(markdown(data))
+    return json_path, md_path

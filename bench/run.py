@@ -1,0 +1,116 @@
+"""Run every benchmark on PostgreSQL + Redis; write bench/results/latest.json and latest.md.
+
+    /tmp/benchvenv/bin/python bench/run.py           # the full run (N=1000, 5 repetitions)
+    /tmp/benchvenv/bin/python bench/run.py --quick   # N=100, fewer repetitions, for development
+
+See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import env  # noqa: E402
+
+FAMILIES = ("ceiling", "sweeps", "dbos", "latency", "throughput", "local", "rss")
+
+FULL = {"n": 1000, "reps": 5, "latency_reps": 20, "sweep_count": 10_000, "ceiling_s": 2.0,
+        "threads": 8, "rss_first": 1000, "rss_last": 10_000}
+QUICK = {"n": 100, "reps": 3, "latency_reps": 5, "sweep_count": 2_000, "ceiling_s": 1.0,
+         "threads": 8, "rss_first": 100, "rss_last": 1000}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="N=100 and fewer repetitions")
+    parser.add_argument("--only", help=f"comma-separated families to run, of {','.join(FAMILIES)}")
+    parser.add_argument("--out", type=Path, default=env.RESULTS, help="directory for latest.json / latest.md")
+    args = parser.parse_args()
+    params = dict(QUICK if args.quick else FULL)
+    only = set(args.only.split(",")) if args.only else set(FAMILIES)
+    if only - set(FAMILIES):
+        parser.error(f"unknown families: {', '.join(sorted(only - set(FAMILIES)))}")
+
+    started = time.perf_counter()
+    loadavg_start = [round(x, 2) for x in os.getloadavg()]
+    env.setup()
+    source = env.source_hash(env.snapshot_dir)
+    log(f"measuring the sources {source} copied to {env.snapshot_dir}; settings {env.ENV['DJANGO_SETTINGS_MODULE']}")
+    results: dict = {}
+    timings: dict = {}
+
+    def family(name: str, fn):
+        if name not in only:
+            return None
+        log(f"{name} ...")
+        t0 = time.perf_counter()
+        results[name] = fn()
+        timings[name] = round(time.perf_counter() - t0, 1)
+        log(f"{name} done in {timings[name]} s")
+        return results[name]
+
+    from bench import ceiling, dispatched, local, rss, sweeps
+
+    p = params
+    family("ceiling", lambda: ceiling.run(p["reps"], p["ceiling_s"]))
+    family("sweeps", lambda: sweeps.run(p["sweep_count"], p["reps"]))
+    peer = family("dbos", lambda: local.dbos(p["n"], p["reps"], p["latency_reps"], p["threads"]))
+    worker_rss = None
+    if only & {"latency", "throughput", "local"}:
+        worker = env.Worker().start()
+        try:
+            family("latency", lambda: dispatched.latency(p["latency_reps"]))
+            family("throughput", lambda: dispatched.throughput(p["n"], p["reps"]))
+            if "local" in only:
+                via_worker = family("local_worker", lambda: local.via_worker(p["n"], p["reps"], p["latency_reps"]))
+            worker_rss = worker.rss()
+        finally:
+            worker.stop()
+        if "local" in only:
+            inproc = family("local_in_process", lambda: local.in_process(p["n"], p["reps"], p["latency_reps"], p["threads"]))
+            results["local"] = {"worker": results.pop("local_worker"), "in_process": results.pop("local_in_process")}
+            if peer is not None:
+                results["local"]["dbos"] = results.pop("dbos")
+                results["local"]["compare"] = local.compare(via_worker, inproc, peer)
+                if "ceiling" in results:
+                    results["ceiling"]["fractions"] = ceiling.fractions(results["ceiling"], results["local"], p["threads"])
+    family("rss", lambda: rss.run(p["rss_first"], p["rss_last"]))
+    env.truncate()
+
+    from bench import report
+
+    data = {
+        "meta": {
+            "mode": "quick" if args.quick else "full",
+            "params": params,
+            "settings": env.ENV["DJANGO_SETTINGS_MODULE"],
+            "source_hash": source,
+            "tree_changed_during_run": env.source_hash() != source,
+            "machine": env.machine(),
+            "versions": env.versions(),
+            "loadavg_start": loadavg_start,
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "family_seconds": timings,
+            "total_s": round(time.perf_counter() - started, 1),
+            "worker_peak_rss": worker_rss,
+        },
+        "results": results,
+    }
+    json_path, md_path = report.write(data, args.out)
+    log(f"wrote {json_path} and {md_path} in {data['meta']['total_s']} s")
+    print(md_path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
