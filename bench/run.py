@@ -49,8 +49,8 @@ def main() -> int:
     results: dict = {}
     timings: dict = {}
 
-    def family(name: str, fn):
-        if name not in only:
+    def family(name: str, fn, gate: str | None = None):
+        if (gate or name) not in only:
             return None
         log(f"{name} ...")
         t0 = time.perf_counter()
@@ -72,15 +72,18 @@ def main() -> int:
             family("latency", lambda: dispatched.latency(p["latency_reps"]))
             family("throughput", lambda: dispatched.throughput(p["n"], p["reps"]))
             if "local" in only:
-                via_worker = family("local_worker", lambda: local.via_worker(p["n"], p["reps"], p["latency_reps"]))
+                via_worker = family("local_worker", lambda: local.via_worker(p["n"], p["reps"], p["latency_reps"]), "local")
             worker_rss = worker.rss()
         finally:
             worker.stop()
         if "local" in only:
-            inproc = family("local_in_process", lambda: local.in_process(p["n"], p["reps"], p["latency_reps"], p["threads"]))
+            inproc = family(
+                "local_in_process", lambda: local.in_process(p["n"], p["reps"], p["latency_reps"], p["threads"]), "local"
+            )
             results["local"] = {"worker": results.pop("local_worker"), "in_process": results.pop("local_in_process")}
             if peer is not None:
-                results["local"]["dbos"] = results.pop("dbos")
+                results["local"]["dbos"] = peer
+                results.pop("dbos")
                 results["local"]["compare"] = local.compare(via_worker, inproc, peer)
                 if "ceiling" in results:
                     results["ceiling"]["fractions"] = ceiling.fractions(results["ceiling"], results["local"], p["threads"])

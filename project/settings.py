@@ -111,6 +111,8 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 # Celery: JSON only, results in the database through django-celery-results.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport, with messages written atomically (see the module).
+    CELERY_BROKER_TRANSPORT = "durable.filesystem_broker:Transport"
     _queue_dir = VAR_DIR / "broker"
     for _sub in ("queue", "processed"):
         (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
