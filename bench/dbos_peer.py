@@ -1,4 +1,4 @@
-"""The DBOS Transact peer, in its own process: ``python -m bench.dbos_peer N REPS LATENCY_REPS THREADS``.
+"""The DBOS Transact peer, in its own process: ``python -m bench.dbos_peer N REPS LATENCY_REPS BUDGET_S``.
 
 The same workflow as ``bench.local10``: ten no-op steps, on the same PostgreSQL (database
 ``dbos_bench``). Prints one JSON object: sequential latencies and concurrent throughput samples.
@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-
 import psycopg
 from dbos import DBOS
 
 from bench.env import DBOS_DB, PG
+from bench.stats import Reps
 
 STEPS = 10
 
@@ -52,14 +51,6 @@ def sequential(count: int) -> list[float]:
     return out
 
 
-def threaded(n: int, threads: int) -> float:
-    """N workflows called from a pool of ``threads`` threads (the harness durable in-process uses)."""
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        assert all(r == sum(range(STEPS)) for r in pool.map(lambda _: local10(), range(n)))
-    return time.perf_counter() - t0
-
-
 def started(n: int) -> float:
     """N workflows through DBOS's own ``DBOS.start_workflow`` (its executor), then every result."""
     t0 = time.perf_counter()
@@ -69,17 +60,18 @@ def started(n: int) -> float:
 
 
 def main() -> None:
-    n, reps, latency_reps, threads = (int(a) for a in sys.argv[1:5])
+    n, planned, latency_reps = (int(a) for a in sys.argv[1:4])
+    budget = float(sys.argv[4]) or None
     DBOS.launch()
     truncate()
     sequential(5)  # warm-up
     truncate()
-    result = {"sequential_s": sequential(latency_reps), "threaded_s": [], "start_workflow_s": []}
-    for _ in range(reps):
-        truncate()
-        result["threaded_s"].append(threaded(n, threads))
+    result = {"sequential_s": sequential(latency_reps), "start_workflow_s": []}
+    reps = Reps(planned, budget)
+    for _ in reps:
         truncate()
         result["start_workflow_s"].append(started(n))
+    result["reps"] = reps.info()
     DBOS.destroy()
     print(json.dumps(result))
 

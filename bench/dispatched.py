@@ -12,7 +12,7 @@ import time
 import durable
 from bench import workloads
 from bench.env import truncate
-from bench.stats import ratio, summary, wait_until
+from bench.stats import Reps, ratio, summary, wait_until
 
 POLL = 0.002  # seconds between two looks at the result, for durable and Celery alike
 TERMINAL = ("completed", "failed", "cancelled", "dead")
@@ -82,13 +82,14 @@ def chains_many(n: int) -> dict[str, float]:
     return {"total_s": time.perf_counter() - t0, "send_s": sent}
 
 
-def latency(latency_reps: int) -> dict:
+def latency(latency_reps: int, budget: float | None = None) -> dict:
     """Family 1: one run at a time, start to result; durable and Celery interleaved."""
     truncate()
     for _ in range(3):  # warm-up: imports, connections, pool children
         durable_once("bench.dispatched10"), chain_once()
     d, c, api = [], [], []
-    for _ in range(latency_reps):
+    reps = Reps(latency_reps, budget)
+    for _ in reps:
         d.append(durable_once("bench.dispatched10"))
         c.append(chain_once())
     for _ in range(max(5, latency_reps // 4)):
@@ -100,13 +101,15 @@ def latency(latency_reps: int) -> dict:
         "durable_via_result_api_s": summary(api),
         "ratio_durable_over_chain": ratio(d_s["median"], c_s["median"]),
         "goal_max_ratio": 1.5,
+        "reps": reps.info(),
     }
 
 
-def throughput(n: int, reps: int) -> dict:
+def throughput(n: int, planned: int, budget: float | None = None) -> dict:
     """Family 2: n started at once; runs (chains) per second until the last completes."""
     d, c = [], []
-    for _ in range(reps):
+    reps = Reps(planned, budget)
+    for _ in reps:
         d.append(durable_many("bench.dispatched10", n))
         c.append(chains_many(n))
     d_s = summary([n / r["total_s"] for r in d], 1)
@@ -119,4 +122,5 @@ def throughput(n: int, reps: int) -> dict:
         "chain_send_s": summary([r["send_s"] for r in c]),
         "ratio_chain_over_durable": ratio(c_s["median"], d_s["median"]),
         "goal_max_ratio": 1.5,
+        "reps": reps.info(),
     }

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import durable
 from bench import dispatched
 from bench.env import run_module, truncate
-from bench.stats import ratio, summary
+from bench.stats import Reps, ratio, summary
 from bench.workloads import STEPS
 
 WORKFLOW = "bench.local10"
@@ -43,7 +43,7 @@ def _in_process_many(n: int, threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def in_process(n: int, reps: int, latency_reps: int, threads: int) -> dict:
+def in_process(n: int, planned: int, latency_reps: int, threads: int, budget: float | None = None) -> dict:
     from django.db import connections
 
     from durable import dispatch
@@ -55,42 +55,38 @@ def in_process(n: int, reps: int, latency_reps: int, threads: int) -> dict:
             _in_process_once()
         truncate()
         seq = [_in_process_once() for _ in range(latency_reps)]
-        many = [_in_process_many(n, threads) for _ in range(reps)]
+        reps = Reps(planned, budget)
+        many = [_in_process_many(n, threads) for _ in reps]
     finally:
         dispatch.sender = saved
         connections.close_all()
-    return {"sequential_s": summary(seq), "throughput": _throughput(n, many)}
+    return {"sequential_s": summary(seq), "throughput": _throughput(n, many, reps.info()), "threads": threads}
 
 
-def via_worker(n: int, reps: int, latency_reps: int) -> dict:
+def via_worker(n: int, planned: int, latency_reps: int, budget: float | None = None) -> dict:
     truncate()
     for _ in range(3):
         dispatched.durable_once(WORKFLOW)
     seq = [dispatched.durable_once(WORKFLOW) for _ in range(latency_reps)]
-    many = [dispatched.durable_many(WORKFLOW, n)["total_s"] for _ in range(reps)]
-    return {"sequential_s": summary(seq), "throughput": _throughput(n, many)}
+    reps = Reps(planned, budget)
+    many = [dispatched.durable_many(WORKFLOW, n)["total_s"] for _ in reps]
+    return {"sequential_s": summary(seq), "throughput": _throughput(n, many, reps.info())}
 
 
-def dbos(n: int, reps: int, latency_reps: int, threads: int) -> dict:
-    args = (str(n), str(reps), str(latency_reps), str(threads))
+def dbos(n: int, planned: int, latency_reps: int, budget: float | None = None) -> dict:
+    """DBOS in its own process: N workflows through ``DBOS.start_workflow`` (its own executor)."""
+    args = (str(n), str(planned), str(latency_reps), str(budget or 0))
     raw = json.loads(run_module("bench.dbos_peer", *args, timeout=1800))
-    threaded, started = _throughput(n, raw["threaded_s"]), _throughput(n, raw["start_workflow_s"])
-    best = max((threaded, started), key=lambda t: t["runs_per_s"]["median"])
-    return {
-        "sequential_s": summary(raw["sequential_s"]),
-        "throughput_threads": threaded,
-        "throughput_start_workflow": started,
-        "throughput_best": best,
-    }
+    return {"sequential_s": summary(raw["sequential_s"]), "throughput": _throughput(n, raw["start_workflow_s"], raw["reps"])}
 
 
-def _throughput(n: int, seconds: list[float]) -> dict:
+def _throughput(n: int, seconds: list[float], reps: dict) -> dict:
     runs = summary([n / s for s in seconds], 1)
-    return {"n": n, "runs_per_s": runs, "steps_per_s": round(runs["median"] * STEPS, 1)}
+    return {"n": n, "runs_per_s": runs, "steps_per_s": round(runs["median"] * STEPS, 1), "reps": reps}
 
 
 def compare(worker: dict, inproc: dict, peer: dict) -> dict:
-    best = peer["throughput_best"]["runs_per_s"]["median"]
+    best = peer["throughput"]["runs_per_s"]["median"]
     return {
         "worker_over_dbos_throughput": ratio(worker["throughput"]["runs_per_s"]["median"], best),
         "in_process_over_dbos_throughput": ratio(inproc["throughput"]["runs_per_s"]["median"], best),

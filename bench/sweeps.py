@@ -14,7 +14,7 @@ import uuid
 from datetime import timedelta
 
 from bench.env import truncate
-from bench.stats import summary
+from bench.stats import Reps, summary
 
 GOALS_S = {"timers": 10.0, "orphans": 20.0}
 
@@ -57,21 +57,24 @@ def _time(sweep, count: int) -> dict[str, float]:
     return {"seconds": elapsed, "passes": passes, "sent": len(sent)}
 
 
-def run(count: int, reps: int) -> dict:
+def run(count: int, planned: int, budget: float | None = None) -> dict:
     from durable.engine import sweeps
 
-    out = {}
-    for name, sweep in (("timers", sweeps.sweep_timers), ("orphans", sweeps.sweep_orphans)):
-        samples = []
-        for _ in range(reps):
+    kinds = {"timers": sweeps.sweep_timers, "orphans": sweeps.sweep_orphans}
+    samples: dict[str, list] = {name: [] for name in kinds}
+    reps = Reps(planned, budget)
+    for _ in reps:
+        for name, sweep in kinds.items():
             truncate()
             _insert(count, orphans=name == "orphans")
-            samples.append(_time(sweep, count))
-        seconds = summary([s["seconds"] for s in samples], 3)
+            samples[name].append(_time(sweep, count))
+    out: dict = {"reps": reps.info()}
+    for name in kinds:
+        seconds = summary([s["seconds"] for s in samples[name]], 3)
         out[name] = {
             "count": count,
             "seconds": seconds,
-            "passes": samples[0]["passes"],
+            "passes": samples[name][0]["passes"],
             "runs_per_s": round(count / seconds["median"], 1),
             "goal_s_for_10k": GOALS_S[name],
             # The goal is for 10,000 rows; a quick run with fewer is scaled linearly.

@@ -67,3 +67,9 @@ def celery_chain():
     from celery import chain
 
     return chain(*[noop.si(i) for i in range(STEPS - 1)], noop_last.si(STEPS - 1))
+
+
+@durable.workflow(name="bench.local1")
+def local1(ctx: durable.Context, _input: object) -> int:
+    """The RSS family's workload: one turn and one local step per run, so 10,000 runs stay cheap."""
+    return ctx.step(noop_local, 1)

@@ -42,3 +42,38 @@ def fulfil(ctx: durable.Context, order: dict) -> dict:
     tracking = ctx.step(ship, order["id"], approval["address"])
     ctx.logger.info("order %s shipped as %s", order["id"], tracking)
     return {"cents": cents, "charge": charge, "parcel": parcel, "tracking": tracking}
+
+
+@durable.step
+def reserve_stock(sku: str, qty: int) -> str:
+    if qty <= 0:
+        raise durable.ApplicationError(f"cannot hold {qty} of {sku}", code="bad_quantity", non_retryable=True)
+    return f"hold-{sku}-{qty}"
+
+
+@reserve_stock.compensation
+def release_stock(hold: str, sku: str, qty: int) -> None:
+    """The saga undo: runs if the order fails after the stock was held."""
+
+
+@durable.step
+def print_label(item: dict) -> str:
+    return f"LABEL-{item['sku'].upper()}x{item['qty']}"
+
+
+@durable.workflow(name="shop.send_invoice")
+def send_invoice(ctx: durable.Context, invoice: dict) -> str:
+    number = f"INV-{invoice['order']}"
+    ctx.step(charge_card, invoice["order"], invoice["cents"])
+    return number
+
+
+@durable.workflow(name="shop.wholesale")
+def wholesale(ctx: durable.Context, order: dict) -> dict:
+    """A bulk order: hold stock per item (undone if anything fails), print every label in
+    parallel (a fan), and invoice in a child workflow."""
+    holds = ctx.all([ctx.defer(reserve_stock, item["sku"], item["qty"]) for item in order["items"]])
+    labels = ctx.map(print_label, order["items"])
+    cents = ctx.step(price, order)
+    invoice = ctx.child(send_invoice, {"order": order["id"], "cents": cents})
+    return {"holds": holds, "labels": labels, "invoice": invoice}

@@ -50,6 +50,7 @@ class Command(BaseCommand):
         beat.start()
         try:
             self._run(timeout)
+            self._wholesale(timeout)
         finally:
             beat.stop()
             worker.stop()
@@ -77,6 +78,14 @@ class Command(BaseCommand):
             output = durable.result(handle.id, timeout=0)
         except durable.DurableError as exc:
             raise CommandError(f"the run did not complete: {exc}") from exc
+        self.stdout.write(self.style.SUCCESS(f"run {handle.id} completed: {output}"))
+
+    def _wholesale(self, timeout: float) -> None:
+        handle = durable.start("shop.wholesale", {**ORDER, "id": ORDER["id"] + 1})
+        self.stdout.write(f"started run {handle.id} of shop.wholesale (a fan, a child, a saga)")
+        output = durable.result(handle.id, timeout=timeout)
+        fan = Checkpoint.objects.filter(run_id=handle.id, fan__isnull=False).count()
+        self.stdout.write(f"  {fan} fan members recorded; child invoice {output['invoice']}")
         self.stdout.write(self.style.SUCCESS(f"run {handle.id} completed: {output}"))
 
     def _show(self, cp: Checkpoint) -> None:
