@@ -316,10 +316,33 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             )
         )
 
-    def rewrite(self, run_id: str, seq: int, expected: tuple[str, int], **fields: Any) -> bool:
-        """Write a turn's new view of a position, if it is still in the state the turn read."""
+    def rewrite(
+        self, run_id: str, seq: int, expected: tuple[str, int], *, owner: str | None = None, **fields: Any
+    ) -> bool:
+        """Write a turn's new view of a position, if it is still in the state the turn read
+        (and, given ``owner``, only while that turn still holds the run's lease)."""
         status, attempt = expected
-        return bool(self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt).update(**fields))
+        rows = self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt)
+        if owner is not None:
+            rows = rows.filter(Exists(Run.objects.filter(id=run_id, locked_by=owner)))
+        return bool(rows.update(**fields))
+
+    def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
+        """Insert ``row`` in one statement, only while ``owner`` holds its run's lease."""
+        connection = connections[self.db]
+        ops = connection.ops
+        fields = [f for f in Checkpoint._meta.concrete_fields if not f.primary_key]
+        columns = ", ".join(ops.quote_name(f.column) for f in fields)
+        values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
+        run_table = ops.quote_name(Run._meta.db_table)
+        sql = (
+            f"INSERT INTO {ops.quote_name(Checkpoint._meta.db_table)} ({columns}) "
+            f"SELECT {', '.join(['%s'] * len(fields))} "
+            f"WHERE EXISTS (SELECT 1 FROM {run_table} WHERE id = %s AND locked_by = %s)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*values, row.run_id, owner])
+            return cursor.rowcount == 1
 
     def fan_closed(self, run_id: str, fan: int) -> bool:
         """No member of the fan is still pending (asked after a member's result committed)."""

@@ -128,8 +128,7 @@ def next_turn(run_id: str, queue: str, settings: conf.Settings) -> None:
     if settings.INLINE_NEXT_TURN and (served_queues is None or queue in served_queues):
         turn.advance(run_id)
     else:
-        with transaction.atomic(using=settings.DATABASE):
-            dispatch.advance(run_id, queue)
+        dispatch.advance(run_id, queue)
 
 
 def _execute(step: Step, info: StepInfo, payload: Any, beats: _Beats) -> tuple[Any, dict[str, Any] | None, bool]:

@@ -32,8 +32,10 @@ class LeaseLost(_ControlFlow):
     """This turn's lease was taken over: it must write nothing more."""
 
 
-class _Stale(Exception):
-    """A guarded write matched no row: something changed since the turn read the run."""
+class _Stale(_ControlFlow):
+    """A guarded write matched no row: something changed since the turn read the run.
+
+    Control flow, so a flush that meets it mid-body cannot be swallowed by the body."""
 
 
 def limits(settings: conf.Settings) -> Limits:
@@ -160,9 +162,14 @@ def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | 
             raise LeaseLost()
 
     def flush(current: TurnState) -> None:
-        with transaction.atomic(using=db):
-            renew()
-            _write(run.id, current, settings)
+        # A local step's record is one fenced INSERT; signals taken need a transaction with it.
+        if keeper is not None and keeper.lost:
+            raise LeaseLost()
+        if current.consumed:
+            with transaction.atomic(using=db):
+                _write(run.id, current, settings, fenced_by=owner)
+        else:
+            _write(run.id, current, settings, fenced_by=owner)
         _mark_saved(current)
 
     try:
@@ -281,23 +288,28 @@ _WRITTEN = (
 )
 
 
-def _write(run_id: str, state: TurnState, settings: conf.Settings) -> None:
-    """Persist what the turn changed; raise _Stale if a guarded write lost a race."""
+def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by: str | None = None) -> None:
+    """Persist what the turn changed; raise _Stale if a guarded write lost a race.
+
+    With ``fenced_by``, each write is itself conditional on that lease (a flush mid-turn);
+    without, the caller's transaction ends with the fenced settle, which rolls it all back.
+    """
     db = settings.DATABASE
     checkpoints = Checkpoint.objects.using(db)
     new = []
     for rec in state.unsaved():
+        fields = {f: getattr(rec, f) for f in _WRITTEN}
         if rec.stored_as is None:
-            new.append(
-                Checkpoint(
-                    run_id=run_id, seq=rec.seq, kind=rec.kind, name=rec.name, queue=rec.queue,
-                    input=rec.input, fan=rec.fan, fail_fast=rec.fail_fast,
-                    **{f: getattr(rec, f) for f in _WRITTEN},
-                )
+            row = Checkpoint(
+                run_id=run_id, seq=rec.seq, kind=rec.kind, name=rec.name, queue=rec.queue,
+                input=rec.input, fan=rec.fan, fail_fast=rec.fail_fast, **fields,
             )
-        else:
-            if not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, **{f: getattr(rec, f) for f in _WRITTEN}):
-                raise _Stale()
+            if fenced_by is None:
+                new.append(row)
+            elif not checkpoints.insert_fenced(row, fenced_by):
+                raise LeaseLost()
+        elif not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, owner=fenced_by, **fields):
+            raise _Stale()
     if new:
         checkpoints.bulk_create(new)
     for signal in state.consumed:

@@ -1,0 +1,74 @@
+"""The database cost of the hot paths, pinned so it cannot silently regress (DESIGN.md cost model).
+
+Counted on real commits (transactional_db), so savepoints of the test's own transaction do not
+blur the numbers. Transaction control (BEGIN, COMMIT) is not counted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import durable
+from durable.engine import steps, turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@durable.step(local=True)
+def local_noop(i):
+    return i
+
+
+@durable.step
+def remote_noop(i):
+    return i
+
+
+@durable.workflow(name="tests.cost_local")
+def local_flow(ctx, n):
+    return [ctx.step(local_noop, i) for i in range(n)]
+
+
+@durable.workflow(name="tests.cost_remote")
+def remote_flow(ctx, n):
+    return [ctx.step(remote_noop, i) for i in range(n)]
+
+
+def statements(run) -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        run()
+    return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(("BEGIN", "COMMIT"))]
+
+
+def test_a_turn_that_dispatches_a_step_costs_four_statements(durable_env):
+    run = durable.start(remote_flow, 1)
+    durable_env.drop()
+    sql = statements(lambda: turn.advance(run.id))
+    # claim (UPDATE ... RETURNING), load the history, insert the step, settle the run.
+    assert len(sql) == 4, sql
+
+
+def test_a_local_step_costs_one_insert(durable_env):
+    one, ten = durable.start(local_flow, 1), durable.start(local_flow, 10)
+    durable_env.drop()
+    cost_one = statements(lambda: turn.advance(one.id))
+    cost_ten = statements(lambda: turn.advance(ten.id))
+    assert len(cost_one) == 4, cost_one  # claim, history, the step's INSERT, settle
+    assert len(cost_ten) - len(cost_one) == 9
+    assert durable.result(ten.id) == list(range(10))
+
+
+def test_a_dispatched_step_costs_four_statements_before_its_turn(durable_env):
+    run = durable.start(remote_flow, 2)
+    durable_env.drop()
+    turn.advance(run.id)
+    (message,) = durable_env.drop()
+    served, steps.served_queues = steps.served_queues, set()  # send the next turn, do not run it
+    try:
+        sql = statements(lambda: steps.run_step(*message.args))
+    finally:
+        steps.served_queues = served
+    # read the attempt, mark it started, record the result, wake the run.
+    assert len(sql) == 4, sql
