@@ -94,23 +94,11 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
-    def die(self, run_id: str, error: dict[str, Any], now: datetime) -> bool:
+    def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
+        """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""
         return bool(
             self.filter(id=run_id, status__in=UNFINISHED).update(
-                status=Status.DEAD,
-                error=error,
-                locked_by=None,
-                locked_until=None,
-                wake_at=None,
-                finished_at=now,
-                updated_at=now,
-            )
-        )
-
-    def cancel(self, run_id: str, error: dict[str, Any], now: datetime) -> bool:
-        return bool(
-            self.filter(id=run_id, status__in=UNFINISHED).update(
-                status=Status.CANCELLED,
+                status=status,
                 error=error,
                 locked_by=None,
                 locked_until=None,

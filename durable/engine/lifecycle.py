@@ -37,7 +37,7 @@ def finished(run: Run) -> None:
 def cancel_tree(run_id: str, error: dict[str, Any]) -> bool:
     """Cancel an unfinished run, and through ``finished`` its unfinished children; False if done."""
     runs = Run.objects.using(conf.get().DATABASE)
-    if not runs.cancel(run_id, error, clock.now()):
+    if not runs.end(run_id, Status.CANCELLED, error, clock.now()):
         return False
     finished(runs.get(id=run_id))
     return True

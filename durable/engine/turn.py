@@ -100,7 +100,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeep
 def _die(run: Run, settings: conf.Settings) -> None:
     error = recovery_exhausted(run.recovery_attempts - 1)
     with transaction.atomic(using=settings.DATABASE):
-        if Run.objects.using(settings.DATABASE).die(run.id, error, clock.now()):
+        if Run.objects.using(settings.DATABASE).end(run.id, Status.DEAD, error, clock.now()):
             run.status, run.error = Status.DEAD, error
             lifecycle.finished(run)
 
