@@ -164,37 +164,42 @@ class RunQuerySet(models.QuerySet["Run"]):
 
     def recover(
         self,
-        run_id: str,
+        ids: list[str],
         now: datetime,
         max_attempts: int,
         error: dict[str, Any],
         *,
         stale_before: datetime | None = None,
         owner_prefix: str | None = None,
-    ) -> str | None:
-        """Take back a run whose turn died holding its lease; say what became of it.
-
-        ``parked``: a dispatched step is still in flight, so the dead turn is not counted as a
-        crash. ``dead``: the recovery budget is spent. ``suspended``: counted, due at once.
+    ) -> dict[str, list[str]]:
+        """Take back runs whose turn died holding its lease, a batch at a time; say what became
+        of each: ``parked`` (a dispatched step is still in flight, so the dead turn is not
+        counted as a crash), ``dead`` (the recovery budget is spent), ``suspended`` (counted,
+        due at once). Every UPDATE re-checks the orphan condition, so concurrent sweeps and a
+        turn that takes the run back in between are safe.
         """
-        orphan = self.filter(id=run_id, status=Status.RUNNING, locked_until__lt=stale_before or now)
+        orphans = self.filter(id__in=ids, status=Status.RUNNING, locked_until__lt=stale_before or now)
         if owner_prefix is not None:
-            orphan = orphan.filter(locked_by__startswith=owner_prefix)
+            orphans = orphans.filter(locked_by__startswith=owner_prefix)
         released = {"locked_by": None, "locked_until": None, "updated_at": now}
         in_flight = Checkpoint.objects.filter(
             run_id=OuterRef("id"), kind="step", status="pending", enqueued_at__isnull=False
         )
-        if orphan.filter(Exists(in_flight)).update(status=Status.SUSPENDED, wake_at=now, **released):
-            return "parked"
-        if orphan.filter(recovery_attempts__gte=max_attempts).update(
-            status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
-        ):
-            return Status.DEAD
-        if orphan.update(
+        parked = list(orphans.filter(Exists(in_flight)).values_list("id", flat=True))
+        orphans.filter(id__in=parked).update(status=Status.SUSPENDED, wake_at=now, **released)
+        counted = orphans.exclude(id__in=parked)
+        dead = [
+            run_id
+            for run_id in counted.filter(recovery_attempts__gte=max_attempts).values_list("id", flat=True)
+            if counted.filter(id=run_id).update(
+                status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
+            )
+        ]
+        suspended = list(counted.exclude(id__in=dead).values_list("id", flat=True))
+        counted.filter(id__in=suspended).update(
             status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
-        ):
-            return Status.SUSPENDED
-        return None
+        )
+        return {"parked": parked, Status.DEAD: dead, Status.SUSPENDED: suspended}
 
     def held_by(self, owner_prefix: str, limit: int) -> list[tuple[str, str]]:
         """(id, queue) of running runs whose lease names this instance."""

@@ -41,8 +41,14 @@ def sweep_timers() -> int:
 def sweep_orphans() -> int:
     """Re-drive runs whose turn died holding its lease; past the budget they go ``dead``."""
     settings = conf.get()
-    now = clock.now()
-    return recover(Run.objects.using(settings.DATABASE).orphans(now, settings.TIMER_BATCH_SIZE), now)
+    recovered = 0
+    for _ in range(MAX_BATCHES):
+        now = clock.now()
+        batch = Run.objects.using(settings.DATABASE).orphans(now, settings.TIMER_BATCH_SIZE)
+        recovered += recover(batch, now)
+        if len(batch) < settings.TIMER_BATCH_SIZE:
+            break
+    return recovered
 
 
 def reclaim(instance_id: str, booted_at: datetime) -> int:
@@ -64,19 +70,20 @@ def recover(
     stale_before: datetime | None = None,
     owner_prefix: str | None = None,
 ) -> int:
+    """Recover a batch of orphaned runs in one transaction; send a turn to each one taken back."""
+    if not candidates:
+        return 0
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE)
-    error = recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1)
-    recovered = 0
-    for run_id, queue in candidates:
-        with transaction.atomic(using=settings.DATABASE):
-            outcome = runs.recover(
-                run_id, now, settings.MAX_RECOVERY_ATTEMPTS, error,
-                stale_before=stale_before, owner_prefix=owner_prefix,
-            )
-            if outcome == Status.DEAD:
-                lifecycle.finished(runs.get(id=run_id))
-            elif outcome is not None:
-                dispatch.advance(run_id, queue)
-        recovered += outcome is not None
-    return recovered
+    queues = dict(candidates)
+    with transaction.atomic(using=settings.DATABASE):
+        outcome = runs.recover(
+            list(queues), now, settings.MAX_RECOVERY_ATTEMPTS,
+            recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1),
+            stale_before=stale_before, owner_prefix=owner_prefix,
+        )
+        for run in runs.filter(id__in=outcome[Status.DEAD]):
+            lifecycle.finished(run)
+        for run_id in [*outcome["parked"], *outcome[Status.SUSPENDED]]:
+            dispatch.advance(run_id, queues[run_id])
+    return sum(len(ids) for ids in outcome.values())
