@@ -235,12 +235,26 @@ def retry(run_id: str) -> RunHandle:
         if run.checkpoints.filter(kind="compensation").exists():
             raise DurableError(f"run {run_id!r} was compensated; its effects were undone, so it cannot be retried")
         if run.failed_seqs:
-            # A fresh attempt at what ended the run: the positions are replayed as new.
-            run.checkpoints.filter(seq__in=run.failed_seqs).delete()
+            _fresh_attempt(run, run.failed_seqs)
         if not _runs().reopen(run_id, clock.now()):
             raise DurableError(f"run {run_id!r} changed while it was being retried; try again")
         dispatch.advance(run_id, run.queue)
     return RunHandle(run_id)
+
+
+def _fresh_attempt(run: Run, seqs: list[int]) -> None:
+    """Give the positions whose failure ended ``run`` a fresh attempt.
+
+    A step or a wait is replayed as new; a child keeps its id, so the child run itself is
+    retried and its end settles the position again.
+    """
+    failed = run.checkpoints.filter(seq__in=seqs)
+    for position in failed.filter(kind="child"):
+        child_id = (position.input or {}).get("run_id")
+        if child_id and get_run(child_id).status in (FAILED, DEAD, CANCELLED):
+            retry(child_id)
+    failed.filter(kind="child").update(status="pending", error=None, finished_at=None)
+    failed.exclude(kind="child").delete()
 
 
 def result(run_id: str, timeout: Any = None) -> Any:

@@ -252,3 +252,30 @@ def test_on_error_routes_by_code_once(durable_env):
     durable.retry(declined.id)
     durable_env.run_until_idle()
     assert Run.objects.filter(id__startswith="on_error:").count() == 2  # a second failure routes nothing new
+
+
+FLAKY_CHILD = {"fail": True}
+
+
+@durable.workflow(name="tests.comp_flaky_child")
+def flaky_child_flow(ctx, _):
+    if FLAKY_CHILD["fail"]:
+        raise durable.ApplicationError("not yet", code="not_yet")
+    return "child ok"
+
+
+@durable.workflow(name="tests.comp_retry_parent")
+def retry_parent_flow(ctx, _):
+    return ctx.child(flaky_child_flow)
+
+
+def test_retrying_a_parent_retries_the_child_that_ended_it(durable_env):
+    FLAKY_CHILD["fail"] = True
+    run = durable.start(retry_parent_flow)
+    durable_env.run_until_idle()
+    assert durable.get_run(run.id).error["code"] == "not_yet"
+    FLAKY_CHILD["fail"] = False
+    durable.retry(run.id)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "child ok"
+    assert Run.objects.filter(parent_id=run.id).count() == 1  # the same child, run again
