@@ -177,7 +177,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags")}),
         ("Data", {"fields": ("input_json", "output_json", "error_json", "search_attributes_json")}),
-        ("Lineage", {"fields": ("parent", "continued_from", "history")}),
+        ("Lineage", {"fields": ("parent", "children_link", "continued_from", "continued_by", "history")}),
         ("Timing", {"fields": ("created_time", "updated_time", "started_time", "finished_time",
                                "wake_time")}),
         ("Engine", {
@@ -220,6 +220,23 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
     output_json = json_display("output")
     error_json = json_display("error")
     search_attributes_json = json_display("search_attributes")
+
+    @admin.display(description="continued by")
+    def continued_by(self, obj: Run) -> str:
+        # The other end of continue-as-new: the run that carried on from this one.
+        successor = Run.objects.using(conf.get().DATABASE).filter(continued_from=obj).values_list("pk", flat=True).first()
+        if successor is None:
+            return "-"
+        url = reverse("admin:durable_run_change", args=[successor])
+        return format_html('<a href="{}">{}</a>', url, successor)
+
+    @admin.display(description="children")
+    def children_link(self, obj: Run) -> str:
+        count = Run.objects.using(conf.get().DATABASE).filter(parent=obj).count()
+        if not count:
+            return "-"
+        url = reverse("admin:durable_run_changelist") + "?" + urlencode({"parent": obj.pk})
+        return format_html('<a href="{}">{} child run{}</a>', url, count, "" if count == 1 else "s")
 
     @admin.display(description="checkpoints")
     def history(self, obj: Run) -> str:

@@ -254,3 +254,30 @@ def test_checkpoint_changelist_filters_by_kind_and_run(admin_client: Client, dur
 
     assert [(c.run_id, c.kind) for c in signals.context["cl"].result_list] == [(waiting, "signal")]
     assert [c.run_id for c in of_run.context["cl"].result_list] == [waiting]
+
+
+@durable.workflow(name="tests.admin_chain")
+def admin_chain(ctx, n):
+    if n < 1:
+        ctx.continue_as_new(n + 1)
+    return n
+
+
+@durable.workflow(name="tests.admin_parent")
+def admin_parent(ctx, n):
+    return ctx.child(add_flow, n)
+
+
+def test_change_page_links_a_continue_as_new_chain_both_ways_and_children(admin_client, durable_env):
+    first = durable.start(admin_chain, 0)
+    parent = durable.start(admin_parent, 1)
+    durable_env.run_until_idle()
+    second = Run.objects.get(continued_from_id=first.id)
+    page = admin_client.get(reverse("admin:durable_run_change", args=[quote(first.id)])).content.decode()
+    assert second.id in page
+    back = admin_client.get(reverse("admin:durable_run_change", args=[quote(second.id)])).content.decode()
+    assert first.id in back
+    kids = admin_client.get(reverse("admin:durable_run_change", args=[quote(parent.id)])).content.decode()
+    assert "1 child run" in kids
+    listing = admin_client.get(reverse("admin:durable_run_changelist") + f"?parent={parent.id}")
+    assert listing.status_code == 200
