@@ -114,12 +114,13 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's filesystem transport, with messages written atomically (see the module).
     CELERY_BROKER_TRANSPORT = "durable.filesystem_broker:Transport"
     _queue_dir = VAR_DIR / "broker"
-    for _sub in ("queue", "processed"):
+    for _sub in ("queue", "processed", "control"):
         (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir / "queue"),
         "data_folder_out": str(_queue_dir / "queue"),
         "processed_folder": str(_queue_dir / "processed"),
+        "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
         # The filesystem transport polls; the default second is too slow for workflows.
         "polling_interval": 0.05,
