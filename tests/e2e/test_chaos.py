@@ -1,6 +1,7 @@
 """Chaos: two workers and beat under SIGKILLs, a broker wipe and cut database connections.
 
-Hundreds of runs of a workflow with local and dispatched steps, a retry, a timer and a signal.
+Hundreds of runs of a workflow with local and dispatched steps, a retry, a fan of five, a child
+run, a timer and a signal.
 Meanwhile a random worker is SIGKILLed (pool included) and restarted every few seconds, the
 broker's Redis database is flushed once and the workers' PostgreSQL connections are terminated
 once. Then the chaos stops and every run must complete with the right output, every step must be
@@ -85,23 +86,39 @@ def flaky(value):
     return value * 3
 
 
+@durable.step(timeout="5s", retry=RETRY)
+def bump(value):
+    _record()
+    time.sleep(0.02)
+    return value + 1
+
+
+@durable.workflow(name="tests.chaos_child")
+def chaos_child(ctx, value):
+    return ctx.step(bump, value)
+
+
 @durable.workflow(name="tests.chaos")
 def chaos_flow(ctx, n):
     a = ctx.step(prepare, n)
     b = ctx.step(work, a, 50 + 50 * (n % 6))
     c = ctx.step(flaky, b)
+    fan = ctx.map(bump, [c + i for i in range(5)])  # a fan of 5
+    kid = ctx.child(chaos_child, c)  # and a child run
     ctx.sleep(1)
     go = ctx.wait_for_signal("go")
-    return {"n": n, "c": c, "d": ctx.step(work, c + go["k"], 100)}
+    return {"n": n, "c": c, "fan": sum(fan), "kid": kid, "d": ctx.step(work, c + go["k"], 100)}
 
 
 def expected_output(n: int) -> dict:
     c = (n * 2 + 1) * 3
-    return {"n": n, "c": c, "d": c + n + 1}
+    return {"n": n, "c": c, "fan": 5 * c + 15, "kid": c + 1, "d": c + n + 1}
 
 
-KINDS = {0: "step", 1: "step", 2: "step", 3: "sleep", 4: "signal", 5: "step"}
-RUNS_PER_STEP = {0: 1, 1: 1, 2: 2, 5: 1}  # executions per step position without chaos
+KINDS = {0: "step", 1: "step", 2: "step", **{s: "step" for s in range(3, 8)}, 8: "child", 9: "sleep",
+         10: "signal", 11: "step"}
+# Executions per step position without chaos.
+RUNS_PER_STEP = {0: 1, 1: 1, 2: 2, **{s: 1 for s in range(3, 8)}, 11: 1}
 
 
 @pytest.fixture
@@ -232,6 +249,10 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
     assert not bad_history, f"unexpected histories:\n{describe(bad_history)}"
     recorded = Checkpoint.objects.filter(run_id__in=ids, kind="step", status="completed").count()
     assert recorded == RUNS * len(RUNS_PER_STEP)  # one completed row per (run, step position)
+    children = Run.objects.filter(parent_id__in=ids)
+    assert children.count() == RUNS and not children.exclude(status="completed").exists()
+    child_steps = Checkpoint.objects.filter(run__parent_id__in=ids, kind="step")
+    assert child_steps.count() == RUNS and not child_steps.exclude(status="completed").exists()
 
     ran: Counter[tuple[str, int]] = Counter()
     attempts_run: set[tuple[str, int, int]] = set()
@@ -258,7 +279,7 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
     recovery = max(0.0, (finished - chaos_stopped).total_seconds())
     print(
         f"runs: {len(runs)} completed ({unfinished} unfinished when the chaos stopped)\n"
-        f"steps recorded: {recorded} (one completed row per step position)\n"
+        f"steps recorded: {recorded} + {child_steps.count()} in child runs (one completed row per position)\n"
         f"step executions: {executions} (expected without chaos: {RUNS * sum(RUNS_PER_STEP.values())})\n"
         f"re-executions: {sum(reruns.values())} extra, on {len(reruns)} step positions; flaky attempts 1"
         f" killed before their body ran: {sum((rid, 2, 1) not in attempts_run for rid in ids)}\n"
@@ -266,5 +287,5 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
         f"max recovery: last run finished {recovery:.1f} s after the chaos stopped\n"
         f"wall time: {time.monotonic() - began:.1f} s"
     )
-    for rid in ids:
+    for rid in [*ids, *children.values_list("id", flat=True)]:
         (LEDGER / rid).unlink(missing_ok=True)
