@@ -87,11 +87,11 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
 @signals.worker_shutdown.connect
 def _hand_back_leases(**_: Any) -> None:
     """Release the leases of turns this process still runs, so another worker continues at once."""
-    from .engine import turn
+    from .engine import leases
     from .models import Run
 
     settings = conf.get()
-    for run_id, owner in list(turn.active.items()):
+    for run_id, owner in list(leases.active.items()):
         try:
             queue = Run.objects.using(settings.DATABASE).filter(id=run_id).values_list("queue", flat=True).first()
             if Run.objects.using(settings.DATABASE).release(run_id, owner, clock.now(), clock.now()):

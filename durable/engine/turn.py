@@ -8,7 +8,6 @@ again instead of going to sleep on stale facts.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from typing import Any
 
@@ -20,7 +19,7 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
-from . import lifecycle
+from . import leases, lifecycle
 
 log = logging.getLogger("durable.engine")
 
@@ -48,12 +47,6 @@ def limits(settings: conf.Settings) -> Limits:
     )
 
 
-#: Turns this process is running now (run id -> lease owner), handed back on worker shutdown.
-active: dict[str, str] = {}
-#: Renew leases from a thread while a turn runs; durable_env turns this off (one thread, frozen clock).
-keep_leases_alive = True
-
-
 def advance(run_id: str) -> str:
     """Run turns of ``run_id`` until it settles; return what happened, for logs and tests."""
     settings = conf.get()
@@ -62,17 +55,14 @@ def advance(run_id: str) -> str:
     run = runs.claim(run_id, owner, clock.now(), settings.LEASE)
     if run is None:
         return "busy"
-    active[run_id] = owner
-    keeper = _LeaseKeeper(run_id, owner, settings) if keep_leases_alive else None
+    leases.hold(run_id, owner)
     try:
-        return _turns(run, owner, settings, keeper)
+        return _turns(run, owner, settings)
     finally:
-        active.pop(run_id, None)
-        if keeper is not None:
-            keeper.stop()
+        leases.release(run_id)
 
 
-def _turns(claimed: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | None) -> str:
+def _turns(claimed: Run, owner: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
     run_id = claimed.id
     run: Run | None = claimed
@@ -83,7 +73,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeep
             _die(run, settings)
             return Status.DEAD
         try:
-            outcome = _turn(run, owner, settings, keeper)
+            outcome = _turn(run, owner, settings)
         except LeaseLost:
             return "lost"
         except _Stale:
@@ -105,35 +95,6 @@ def _die(run: Run, settings: conf.Settings) -> None:
             lifecycle.finished(run)
 
 
-class _LeaseKeeper:
-    """Renews a turn's lease from a thread, so a long local step does not lose it."""
-
-    def __init__(self, run_id: str, owner: str, settings: conf.Settings) -> None:
-        self.lost = False
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(run_id, owner, settings), name=f"durable-lease-{run_id}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, run_id: str, owner: str, settings: conf.Settings) -> None:
-        from django.db import connections
-
-        try:
-            while not self._stopped.wait(settings.LEASE.total_seconds() / 3):
-                if not Run.objects.using(settings.DATABASE).renew(run_id, owner, clock.now(), settings.LEASE):
-                    self.lost = True
-                    return
-        except Exception:  # noqa: BLE001 - a failed renewal only means the lease may lapse
-            log.warning("durable: could not renew the lease of run %s", run_id, exc_info=True)
-        finally:
-            connections[settings.DATABASE].close()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join()
-
-
 def recovery_exhausted(attempts: int) -> dict[str, Any]:
     return {
         "message": f"the run's turns crashed or lost their lease {attempts} times in a row",
@@ -143,7 +104,7 @@ def recovery_exhausted(attempts: int) -> dict[str, Any]:
     }
 
 
-def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | None) -> Outcome | None:
+def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     db = settings.DATABASE
     try:
         workflow = registry.workflow(run.workflow, run.version)
@@ -156,14 +117,14 @@ def _turn(run: Run, owner: str, settings: conf.Settings, keeper: _LeaseKeeper | 
     state = TurnState(records=_load_records(run.id, db), load_signals=lambda: _load_signals(run.id, db))
 
     def renew() -> None:
-        if (keeper is not None and keeper.lost) or not Run.objects.using(db).renew(
+        if leases.is_lost(run.id) or not Run.objects.using(db).renew(
             run.id, owner, clock.now(), settings.LEASE
         ):
             raise LeaseLost()
 
     def flush(current: TurnState) -> None:
         # A local step's record is one fenced INSERT; signals taken need a transaction with it.
-        if keeper is not None and keeper.lost:
+        if leases.is_lost(run.id):
             raise LeaseLost()
         if current.consumed:
             with transaction.atomic(using=db):

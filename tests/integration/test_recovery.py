@@ -12,7 +12,7 @@ from django.test import override_settings
 import durable
 from durable import celery as durable_celery
 from durable import clock
-from durable.engine import sweeps, turn
+from durable.engine import leases, sweeps, turn
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -172,11 +172,11 @@ def test_shutdown_hands_back_the_leases_of_running_turns(durable_env):
     run = durable.start(plain_flow)
     durable_env.drop()
     assert Run.objects.claim(run.id, "me/1", durable_env.now(), timedelta(seconds=30))
-    turn.active[run.id] = "me/1"
+    leases.active[run.id] = "me/1"
     try:
         durable_celery._hand_back_leases()
     finally:
-        turn.active.pop(run.id, None)
+        leases.active.pop(run.id, None)
     record = durable.get_run(run.id)
     assert (record.status, record.locked_by) == ("suspended", None)
     durable_env.run_until_idle()
