@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+
 import psycopg
 from dbos import DBOS
 

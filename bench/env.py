@@ -5,6 +5,7 @@ Only the databases ``durable_bench`` / ``dbos_bench`` and Redis db 5 are touched
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -58,10 +59,18 @@ def snapshot() -> Path:
     import tempfile
 
     global snapshot_dir
-    target = Path(tempfile.mkdtemp(prefix="durable-bench-src-"))
-    for package in SNAPSHOT_PACKAGES:
-        shutil.copytree(ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__"))
+    if os.environ.get("BENCH_SOURCE"):
+        # Measure a copy kept from an earlier run (its path is in that run's log), e.g. to profile
+        # exactly the code a results table came from.
+        target = Path(os.environ["BENCH_SOURCE"]).resolve()
+    else:
+        target = Path(tempfile.mkdtemp(prefix="durable-bench-src-"))
+        for package in SNAPSHOT_PACKAGES:
+            shutil.copytree(ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__"))
     snapshot_dir = target
+    # celery (worker and CLI) and Celery's Django fix-up put the working directory first on
+    # sys.path: work from the copy, or a worker would import durable from the live tree.
+    os.chdir(target)
     ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     sys.path[:0] = [str(target), str(ROOT)]
     return target
@@ -84,9 +93,8 @@ def setup() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    import project.celery  # noqa: F401 - makes the project's app current_app for durable's sender
-
     import bench.workloads  # noqa: F401
+    import project.celery  # noqa: F401 - makes the project's app current_app for durable's sender
 
 
 def truncate() -> None:
@@ -101,23 +109,21 @@ def purge_queues() -> None:
 
     with current_app.connection_for_write() as conn:
         for queue in QUEUES.split(","):
-            try:
+            with contextlib.suppress(Exception):  # a queue not declared yet holds nothing
                 conn.default_channel.queue_purge(queue)
-            except Exception:  # noqa: BLE001 - a queue not declared yet holds nothing
-                pass
 
 
 class Worker:
     """A real ``celery -A project worker`` subprocess (prefork), with its process tree's RSS."""
 
-    def __init__(self, name: str = "bench", concurrency: int = CONCURRENCY) -> None:
+    def __init__(self, name: str = "bench", concurrency: int = CONCURRENCY, wrap: list[str] = ()) -> None:
         from durable.processes import CeleryProcess
 
         RESULTS.mkdir(parents=True, exist_ok=True)
         self.log_path = RESULTS / f"worker-{name}.log"
         self.log_path.write_text("")
         argv = [
-            sys.executable, "-m", "celery", "-A", "project", "worker", "--loglevel=WARNING",
+            *wrap, sys.executable, "-m", "celery", "-A", "project", "worker", "--loglevel=WARNING",
             "--pool=prefork", f"--concurrency={concurrency}", "-Q", QUEUES, "-n", f"{name}@%h",
             "--include", "bench.workloads", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
@@ -140,6 +146,9 @@ class Worker:
                 raise RuntimeError(f"worker did not start:\n{self.process.log()[-3000:]}")
             time.sleep(0.1)
         workloads.celery_chain().apply_async().get(timeout=timeout, interval=0.05)
+        where = workloads.where.apply_async().get(timeout=timeout, interval=0.05)
+        if snapshot_dir is not None and not all(path.startswith(str(snapshot_dir)) for path in where.values()):
+            raise RuntimeError(f"the worker imports code from outside the copy {snapshot_dir}: {where}")
 
     def stop(self) -> None:
         self.process.stop()
@@ -230,7 +239,7 @@ def versions() -> dict:
 def run_module(module: str, *args: str, timeout: float = 600) -> str:
     """Run ``python -m module args`` with the bench environment; return its stdout."""
     done = subprocess.run(
-        [sys.executable, "-m", module, *args], env={**os.environ, **ENV}, cwd=ROOT,
+        [sys.executable, "-m", module, *args], env={**os.environ, **ENV}, cwd=snapshot_dir or ROOT,
         capture_output=True, text=True, timeout=timeout,
     )
     if done.returncode != 0:

@@ -18,12 +18,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import env  # noqa: E402
 
-FAMILIES = ("ceiling", "sweeps", "dbos", "latency", "throughput", "local", "rss")
+FAMILIES = ("ceiling", "sweeps", "latency", "throughput", "local", "rss")
 
 FULL = {"n": 1000, "reps": 5, "latency_reps": 20, "sweep_count": 10_000, "ceiling_s": 2.0,
         "threads": 8, "rss_first": 1000, "rss_last": 10_000}
 QUICK = {"n": 100, "reps": 3, "latency_reps": 5, "sweep_count": 2_000, "ceiling_s": 1.0,
          "threads": 8, "rss_first": 100, "rss_last": 1000}
+
+#: Seconds each family may spend on its repetitions, in a full run whose --budget is the default
+#: 840 s (they scale with --budget). Time a family leaves unused passes to the families after it,
+#: and time one overruns (its first repetition always runs) is taken from them. With the engine at
+#: its goals every family fits its planned repetitions; a slower engine gets fewer, and the report
+#: flags those figures.
+BUDGET_SHARES = {"sweeps": 150, "dbos": 100, "latency": 25, "throughput": 260, "local_worker": 110,
+                 "local_in_process": 60, "rss": 110}
+DEFAULT_BUDGET = sum(BUDGET_SHARES.values()) + 25  # + the ceiling and start-up
 
 
 def log(message: str) -> None:
@@ -35,8 +44,20 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="N=100 and fewer repetitions")
     parser.add_argument("--only", help=f"comma-separated families to run, of {','.join(FAMILIES)}")
     parser.add_argument("--out", type=Path, default=env.RESULTS, help="directory for latest.json / latest.md")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"seconds for the whole suite (full default {DEFAULT_BUDGET}; quick and 0: no limit)")
     args = parser.parse_args()
     params = dict(QUICK if args.quick else FULL)
+    total = args.budget if args.budget is not None else (0 if args.quick else DEFAULT_BUDGET)
+    params["budget_s"] = total or None
+    shares = {k: v * total / DEFAULT_BUDGET for k, v in BUDGET_SHARES.items()}
+    ledger = {"allotted": 0.0, "spent": 0.0}
+
+    def budget(name: str) -> float | None:
+        """This family's share plus what earlier families left unused (or minus what they overran)."""
+        if not total:
+            return None
+        return max(0.0, ledger["allotted"] + shares[name] - ledger["spent"])
     only = set(args.only.split(",")) if args.only else set(FAMILIES)
     if only - set(FAMILIES):
         parser.error(f"unknown families: {', '.join(sorted(only - set(FAMILIES)))}")
@@ -48,6 +69,7 @@ def main() -> int:
     log(f"measuring the sources {source} copied to {env.snapshot_dir}; settings {env.ENV['DJANGO_SETTINGS_MODULE']}")
     results: dict = {}
     timings: dict = {}
+    loads: dict = {}  # the 1-minute load average as each family ends: other work on the machine shows here
 
     def family(name: str, fn, gate: str | None = None):
         if (gate or name) not in only:
@@ -56,29 +78,39 @@ def main() -> int:
         t0 = time.perf_counter()
         results[name] = fn()
         timings[name] = round(time.perf_counter() - t0, 1)
-        log(f"{name} done in {timings[name]} s")
+        if name in shares:
+            ledger["allotted"] += shares[name]
+            ledger["spent"] += timings[name]
+        loads[name] = round(os.getloadavg()[0], 2)
+        log(f"{name} done in {timings[name]} s (load average {loads[name]})")
         return results[name]
 
-    from bench import ceiling, dispatched, local, rss, sweeps
+    from bench import ceiling, dispatched, local, report, rss, sweeps
 
     p = params
     family("ceiling", lambda: ceiling.run(p["reps"], p["ceiling_s"]))
-    family("sweeps", lambda: sweeps.run(p["sweep_count"], p["reps"]))
-    peer = family("dbos", lambda: local.dbos(p["n"], p["reps"], p["latency_reps"], p["threads"]))
+    family("sweeps", lambda: sweeps.run(p["sweep_count"], p["reps"], budget("sweeps")))
+    peer = family("dbos", lambda: local.dbos(p["n"], p["reps"], p["latency_reps"], budget("dbos")), "local")
     worker_rss = None
     if only & {"latency", "throughput", "local"}:
         worker = env.Worker().start()
         try:
-            family("latency", lambda: dispatched.latency(p["latency_reps"]))
-            family("throughput", lambda: dispatched.throughput(p["n"], p["reps"]))
+            family("latency", lambda: dispatched.latency(p["latency_reps"], budget("latency")))
+            family("throughput", lambda: dispatched.throughput(p["n"], p["reps"], budget("throughput")))
             if "local" in only:
-                via_worker = family("local_worker", lambda: local.via_worker(p["n"], p["reps"], p["latency_reps"]), "local")
+                via_worker = family(
+                    "local_worker",
+                    lambda: local.via_worker(p["n"], p["reps"], p["latency_reps"], budget("local_worker")),
+                    "local",
+                )
             worker_rss = worker.rss()
         finally:
             worker.stop()
         if "local" in only:
             inproc = family(
-                "local_in_process", lambda: local.in_process(p["n"], p["reps"], p["latency_reps"], p["threads"]), "local"
+                "local_in_process",
+                lambda: local.in_process(p["n"], p["reps"], p["latency_reps"], p["threads"], budget("local_in_process")),
+                "local",
             )
             results["local"] = {"worker": results.pop("local_worker"), "in_process": results.pop("local_in_process")}
             if peer is not None:
@@ -87,10 +119,8 @@ def main() -> int:
                 results["local"]["compare"] = local.compare(via_worker, inproc, peer)
                 if "ceiling" in results:
                     results["ceiling"]["fractions"] = ceiling.fractions(results["ceiling"], results["local"], p["threads"])
-    family("rss", lambda: rss.run(p["rss_first"], p["rss_last"]))
+    family("rss", lambda: rss.run(p["rss_first"], p["rss_last"], budget("rss")))
     env.truncate()
-
-    from bench import report
 
     data = {
         "meta": {
@@ -98,12 +128,14 @@ def main() -> int:
             "params": params,
             "settings": env.ENV["DJANGO_SETTINGS_MODULE"],
             "source_hash": source,
+            "source_copy": str(env.snapshot_dir),
             "tree_changed_during_run": env.source_hash() != source,
             "machine": env.machine(),
             "versions": env.versions(),
             "loadavg_start": loadavg_start,
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
             "family_seconds": timings,
+            "family_loadavg_1m": loads,
             "total_s": round(time.perf_counter() - started, 1),
             "worker_peak_rss": worker_rss,
         },

@@ -62,6 +62,15 @@ def noop_last(i: int) -> int:
     return i
 
 
+@shared_task(name="bench.where")
+def where() -> dict[str, str]:
+    """Where the worker imported the measured code from (the runner checks it is the copy)."""
+    import durable
+    import project.settings
+
+    return {"durable": durable.__file__, "project.settings": project.settings.__file__}
+
+
 def celery_chain():
     """The Celery twin of ``dispatched10``: a chain of ten no-op tasks."""
     from celery import chain
