@@ -10,8 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Exists, F, OuterRef, Value
-from django.db.models.functions import Coalesce, Least
+from django.db.models import Exists, F, OuterRef
 
 
 class Status(models.TextChoices):
@@ -81,18 +80,26 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
-    def wake(self, run_id: str, now: datetime, redrive_at: datetime) -> bool:
-        """Note that something happened for an unfinished run; False if it has finished.
+    def wake(self, run_id: str, now: datetime, redrive_at: datetime) -> str | None:
+        """Note that something happened for an unfinished run; return its queue, or None if it
+        has finished. One statement.
 
         The run's timer is brought forward to ``redrive_at`` at the latest, so the timer sweep
         re-drives it if the message that should carry this wake is lost.
         """
-        at = Value(redrive_at, output_field=models.DateTimeField())
-        return bool(
-            self.filter(id=run_id, status__in=UNFINISHED).update(
-                wakes=F("wakes") + 1, wake_at=Least(Coalesce(F("wake_at"), at), at), updated_at=now
-            )
+        connection = connections[self.db]
+        ops = connection.ops
+        earliest = "MIN" if connection.vendor == "sqlite" else "LEAST"
+        at = ops.adapt_datetimefield_value(redrive_at)
+        sql = (
+            f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wakes = wakes + 1, "
+            f"wake_at = {earliest}(COALESCE(wake_at, %s), %s), updated_at = %s "
+            "WHERE id = %s AND status IN (%s, %s, %s) RETURNING queue"
         )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [at, at, ops.adapt_datetimefield_value(now), run_id, *UNFINISHED])
+            row = cursor.fetchone()
+        return row[0] if row else None
 
     def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
         """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""
@@ -279,6 +286,20 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
     def begin(self, run_id: str, seq: int, attempt: int, now: datetime) -> bool:
         """A worker picked up this attempt; False if it is stale or already settled."""
         return bool(self._attempt(run_id, seq, attempt).update(started_at=now))
+
+    def take(self, run_id: str, seq: int, attempt: int, now: datetime) -> Checkpoint | None:
+        """Mark this attempt started and return its row, in one statement; None if the attempt
+        is stale, already settled, or its run has finished (a duplicate or late delivery)."""
+        ops = connections[self.db].ops
+        sql = (
+            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s "
+            "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s AND EXISTS ("
+            f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
+            ") RETURNING *"
+        )
+        params = [ops.adapt_datetimefield_value(now), run_id, seq, attempt, run_id, *UNFINISHED]
+        taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
+        return taken[0] if taken else None
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
         return bool(

@@ -88,9 +88,9 @@ def wake(run_id: str) -> None:
     """Wake an unfinished run and send it a turn."""
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE)
-    if runs.wake(run_id, clock.now(), clock.now() + settings.LEASE):
-        queue = runs.filter(id=run_id).values_list("queue", flat=True).first()
-        dispatch.advance(run_id, queue or settings.DEFAULT_QUEUE)
+    queue = runs.wake(run_id, clock.now(), clock.now() + settings.LEASE)
+    if queue is not None:
+        dispatch.advance(run_id, queue)
 
 
 def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:

@@ -32,7 +32,7 @@ def _attempt_row(run_id: str, seq: int, attempt: int, db: str) -> Checkpoint | N
         Checkpoint.objects.using(db)
         .select_related("run")
         .filter(run_id=run_id, seq=seq)
-        .only("seq", "name", "status", "attempt", "input", "fan", "fail_fast", "run__status", "run__queue")
+        .only("seq", "name", "status", "attempt", "input", "fan", "fail_fast", "run__status")
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
@@ -44,8 +44,8 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
     """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result."""
     settings = conf.get()
     db = settings.DATABASE
-    row = _attempt_row(run_id, seq, attempt, db)
-    if row is None or not Checkpoint.objects.using(db).begin(run_id, seq, attempt, clock.now()):
+    row = Checkpoint.objects.using(db).take(run_id, seq, attempt, clock.now())
+    if row is None:
         return "stale"
     beats = _Beats(run_id, seq, attempt, settings)
     try:
@@ -89,7 +89,8 @@ def record(
     db = settings.DATABASE
     run_id, seq, attempt = row.run_id, row.seq, row.attempt
     now = clock.now()
-    woken = joins_later = False
+    woken: str | None = None  # the run's queue, once a wake reached it
+    joins_later = False
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
@@ -114,7 +115,7 @@ def record(
     if joins_later and Checkpoint.objects.using(db).fan_closed(run_id, row.fan):
         woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
     if woken:
-        next_turn(run_id, row.run.queue, settings)
+        next_turn(run_id, woken, settings)
     return "completed" if error is None else "failed"
 
 
