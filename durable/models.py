@@ -380,7 +380,9 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
 class Checkpoint(models.Model):
     """One position of a run's history: a step, timer, signal wait or recorded value."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    # No index of its own: the (run, seq) constraint's index serves lookups by run, and a plain
+    # run index tempts PostgreSQL into scanning a whole fan's rows to find one position.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=16)
     name = models.CharField(max_length=255)
@@ -408,7 +410,9 @@ class Checkpoint(models.Model):
             models.UniqueConstraint(fields=["run", "seq"], name="durable_checkpoint_position"),
         ]
         indexes = [
-            models.Index(fields=["run", "status"], name="durable_checkpoint_status"),
+            # "Is any member of this fan still pending", in one probe; fan before status, so a lookup
+            # of one position never prefers it to the (run, seq) index.
+            models.Index(fields=["run", "fan", "status"], name="durable_checkpoint_fan"),
         ]
         ordering = ["run", "seq"]
 
