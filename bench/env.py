@@ -245,3 +245,19 @@ def run_module(module: str, *args: str, timeout: float = 600) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{module} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
+
+
+def run_meta(source: str, loadavg_start: list[float], started: float, worker_rss: object) -> dict:
+    """The facts every results file carries about the run that produced it."""
+    return {
+        "settings": ENV["DJANGO_SETTINGS_MODULE"],
+        "source_hash": source,
+        "source_copy": str(snapshot_dir),
+        "tree_changed_during_run": source_hash() != source,
+        "machine": machine(),
+        "versions": versions(),
+        "loadavg_start": loadavg_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "total_s": round(time.perf_counter() - started, 1),
+        "worker_peak_rss": worker_rss,
+    }

@@ -79,7 +79,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
                 round(projected / goal, 2), "x the goal's time", f"<= {goal:g} s", _verdict(projected, goal, True), reps)
     if "ceiling" in results:
         r = results["ceiling"]
-        for label in r["fractions"].values():
+        for label in r.get("fractions", {}).values():  # only when the local family ran too
             add(f"5. Local steps/s as a fraction of the commit ceiling: {label['what']}",
                 f"{label['steps_per_s']} steps/s", f"{r['commits_per_s']['median']} commits/s",
                 label["fraction"], "of the ceiling", ">= 0.40", _verdict(label["fraction"], 0.40, False),
