@@ -1,5 +1,8 @@
 """Families 1 and 2: a workflow of ten dispatched no-op steps vs a Celery chain of ten no-op tasks.
 
+The worker consumes the steps' queue, so it runs them in place, inside the turn (EAGER_STEPS);
+``bench.dispatched10_broker`` is the same workflow with every step through the broker.
+
 Both run on the same worker (one ``celery worker`` subprocess, prefork) and the same Redis, and
 both results land in the same PostgreSQL, which the bench polls the same way for both: durable's
 run row, and the chain's last task's result row (django-celery-results).
@@ -14,6 +17,8 @@ from bench import workloads
 from bench.env import truncate
 from bench.stats import Reps, ratio, summary, wait_until
 
+#: The same workflow with every step through the broker (steps with a timeout; EAGER_STEPS off).
+BROKER = "bench.dispatched10_broker"
 POLL = 0.002  # seconds between two looks at the result, for durable and Celery alike
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 
@@ -86,20 +91,23 @@ def latency(latency_reps: int, budget: float | None = None) -> dict:
     """Family 1: one run at a time, start to result; durable and Celery interleaved."""
     truncate()
     for _ in range(3):  # warm-up: imports, connections, pool children
-        durable_once("bench.dispatched10"), chain_once()
-    d, c, api = [], [], []
+        durable_once("bench.dispatched10"), durable_once(BROKER), chain_once()
+    d, b, c, api = [], [], [], []
     reps = Reps(latency_reps, budget)
     for _ in reps:
         d.append(durable_once("bench.dispatched10"))
+        b.append(durable_once(BROKER))
         c.append(chain_once())
     for _ in range(max(5, latency_reps // 4)):
         api.append(durable_api_once("bench.dispatched10"))
-    d_s, c_s = summary(d), summary(c)
+    d_s, b_s, c_s = summary(d), summary(b), summary(c)
     return {
         "durable_s": d_s,
+        "durable_broker_s": b_s,
         "chain_s": c_s,
         "durable_via_result_api_s": summary(api),
         "ratio_durable_over_chain": ratio(d_s["median"], c_s["median"]),
+        "ratio_broker_over_chain": ratio(b_s["median"], c_s["median"]),
         "goal_max_ratio": 1.5,
         "reps": reps.info(),
     }
@@ -107,16 +115,20 @@ def latency(latency_reps: int, budget: float | None = None) -> dict:
 
 def throughput(n: int, planned: int, budget: float | None = None) -> dict:
     """Family 2: n started at once; runs (chains) per second until the last completes."""
-    d, c = [], []
+    d, b, c = [], [], []
     reps = Reps(planned, budget)
     for _ in reps:
         d.append(durable_many("bench.dispatched10", n))
+        b.append(durable_many(BROKER, n))
         c.append(chains_many(n))
     d_s = summary([n / r["total_s"] for r in d], 1)
+    b_s = summary([n / r["total_s"] for r in b], 1)
     c_s = summary([n / r["total_s"] for r in c], 1)
     return {
         "n": n,
         "durable_runs_per_s": d_s,
+        "durable_broker_runs_per_s": b_s,
+        "ratio_chain_over_broker": ratio(c_s["median"], b_s["median"]),
         "chain_per_s": c_s,
         "durable_send_s": summary([r["send_s"] for r in d]),
         "chain_send_s": summary([r["send_s"] for r in c]),

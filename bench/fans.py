@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import env  # noqa: E402
+from bench import env, report  # noqa: E402
 from bench.report import _ms, _verdict  # noqa: E402
 from bench.stats import Reps, ratio, summary, wait_until  # noqa: E402
 
@@ -429,11 +429,20 @@ def main() -> int:
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     md_path.write_text(markdown(data))
     log(f"wrote {json_path} and {md_path} in {data['meta']['total_s']} s")
+    if args.out.resolve() == env.RESULTS.resolve() and report.update_readme("fans", readme_block(md_path.read_text())):
+        log(f"rewrote the fan tables in {report.README}")
     print(md_path.read_text())
     return 0
 
 
 # -- the report ---------------------------------------------------------------------------------
+
+
+def readme_block(md: str) -> str:
+    """The README's copy: the run's date line, then its goal and fan tables (sections 1-2)."""
+    dated = md.split("\n")[2]
+    tables = md.split("## Goals", 1)[1].split("\n## Where", 1)[0]
+    return dated + "\n\n" + tables.replace("## Durable fan", "Durable fan").strip()
 
 
 def _reps_text(info: dict[str, Any]) -> str:

@@ -119,11 +119,11 @@ def in_process(runs: int, out: Path) -> list[str]:
 
     import durable
     from durable import dispatch
-    from durable.engine import steps, turn
+    from durable.engine import attempts, steps, turn
 
     queue: list = []
-    saved = dispatch.sender, steps.served_queues, turn.advance
-    dispatch.sender, steps.served_queues = queue.append, None  # None: run the next turn inline
+    saved = dispatch.sender, attempts.served_queues, turn.advance
+    dispatch.sender, attempts.served_queues = queue.append, None  # None: run the next turn inline
     timer = QueryTimer()
     # steps.run_step calls turn.advance through the module, so the wrapped one times inline turns.
     turn.advance = timer.timed("turn", saved[2])
@@ -158,9 +158,24 @@ def in_process(runs: int, out: Path) -> list[str]:
 
     lines: list[str] = []
     try:
+        # A worker of the steps' queue runs them in place, inside the turn (EAGER_STEPS).
+        attempts.served_queues = {"durable", "celery"}
         per_run = measure("bench.dispatched10")
         lines += [
-            f"### Dispatched steps in-process: `bench.dispatched10`, {runs} runs, no broker",
+            f"### Dispatched steps run in place (a worker of their queue): `bench.dispatched10`, {runs} runs",
+            "",
+            f"{per_run * 1000:.1f} ms per run; {timer.calls['turn'] / runs:.0f} turns per run.",
+            "",
+            f"- per turn (`durable.advance`, the ten steps included): {timer.summary('turn')}",
+            "",
+            *timer.table("turn"),
+            "",
+        ]
+        profile("bench.dispatched10", "in-place")
+        attempts.served_queues = None  # every step through a message, the next turn inline
+        per_run = measure("bench.dispatched10")
+        lines += [
+            f"### Dispatched steps through the broker: `bench.dispatched10`, {runs} runs, messages handed over in-process",
             "",
             f"{per_run * 1000:.1f} ms per run; {timer.calls['turn'] / runs:.0f} turns and "
             f"{timer.calls['step'] / runs:.0f} step tasks per run.",
@@ -172,7 +187,7 @@ def in_process(runs: int, out: Path) -> list[str]:
             "",
             *timer.table("step"),
             "",
-            "pyinstrument call tree: `profile-dispatched.txt`.",
+            "pyinstrument call trees: `profile-in-place.txt`, `profile-dispatched.txt`.",
             "",
         ]
         profile("bench.dispatched10", "dispatched")
@@ -196,7 +211,7 @@ def in_process(runs: int, out: Path) -> list[str]:
         ]
         profile("bench.local10", "local")
     finally:
-        dispatch.sender, steps.served_queues, turn.advance = saved
+        dispatch.sender, attempts.served_queues, turn.advance = saved
     return lines
 
 

@@ -16,7 +16,13 @@ STEPS = 10
 
 @durable.step(name="bench.noop_step")
 def noop_step(i: int) -> int:
-    """A dispatched step: one Celery task on the durable queue."""
+    """A dispatched step: a worker of the durable queue runs it in place, inside the turn."""
+    return i
+
+
+@durable.step(name="bench.noop_step_timed", timeout="1h")
+def noop_step_timed(i: int) -> int:
+    """A dispatched step with a timeout: Celery enforces it, so it always crosses the broker."""
     return i
 
 
@@ -26,20 +32,24 @@ def noop_local(i: int) -> int:
     return i
 
 
+def _ten(ctx: durable.Context, step: durable.Step) -> int:
+    return sum(ctx.step(step, i) for i in range(STEPS))
+
+
 @durable.workflow(name="bench.dispatched10")
 def dispatched10(ctx: durable.Context, _input: object) -> int:
-    total = 0
-    for i in range(STEPS):
-        total += ctx.step(noop_step, i)
-    return total
+    return _ten(ctx, noop_step)
+
+
+@durable.workflow(name="bench.dispatched10_broker")
+def dispatched10_broker(ctx: durable.Context, _input: object) -> int:
+    """``dispatched10`` with every step through the broker, as with EAGER_STEPS off."""
+    return _ten(ctx, noop_step_timed)
 
 
 @durable.workflow(name="bench.local10")
 def local10(ctx: durable.Context, _input: object) -> int:
-    total = 0
-    for i in range(STEPS):
-        total += ctx.step(noop_local, i)
-    return total
+    return _ten(ctx, noop_local)
 
 
 @durable.workflow(name="bench.parked")

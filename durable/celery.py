@@ -59,10 +59,10 @@ def _prefetch_one(sender: Any = None, conf: Any = None, **_: Any) -> None:
 
 @signals.celeryd_after_setup.connect
 def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    from .engine import steps
+    from .engine import attempts
 
     # The worker runs a run's next turn itself only when it consumes that run's queue.
-    steps.served_queues = set(instance.app.amqp.queues.consume_from)
+    attempts.served_queues = set(instance.app.amqp.queues.consume_from)
 
 
 @signals.worker_ready.connect

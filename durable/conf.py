@@ -39,6 +39,7 @@ _OTHERS: dict[str, Any] = {
     "NAMESPACE": None,
     "DATABASE": "default",
     "INLINE_NEXT_TURN": True,
+    "EAGER_STEPS": True,
 }
 _MUST_BE_POSITIVE = {
     "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
@@ -73,6 +74,9 @@ class Settings:
     STEP_TIMEOUT_GRACE: timedelta = timedelta(seconds=5)
     #: A worker that records a step result runs the next turn itself when it serves that queue.
     INLINE_NEXT_TURN: bool = True
+    #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
+    #: the step's queue and the step has no timeout (see README, "Eager steps").
+    EAGER_STEPS: bool = True
 
 
 def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
@@ -103,6 +107,9 @@ def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("INSTANCE_ID", "NAMESPACE", "DEAD_LETTER_WORKFLOW"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             found.append((key, f"must be a string or None, got {raw[key]!r}"))
+    for key in ("INLINE_NEXT_TURN", "EAGER_STEPS"):
+        if key in raw and not isinstance(raw[key], bool):
+            found.append((key, f"must be True or False, got {raw[key]!r}"))
     if "RETENTION" in raw and not isinstance(raw["RETENTION"], (list, tuple)):
         found.append(("RETENTION", "must be a list of policies"))
     if isinstance(raw.get("DATABASE"), str) and raw["DATABASE"] not in django_settings.DATABASES:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from . import saga
 from .composition import Composition, ContinueAsNew
@@ -54,6 +54,16 @@ class RunFacts:
     deadline: datetime | None = None
     #: Set by ``cancel(compensate=True)``: unwind instead of running the body.
     cancel_request: dict[str, Any] | None = None
+
+
+class InPlaceRunner(Protocol):
+    """Runs a dispatched step inside the turn (supplied by the executor; see ``engine.attempts``)."""
+
+    def accepts(self, queue: str) -> bool: ...
+
+    def __call__(
+        self, rec: Record, step: Step, announce: Callable[[], None]
+    ) -> tuple[Any, dict[str, Any] | None, bool]: ...
 
 
 class _Pending:
@@ -115,8 +125,10 @@ class Context(Composition):
         limits: Limits,
         flush: Callable[[TurnState], None],
         renew: Callable[[], None],
+        in_place: InPlaceRunner | None = None,
     ) -> None:
         self._run = run
+        self._in_place = in_place
         self._state = state
         self._clock = clock
         self._limits = limits
@@ -156,11 +168,13 @@ class Context(Composition):
     def step(self, step: Step | str, *args: Any, **kwargs: Any) -> Any:
         """Run ``step`` (at least once per attempt) and return its recorded output."""
         definition = self._step_definition(step)
-        rec = self._step_position(definition, args, kwargs, fan=None, fail_fast=False)
+        here = self._runs_here(definition)
+        rec = self._step_position(definition, args, kwargs, fan=None, fail_fast=False, send=not here)
         return self._settle(self._resolve_step(rec, definition))
 
     def _step_position(
-        self, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any], *, fan: int | None, fail_fast: bool
+        self, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any], *, fan: int | None, fail_fast: bool,
+        send: bool = True,
     ) -> Record:
         rec = self._position("step", step.name)
         if rec is None:
@@ -174,7 +188,7 @@ class Context(Composition):
                 queue="" if step.local else (step.queue or ("" if step.celery_task else self._limits.default_queue)),
             )
             rec.fan, rec.fail_fast = fan, fail_fast
-            if not step.local:
+            if not step.local and send:
                 self._send(rec, step)
         return rec
 
@@ -312,6 +326,11 @@ class Context(Composition):
             if rec.wake_at is not None and rec.wake_at > now:
                 return _Pending(rec.wake_at)
             return self._run_local(rec, step)
+        if rec.enqueued_at is None and rec.fan is None and self._runs_here(step):
+            # New, past its backoff, or started here by a turn that died with its lease.
+            if rec.wake_at is not None and rec.wake_at > now and rec.started_at is None:
+                return _Pending(rec.wake_at)
+            return self._run_in_place(rec, step)
         if rec.enqueued_at is None:
             # Waiting out a retry backoff.
             if rec.wake_at is not None and rec.wake_at > now:
@@ -370,6 +389,18 @@ class Context(Composition):
             rec.finished_at = now
         rec.changed()
 
+    def _runs_here(self, step: Step) -> bool:
+        """Whether a dispatched step awaited on its own may run inside this turn: its timeouts
+        are Celery's to enforce on a worker of its queue, so a step with one always goes there."""
+        return (
+            self._in_place is not None
+            and not step.local
+            and not step.celery_task
+            and step.timeout is None
+            and step.heartbeat_timeout is None
+            and self._in_place.accepts(step.queue or self._limits.default_queue)
+        )
+
     def _run_local(self, rec: Record, step: Step) -> Any:
         args = rec.input or {}
         info = StepInfo(self._run.id, rec.seq, rec.attempt, step.name)
@@ -380,7 +411,27 @@ class Context(Composition):
             output = roundtrip(output, what=f"the output of step {step.name!r}")
         except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
             retryable = step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
-            self._attempt_failed(rec, step, error_dict(exc), retryable=retryable)
+            return self._attempt_ended(rec, step, None, error_dict(exc), retryable)
+        return self._attempt_ended(rec, step, output, None, True)
+
+    def _run_in_place(self, rec: Record, step: Step) -> Any:
+        """Run a dispatched step here, under the turn's lease, written once when it ends, as a
+        local step is. A step that beats is written at its first heartbeat (``announce``), as
+        started but never enqueued: a later turn that finds it so, still pending, knows its
+        executor died with the turn that held the lease, and runs it again."""
+        assert self._in_place is not None
+        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = None
+        rec.started_at = self._clock()
+        rec.changed()
+        result = self._in_place(rec, step, lambda: self._flush(self._state))
+        return self._attempt_ended(rec, step, *result)
+
+    def _attempt_ended(
+        self, rec: Record, step: Step, output: Any, error: dict[str, Any] | None, retryable: bool
+    ) -> Any:
+        """Record an attempt run inside this turn, then answer as the position now stands."""
+        if error is not None:
+            self._attempt_failed(rec, step, error, retryable=retryable)
             self._flush(self._state)
             return self._resolve_step(rec, step)
         rec.status = COMPLETED
@@ -445,16 +496,10 @@ def replay(
     limits: Limits,
     flush: Callable[[TurnState], None],
     renew: Callable[[], None],
+    in_place: InPlaceRunner | None = None,
 ) -> Outcome:
     """Run the body from the top against ``state`` and say how the run stands."""
-    ctx = Context(
-        run,
-        state,
-        clock=clock,
-        limits=limits,
-        flush=flush,
-        renew=renew,
-    )
+    ctx = Context(run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place)
     if run.cancel_request is not None:
         return saga.unwind(ctx, Outcome("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
     if run.deadline is not None and clock() >= run.deadline:

@@ -159,19 +159,19 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
     import freezegun
     from django.utils import timezone
 
-    from .engine import leases, steps
+    from .engine import attempts, leases
 
     if not any(name in request.fixturenames for name in ("db", "transactional_db", "django_db_setup")):
         request.getfixturevalue("db")
     freezer = freezegun.freeze_time(timezone.now(), tick=False)
     frozen = freezer.start()
     env = DurableEnv(frozen)
-    saved = (dispatch.sender, api.never_wait, steps.served_queues, leases.keep_alive)
-    dispatch.sender, api.never_wait, steps.served_queues, leases.keep_alive = env.capture, True, None, False
+    saved = (dispatch.sender, api.never_wait, attempts.served_queues, leases.keep_alive)
+    dispatch.sender, api.never_wait, attempts.served_queues, leases.keep_alive = env.capture, True, None, False
     try:
         yield env
     finally:
-        dispatch.sender, api.never_wait, steps.served_queues, leases.keep_alive = saved
+        dispatch.sender, api.never_wait, attempts.served_queues, leases.keep_alive = saved
         freezer.stop()
 
 

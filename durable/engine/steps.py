@@ -6,25 +6,21 @@ A duplicate or stale delivery finds the attempt no longer pending and changes no
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+import time
 from typing import Any
 
 from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
-from ..errors import InvalidInput, WorkflowNotRegistered, error_dict
+from ..errors import InvalidInput, WorkflowNotRegistered
 from ..history import PENDING, roundtrip
 from ..models import Checkpoint, Run
-from ..stepscope import StepInfo, step_scope
-from . import turn
+from ..stepscope import StepInfo
+from . import attempts, turn
+from .attempts import Beats
 
 log = logging.getLogger("durable.engine")
-
-#: Queues this process consumes, set when a Celery worker starts; None means "all of them"
-#: (the test harness), an empty set means "not a worker".
-served_queues: set[str] | None = set()
-
 
 def _attempt_row(run_id: str, seq: int, attempt: int, db: str) -> Checkpoint | None:
     """The checkpoint of this attempt if it is still pending and its run unfinished."""
@@ -44,16 +40,17 @@ def run_step(run_id: str, seq: int, attempt: int) -> str:
     """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result."""
     settings = conf.get()
     db = settings.DATABASE
+    began = time.monotonic()
     row = Checkpoint.objects.using(db).take(run_id, seq, attempt, clock.now())
     if row is None:
         return "stale"
-    beats = _Beats(run_id, seq, attempt, settings)
+    beats = Beats(run_id, seq, attempt, settings)
     try:
         step = registry.step(row.name)
-        output, error, retryable = _execute(step, StepInfo(run_id, seq, attempt, row.name), row.input, beats)
+        output, error, retryable = attempts.execute(step, StepInfo(run_id, seq, attempt, row.name), row.input, beats)
     except WorkflowNotRegistered as exc:
         step, output, error, retryable = None, None, exc.to_dict(), True
-    return record(row, step, output, error, retryable, beats)
+    return record(row, step, output, error, retryable, beats, began)
 
 
 def step_result(run_id: str, seq: int, attempt: int, output: Any = None, error: dict[str, Any] | None = None) -> str:
@@ -82,7 +79,7 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None) -> bool
 
 def record(
     row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
-    beats: _Beats | None,
+    beats: Beats | None, began: float | None = None,
 ) -> str:
     """Record one attempt's result exactly once, then wake the run when it should be woken."""
     settings = conf.get()
@@ -115,7 +112,7 @@ def record(
     if joins_later and Checkpoint.objects.using(db).fan_closed(run_id, row.fan):
         woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
     if woken:
-        next_turn(run_id, woken, settings)
+        next_turn(run_id, woken, settings, began)
     return "completed" if error is None else "failed"
 
 
@@ -124,67 +121,18 @@ def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:
     return retryable and (step is None or attempt < step.retry.max_attempts)
 
 
-def next_turn(run_id: str, queue: str, settings: conf.Settings) -> None:
-    """Run the next turn here when this worker serves the run's queue, else send it there."""
-    if settings.INLINE_NEXT_TURN and (served_queues is None or queue in served_queues):
+def next_turn(run_id: str, queue: str, settings: conf.Settings, began: float | None = None) -> None:
+    """Run the next turn here when this worker serves the run's queue, else send it there.
+
+    A Celery time limit set for the step just recorded (its ``timeout``) goes on ticking: the turn
+    runs here only with at least a LEASE of it left, the time a turn is given anyway."""
+    limit = attempts.time_limit()
+    if limit is not None:
+        left = limit - (time.monotonic() - began) if began is not None else 0.0
+        if left < settings.LEASE.total_seconds():
+            dispatch.advance(run_id, queue)
+            return
+    if settings.INLINE_NEXT_TURN and attempts.serves(queue):
         turn.advance(run_id)
     else:
         dispatch.advance(run_id, queue)
-
-
-def _execute(step: Step, info: StepInfo, payload: Any, beats: _Beats) -> tuple[Any, dict[str, Any] | None, bool]:
-    """Call the step; return (output, error, retryable)."""
-    from celery.exceptions import SoftTimeLimitExceeded
-
-    args = payload or {}
-    try:
-        with step_scope(info, beats):
-            output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
-        return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
-    except SoftTimeLimitExceeded:
-        return None, {
-            "message": f"step {step.name!r} ran past its timeout of {step.timeout}",
-            "type": "StepTimeout",
-            "code": "timeout",
-            "details": None,
-        }, True
-    except InvalidInput as exc:
-        return None, {**exc.to_dict(), "code": "invalid_output"}, False
-    except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
-        log.info("durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc)
-        return None, error_dict(exc), step.retry.is_retryable(exc)
-
-
-class _Beats:
-    """``durable.heartbeat()`` for a dispatched step: persist at most once per throttle window."""
-
-    def __init__(self, run_id: str, seq: int, attempt: int, settings: conf.Settings) -> None:
-        self.key = (run_id, seq, attempt)
-        self.db = settings.DATABASE
-        self.throttle = settings.HEARTBEAT_PERSIST_THROTTLE
-        self.last: datetime | None = None
-        self.last_had_progress = False
-        self.unsaved: tuple[Any] | None = None
-
-    def __call__(self, progress: Any = None) -> None:
-        if progress is not None:
-            progress = roundtrip(progress, what="heartbeat progress")
-        now = clock.now()
-        due = (
-            self.last is None
-            or now - self.last >= self.throttle
-            or (progress is not None and not self.last_had_progress)
-        )
-        if not due:
-            if progress is not None:
-                self.unsaved = (progress,)
-            return
-        Checkpoint.objects.using(self.db).beat(*self.key, now, progress, progress is not None)
-        self.last, self.last_had_progress = now, progress is not None
-        self.unsaved = None
-
-    def keep_last(self, checkpoints: Any) -> None:
-        """Persist the newest progress a throttled beat skipped, so it outlives the step."""
-        if self.unsaved is not None:
-            run_id, seq, _ = self.key
-            checkpoints.filter(run_id=run_id, seq=seq).update(progress=self.unsaved[0])

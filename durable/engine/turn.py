@@ -19,7 +19,7 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
-from . import leases, lifecycle
+from . import attempts, leases, lifecycle
 
 log = logging.getLogger("durable.engine")
 
@@ -151,7 +151,12 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
         limits=limits(settings),
         flush=flush,
         renew=renew,
+        in_place=attempts.InPlace.offered(run.id, settings),
     )
+    if _settles_alone(run, state, outcome):
+        # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
+        _settle(run, owner, outcome, settings)
+        return outcome
     with transaction.atomic(using=db):
         _write(run.id, state, settings)
         _start_children(run, state, settings)
@@ -159,6 +164,13 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
             outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
         _settle(run, owner, outcome, settings)
     return outcome
+
+
+def _settles_alone(run: Run, state: TurnState, outcome: Outcome) -> bool:
+    """Whether the settle is the turn's only write left (a finished child also tells its parent)."""
+    if state.unsaved() or state.consumed or state.dispatch or state.children:
+        return False
+    return outcome.status == "suspended" or (outcome.status == "completed" and not run.parent_id)
 
 
 def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings) -> None:

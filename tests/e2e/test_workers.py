@@ -47,6 +47,16 @@ def slow(seconds):
     return "slept"
 
 
+@durable.step
+def slow_eager(seconds):
+    """No timeout: a worker of its queue runs it eagerly, inside the turn."""
+    _log("start")
+    durable.heartbeat("started")  # writes the attempt's row, so the test can see it run in place
+    time.sleep(seconds)
+    _log("end")
+    return "slept"
+
+
 @durable.step(timeout="1s", retry=durable.Retry(max_attempts=2, initial="100ms"))
 def overruns():
     _log("overrun")
@@ -61,6 +71,11 @@ def overrun_flow(ctx, _):
 @durable.workflow(name="tests.e2e_kill")
 def kill_flow(ctx, seconds):
     return [ctx.step(quick, "before"), ctx.step(slow, seconds), ctx.step(quick, "after")]
+
+
+@durable.workflow(name="tests.e2e_kill_eager")
+def kill_eager_flow(ctx, seconds):
+    return [ctx.step(quick, "before"), ctx.step(slow_eager, seconds), ctx.step(quick, "after")]
 
 
 @durable.workflow(name="tests.e2e_early_signal")
@@ -104,6 +119,29 @@ def test_worker_killed_mid_step_resumes_after_restart_and_records_once(durable_w
     assert events.count("start:1:1") == 1 and "end:1:1" not in events
     assert sum(e.startswith("end:1:") for e in events) == 1
     print(f"ledger of the killed step: {[e for e in events if ':1:' in e]}")
+
+
+def test_worker_killed_mid_eager_step_runs_it_again_and_records_once(durable_worker):
+    durable_worker.start_beat()
+    run = durable.start(kill_eager_flow, 2.0)
+    wait_for(lambda: "start:1:1" in ledger(run.id), 60, what="the slow step to start")
+    wait_for(lambda: Checkpoint.objects.filter(run_id=run.id, seq=1).exists(), 10, what="its heartbeat")
+    row = Checkpoint.objects.get(run_id=run.id, seq=1)
+    # Run eagerly, inside the turn: on record as started, never enqueued; the turn holds the lease.
+    assert (row.status, row.enqueued_at is None, row.started_at is not None) == ("pending", True, True)
+    assert durable.get_run(run.id).status == "running"
+    durable_worker.kill()  # SIGKILL the worker and its pool: the turn and its step die
+    assert "end:1:1" not in ledger(run.id)
+    durable_worker.restart()
+    assert durable.result(run.id, timeout=90) == ["before", "slept", "after"]
+    events = ledger(run.id)
+    # The step recorded before the kill did not run again; the killed one ran again, as the same
+    # attempt, to its end once; every position is recorded once.
+    assert events.count("quick:0:1") == 1 and events.count("quick:2:1") == 1
+    assert events.count("start:1:1") == 2 and events.count("end:1:1") == 1
+    rows = list(Checkpoint.objects.filter(run_id=run.id).values_list("seq", "status", "attempt"))
+    assert rows == [(0, "completed", 1), (1, "completed", 1), (2, "completed", 1)]
+    print(f"ledger of the eager run: {events}")
 
 
 def test_signal_sent_before_the_wait_is_not_lost(durable_worker):

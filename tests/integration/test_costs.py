@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import durable
-from durable.engine import steps, turn
+from durable.engine import attempts, steps, turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,10 +65,25 @@ def test_a_dispatched_step_costs_three_statements_before_its_turn(durable_env):
     durable_env.drop()
     turn.advance(run.id)
     (message,) = durable_env.drop()
-    served, steps.served_queues = steps.served_queues, set()  # send the next turn, do not run it
+    served, attempts.served_queues = attempts.served_queues, set()  # send the next turn, do not run it
     try:
         sql = statements(lambda: steps.run_step(*message.args))
     finally:
-        steps.served_queues = served
+        attempts.served_queues = served
     # take the attempt (mark it started, read it), record the result, wake the run.
     assert len(sql) == 3, sql
+
+
+def test_a_dispatched_step_run_in_place_costs_one_insert(durable_env):
+    one, ten = durable.start(remote_flow, 1), durable.start(remote_flow, 10)
+    durable_env.drop()
+    served, attempts.served_queues = attempts.served_queues, {"durable"}  # a worker of the steps' queue
+    try:
+        cost_one = statements(lambda: turn.advance(one.id))
+        cost_ten = statements(lambda: turn.advance(ten.id))
+    finally:
+        attempts.served_queues = served
+    assert len(cost_one) == 4, cost_one  # claim, history, the step's fenced INSERT, settle
+    assert len(cost_ten) - len(cost_one) == 9
+    assert durable.result(ten.id) == list(range(10))
+    assert durable_env.pending() == []

@@ -1,0 +1,137 @@
+"""Execute one step attempt in this process: the step scope, its heartbeats, and whether a
+dispatched step may run here, inside the turn that reached it, instead of crossing the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from .. import clock, conf
+from ..definitions import Step
+from ..errors import InvalidInput, error_dict
+from ..history import Record, roundtrip
+from ..models import Checkpoint
+from ..stepscope import StepInfo, step_scope
+
+log = logging.getLogger("durable.engine")
+
+#: Queues this process consumes, set when a Celery worker starts; None means "all of them"
+#: (the test harness), an empty set means "not a worker".
+served_queues: set[str] | None = set()
+
+Result = tuple[Any, "dict[str, Any] | None", bool]
+
+
+def serves(queue: str) -> bool:
+    """Whether this process consumes ``queue`` (the harness consumes every queue)."""
+    return served_queues is None or queue in served_queues
+
+
+def time_limit() -> float | None:
+    """Seconds of the Celery task running now before its first time limit, if it has one: that
+    limit would also cut short whatever else the task runs (a next turn, a step run in place)."""
+    from celery import current_task
+
+    if not current_task:
+        return None
+    hard, soft = current_task.request.timelimit or (None, None)
+    app = current_task.app.conf
+    limits = (hard, soft, current_task.time_limit, current_task.soft_time_limit,
+              app.task_time_limit, app.task_soft_time_limit)
+    return min((float(x) for x in limits if x), default=None)
+
+
+class InPlace:
+    """Runs a dispatched step inside the turn that reached it, under the turn's lease.
+
+    Offered only on a worker that consumes the step's queue (never under the test harness, whose
+    messages stay visible), when EAGER_STEPS is on and no Celery time limit would cut the turn.
+    """
+
+    def __init__(self, run_id: str, settings: conf.Settings) -> None:
+        self.run_id = run_id
+        self.settings = settings
+
+    @classmethod
+    def offered(cls, run_id: str, settings: conf.Settings) -> InPlace | None:
+        if not settings.EAGER_STEPS or not served_queues or time_limit() is not None:
+            return None
+        return cls(run_id, settings)
+
+    def accepts(self, queue: str) -> bool:
+        return queue in (served_queues or ())
+
+    def __call__(self, rec: Record, step: Step, announce: Callable[[], None]) -> Result:
+        beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings, announce=announce)
+        result = execute(step, StepInfo(self.run_id, rec.seq, rec.attempt, step.name), rec.input, beats)
+        beats.keep_last(Checkpoint.objects.using(self.settings.DATABASE))
+        return result
+
+
+def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
+    """Call the step; return (output, error, retryable)."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    args = payload or {}
+    try:
+        with step_scope(info, beats):
+            output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
+        return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
+    except SoftTimeLimitExceeded:
+        return None, {
+            "message": f"step {step.name!r} ran past its timeout of {step.timeout}",
+            "type": "StepTimeout",
+            "code": "timeout",
+            "details": None,
+        }, True
+    except InvalidInput as exc:
+        return None, {**exc.to_dict(), "code": "invalid_output"}, False
+    except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
+        log.info("durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc)
+        return None, error_dict(exc), step.retry.is_retryable(exc)
+
+
+class Beats:
+    """``durable.heartbeat()`` for a dispatched step: persist at most once per throttle window."""
+
+    def __init__(
+        self, run_id: str, seq: int, attempt: int, settings: conf.Settings,
+        announce: Callable[[], None] | None = None,
+    ) -> None:
+        self.key = (run_id, seq, attempt)
+        #: Writes the attempt's row first, for a step run in place that has none yet.
+        self.announce = announce
+        self.db = settings.DATABASE
+        self.throttle = settings.HEARTBEAT_PERSIST_THROTTLE
+        self.last: datetime | None = None
+        self.last_had_progress = False
+        self.unsaved: tuple[Any] | None = None
+
+    def __call__(self, progress: Any = None) -> None:
+        if progress is not None:
+            progress = roundtrip(progress, what="heartbeat progress")
+        now = clock.now()
+        due = (
+            self.last is None
+            or now - self.last >= self.throttle
+            or (progress is not None and not self.last_had_progress)
+        )
+        if not due:
+            if progress is not None:
+                self.unsaved = (progress,)
+            return
+        if self.announce is not None:
+            self.announce()
+            self.announce = None
+        Checkpoint.objects.using(self.db).beat(*self.key, now, progress, progress is not None)
+        self.last, self.last_had_progress = now, progress is not None
+        self.unsaved = None
+
+    def keep_last(self, checkpoints: Any) -> None:
+        """Persist the newest progress a throttled beat skipped, so it outlives the step."""
+        if self.unsaved is not None:
+            run_id, seq, _ = self.key
+            checkpoints.filter(run_id=run_id, seq=seq).update(progress=self.unsaved[0])

@@ -1,0 +1,251 @@
+"""Dispatched steps run in place: inside the turn that awaits them, on a worker of their queue.
+
+The harness sends every step as a message; these tests make it a worker of the "durable" queue.
+"""
+
+from __future__ import annotations
+
+import pytest
+from celery import shared_task
+from django.test import override_settings
+
+import durable
+from durable import dispatch
+from durable.engine import attempts, steps, turn
+from durable.models import Checkpoint, Run
+
+pytestmark = pytest.mark.django_db
+
+RAN: list[str] = []
+
+
+class WorkerDied(BaseException):
+    """Stands for the process dying mid-step: nothing after it runs, the lease stays held."""
+
+
+@pytest.fixture
+def env(durable_env, monkeypatch):
+    """The harness, as a worker that consumes the "durable" queue."""
+    RAN.clear()
+    monkeypatch.setattr(attempts, "served_queues", {"durable"})
+    return durable_env
+
+
+@durable.step(name="tests.in_place.noted")
+def noted(name):
+    RAN.append(name)
+    return name
+
+
+@durable.step(name="tests.in_place.flaky", retry=durable.Retry(max_attempts=3, initial="10s"))
+def flaky(name):
+    RAN.append(name)
+    if RAN.count(name) < 2:
+        raise ConnectionError("try again")
+    return name
+
+
+@durable.step(name="tests.in_place.dies_once")
+def dies_once(name):
+    RAN.append(name)
+    durable.heartbeat({"attempt": RAN.count(name)})  # writes the attempt's row, as started
+    if RAN.count(name) == 1:
+        raise WorkerDied()
+    return name
+
+
+@durable.step(name="tests.in_place.loses_lease")
+def loses_lease(run_id):
+    RAN.append("ran")
+    Run.objects.filter(id=run_id).update(locked_by="someone-else")
+    return "late"
+
+
+@durable.step(name="tests.in_place.cancels")
+def cancels(run_id):
+    durable.cancel(run_id)
+    return "after the cancel"
+
+
+@durable.step(name="tests.in_place.bounded", timeout="30s")
+def bounded(name):
+    RAN.append(name)
+    return name
+
+
+@durable.step(name="tests.in_place.elsewhere", queue="gpu")
+def elsewhere(name):
+    RAN.append(name)
+    return name
+
+
+@durable.workflow(name="tests.in_place.three")
+def three(ctx, _):
+    return [ctx.step(noted, "a"), ctx.step(noted, "b"), ctx.step(noted, "c")]
+
+
+@durable.workflow(name="tests.in_place.retrying")
+def retrying(ctx, _):
+    return ctx.step(flaky, "x")
+
+
+@durable.workflow(name="tests.in_place.crashing")
+def crashing(ctx, _):
+    return [ctx.step(noted, "before"), ctx.step(dies_once, "x")]
+
+
+@durable.workflow(name="tests.in_place.zombie")
+def zombie(ctx, _):
+    return ctx.step(loses_lease, ctx.run_id)
+
+
+@durable.workflow(name="tests.in_place.cancelled")
+def cancelled(ctx, _):
+    ctx.step(cancels, ctx.run_id)
+    return ctx.step(noted, "never")
+
+
+@durable.workflow(name="tests.in_place.mixed")
+def mixed(ctx, _):
+    fan = ctx.all([ctx.defer(noted, "fan1"), ctx.defer(noted, "fan2")])
+    return [*fan, ctx.step(bounded, "timed"), ctx.step(elsewhere, "gpu"), ctx.step(noted, "here")]
+
+
+def _rows(run_id):
+    return {row.seq: row for row in Checkpoint.objects.filter(run_id=run_id)}
+
+
+def test_steps_of_a_served_queue_run_inside_the_turn_with_no_message(env):
+    run = durable.start(three)
+    assert [m.task for m in env.pending()] == [dispatch.ADVANCE]
+    env.run_next()
+    assert durable.get_run(run.id).status == "completed"
+    assert durable.result(run.id) == ["a", "b", "c"]
+    assert env.pending() == []
+    assert RAN == ["a", "b", "c"]
+    for row in _rows(run.id).values():
+        # On record as started here, never enqueued: that is how a later turn tells an in-place
+        # attempt from one a worker took off the broker.
+        assert (row.status, row.attempt) == ("completed", 1)
+        assert row.enqueued_at is None and row.started_at is not None and row.finished_at is not None
+
+
+def test_a_failed_attempt_waits_out_its_backoff_then_runs_in_place_again(env):
+    run = durable.start(retrying)
+    env.run_next()
+    row = _rows(run.id)[0]
+    assert (row.status, row.attempt, row.error["type"]) == ("pending", 2, "ConnectionError")
+    assert durable.get_run(run.id).status == "suspended"
+    env.advance_time("5s")
+    assert RAN == ["x"]  # still in its backoff
+    env.advance_time("8s")  # 10 s plus up to 20% jitter
+    assert durable.result(run.id) == "x"
+    assert RAN == ["x", "x"]
+    assert (_rows(run.id)[0].status, _rows(run.id)[0].attempt) == ("completed", 2)
+
+
+def test_a_turn_that_dies_mid_step_is_recovered_and_the_step_runs_again(env):
+    run = durable.start(crashing)
+    with pytest.raises(WorkerDied):
+        turn.advance(run.id)
+    row = _rows(run.id)[1]
+    assert (row.status, row.attempt) == ("pending", 1)
+    assert row.started_at is not None and row.enqueued_at is None
+    assert durable.get_run(run.id).status == "running"  # the dead turn's lease, until it expires
+    env.advance_time("31s")  # past the lease: the orphan sweep takes the run back
+    assert durable.result(run.id) == ["before", "x"]
+    # The step before was recorded and not run again; the one that died ran once more.
+    assert RAN == ["before", "x", "x"]
+    done = _rows(run.id)[1]
+    assert (done.status, done.attempt, done.progress) == ("completed", 1, {"attempt": 2})
+    assert durable.get_run(run.id).recovery_attempts == 0
+
+
+def test_a_step_run_in_place_by_a_turn_that_lost_its_lease_records_nothing(env):
+    run = durable.start(zombie)
+    assert turn.advance(run.id) == "lost"
+    assert RAN == ["ran"]
+    assert _rows(run.id) == {}  # its one write, fenced by the lease it no longer held, was refused
+
+
+def test_a_cancel_during_an_in_place_step_wins(env):
+    run = durable.start(cancelled)
+    env.run_until_idle()
+    assert durable.get_run(run.id).status == "cancelled"
+    assert _rows(run.id) == {}  # its result came after the cancel, which had taken the lease
+    assert RAN == []
+
+
+def test_fans_timed_steps_and_other_queues_still_go_through_the_broker(env):
+    run = durable.start(mixed)
+    env.run_next()
+    sent = [(m.task, m.queue) for m in env.pending()]
+    assert sent == [(dispatch.RUN_STEP, "durable"), (dispatch.RUN_STEP, "durable")]
+    env.run_next()
+    env.run_next()  # the fan closes; the next turn sends the step with a timeout
+    assert [(m.task, m.queue, m.options.get("soft_time_limit")) for m in env.pending()] == [
+        (dispatch.RUN_STEP, "durable", 30.0)
+    ]
+    env.run_next()
+    assert [(m.task, m.queue) for m in env.pending()] == [(dispatch.RUN_STEP, "gpu")]
+    env.run_until_idle()
+    assert durable.result(run.id) == ["fan1", "fan2", "timed", "gpu", "here"]
+    rows = _rows(run.id)
+    assert [rows[seq].enqueued_at is None for seq in sorted(rows)] == [False, False, False, False, True]
+
+
+@override_settings(DURABLE={"EAGER_STEPS": False})
+def test_eager_steps_can_be_turned_off(env):
+    run = durable.start(three)
+    env.run_next()
+    assert [m.task for m in env.pending()] == [dispatch.RUN_STEP]
+    env.run_until_idle()
+    assert durable.result(run.id) == ["a", "b", "c"]
+
+
+@shared_task(name="tests.in_place.limited", time_limit=60, soft_time_limit=50)
+def limited():
+    return attempts.time_limit()
+
+
+@shared_task(name="tests.in_place.unlimited")
+def unlimited():
+    return attempts.time_limit()
+
+
+def test_the_time_limit_of_the_running_celery_task_is_seen():
+    assert limited.apply().get() == 50.0
+    assert unlimited.apply().get() is None
+    assert attempts.time_limit() is None  # no task at all
+
+
+@shared_task(name="tests.in_place.step_with_long_limit", time_limit=120)
+def step_with_long_limit(run_id, seq, attempt):
+    return steps.run_step(run_id, seq, attempt)
+
+
+@shared_task(name="tests.in_place.step_with_short_limit", time_limit=20)
+def step_with_short_limit(run_id, seq, attempt):
+    return steps.run_step(run_id, seq, attempt)
+
+
+@pytest.mark.parametrize(("task", "inline"), [(step_with_long_limit, True), (step_with_short_limit, False)])
+def test_the_next_turn_runs_inline_only_with_a_lease_of_the_step_time_limit_left(durable_env, task, inline):
+    run = durable.start(three)
+    durable_env.run_next()
+    (message,) = durable_env.drop()  # the first step's message: run it as a worker would
+    task.apply(message.args).get()
+    if inline:  # the next turn ran here and sent the second step
+        assert [(m.task, m.args[1]) for m in durable_env.pending()] == [(dispatch.RUN_STEP, 1)]
+    else:  # less than a LEASE (30 s) of the limit left: the next turn goes to a worker
+        assert [m.task for m in durable_env.pending()] == [dispatch.ADVANCE]
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == ["a", "b", "c"]
+
+
+def test_no_step_runs_in_place_outside_a_worker(env, monkeypatch):
+    monkeypatch.setattr(attempts, "served_queues", set())
+    run = durable.start(three)
+    env.run_next()
+    assert [m.task for m in env.pending()] == [dispatch.RUN_STEP]
+    assert Checkpoint.objects.get(run_id=run.id).enqueued_at is not None
