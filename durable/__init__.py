@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from .api import RunHandle, cancel, delete_run, get_run, result, retry, signal, start
+from .api import (
+    RunHandle,
+    cancel,
+    delete_run,
+    get_run,
+    result,
+    retry,
+    signal,
+    signal_with_start,
+    start,
+    update,
+)
 from .composition import Deferred, Outcome
 from .context import Context
 from .definitions import Retry, Step, Workflow, step, workflow
@@ -59,8 +70,10 @@ __all__ = [
     "result",
     "retry",
     "signal",
+    "signal_with_start",
     "start",
     "step",
     "step_info",
+    "update",
     "workflow",
 ]

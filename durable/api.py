@@ -22,7 +22,9 @@ from .errors import (
     RunFailed,
     RunFinished,
     RunNotFound,
+    UpdateRejected,
     WaitTimeout,
+    error_dict,
 )
 from .history import check_size, roundtrip
 
@@ -193,10 +195,49 @@ def get_run(run_id: str) -> Run:
 
 def signal(run_id: str, name: str, payload: Any = None) -> None:
     """Deliver ``payload`` to the run's wait for ``name``, or keep it until the run waits."""
-    settings = conf.get()
+    _deliver(run_id, name, _signal_payload(name, payload))
+
+
+def signal_with_start(
+    workflow: Workflow | str, input: Any = None, *, run_id: str, signal: str, payload: Any = None
+) -> RunHandle:
+    """Start run ``run_id`` unless it exists, then send it ``signal``, in one transaction: a
+    concurrent start of the same id is the same run, and every signal sent this way is kept."""
+    if run_id is None:
+        raise InvalidInput("signal_with_start() needs the run_id of the run to start or signal")
+    stored = _signal_payload(signal, payload)
+    with transaction.atomic(using=conf.get().DATABASE):
+        handle = start(workflow, input, run_id=run_id)
+        _deliver(handle.id, signal, stored)
+    return handle
+
+
+def update(run_id: str, name: str, payload: Any = None) -> None:
+    """Ask the run's workflow validator for ``name`` first (``@workflow.validator(name)``); if it
+    accepts, deliver ``payload`` as signal ``name``. A refusal raises UpdateRejected, storing nothing."""
+    stored = _signal_payload(name, payload)
+    run = get_run(run_id)
+    if run.status in TERMINAL:
+        raise RunFinished(f"run {run_id!r} has already finished ({run.status}); nothing was sent")
+    validator = registry.workflow(run.workflow, run.version).validators.get(name)
+    if validator is not None:
+        try:
+            validator(stored)
+        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
+            raise UpdateRejected(
+                f"update {name!r} of run {run_id!r} was refused: {exc}", details=error_dict(exc)
+            ) from exc
+    _deliver(run_id, name, stored)
+
+
+def _signal_payload(name: Any, payload: Any) -> Any:
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"a signal needs a non-empty name, got {name!r}")
-    payload = _payload(payload, f"the payload of signal {name!r}")
+    return _payload(payload, f"the payload of signal {name!r}")
+
+
+def _deliver(run_id: str, name: str, payload: Any) -> None:
+    settings = conf.get()
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
         now = clock.now()

@@ -163,7 +163,14 @@ class Workflow:
         return start(self, input, **kwargs)
 
     def validator(self, update_name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+        """Register ``fn(payload)`` to vet ``durable.update(run_id, update_name, payload)``: it
+        raises to refuse the update, before anything is stored."""
+        if not isinstance(update_name, str) or not update_name:
+            raise InvalidInput(f"@{self.name}.validator() needs the update's name, got {update_name!r}")
+
         def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            if not callable(fn):
+                raise InvalidInput(f"@{self.name}.validator({update_name!r}) decorates a function, got {fn!r}")
             self.validators[update_name] = fn
             return fn
 

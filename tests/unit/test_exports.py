@@ -39,9 +39,11 @@ PUBLIC = [
     "result",
     "retry",
     "signal",
+    "signal_with_start",
     "start",
     "step",
     "step_info",
+    "update",
     "workflow",
 ]
 
