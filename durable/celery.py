@@ -16,6 +16,7 @@ log = logging.getLogger("durable.celery")
 SWEEPS = {
     "durable.sweep_timers": "TIMER_SWEEP_INTERVAL",
     "durable.sweep_orphans": "ORPHAN_SWEEP_INTERVAL",
+    "durable.sweep_retention": "RETENTION_SWEEP_INTERVAL",
 }
 CELERY_DEFAULT_PREFETCH = 4
 REDIS_DEFAULT_VISIBILITY = timedelta(hours=1)

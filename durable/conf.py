@@ -25,6 +25,7 @@ _DURATIONS = {
     "ORPHAN_SWEEP_INTERVAL": "5s",
     "STEP_REDISPATCH_AFTER": "5m",
     "STEP_TIMEOUT_GRACE": "5s",
+    "RETENTION_SWEEP_INTERVAL": "1m",
 }
 _POSITIVE_INTS = {
     "MAX_RECOVERY_ATTEMPTS": 5,
@@ -43,7 +44,22 @@ _OTHERS: dict[str, Any] = {
 }
 _MUST_BE_POSITIVE = {
     "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
+    "RETENTION_SWEEP_INTERVAL",
 }
+#: Run statuses a retention policy may name (spelled here: settings load before the models).
+FINISHED = ("completed", "failed", "cancelled", "dead")
+_POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """One RETENTION entry: finished root runs of ``statuses`` (and ``workflows``, if given)
+    are deleted once older than ``max_age`` or beyond the newest ``max_count``."""
+
+    statuses: tuple[str, ...] = FINISHED
+    max_age: timedelta | None = None
+    max_count: int | None = None
+    workflows: tuple[str, ...] = ()
 KNOWN_KEYS = set(_DURATIONS) | set(_POSITIVE_INTS) | set(_OTHERS)
 
 
@@ -58,7 +74,7 @@ class Settings:
     TIMER_BATCH_SIZE: int = 500
     HEARTBEAT_PERSIST_THROTTLE: timedelta = timedelta(seconds=10)
     EVENT_BUFFER_TTL: timedelta = timedelta(days=7)
-    RETENTION: list[dict[str, Any]] = field(default_factory=list)
+    RETENTION: list[RetentionPolicy] = field(default_factory=list)
     DEAD_LETTER_WORKFLOW: str | None = None
     INSTANCE_ID: str = ""
     NAMESPACE: str | None = None
@@ -72,6 +88,8 @@ class Settings:
     STEP_REDISPATCH_AFTER: timedelta = timedelta(minutes=5)
     #: Slack past a step's timeout before the engine declares the attempt lost.
     STEP_TIMEOUT_GRACE: timedelta = timedelta(seconds=5)
+    #: How often beat runs the retention sweep.
+    RETENTION_SWEEP_INTERVAL: timedelta = timedelta(minutes=1)
     #: A worker that records a step result runs the next turn itself when it serves that queue.
     INLINE_NEXT_TURN: bool = True
     #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
@@ -110,11 +128,54 @@ def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("INLINE_NEXT_TURN", "EAGER_STEPS"):
         if key in raw and not isinstance(raw[key], bool):
             found.append((key, f"must be True or False, got {raw[key]!r}"))
-    if "RETENTION" in raw and not isinstance(raw["RETENTION"], (list, tuple)):
-        found.append(("RETENTION", "must be a list of policies"))
+    if "RETENTION" in raw:
+        found.extend(("RETENTION", message) for message in _retention_problems(raw["RETENTION"]))
     if isinstance(raw.get("DATABASE"), str) and raw["DATABASE"] not in django_settings.DATABASES:
         found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
     return found
+
+
+def _retention_problems(policies: Any) -> list[str]:
+    if not isinstance(policies, (list, tuple)):
+        return ['must be a list of policies, e.g. [{"statuses": ["completed"], "max_age": "30d"}]']
+    found = []
+    for i, policy in enumerate(policies):
+        where = f"policy {i}"
+        if not isinstance(policy, dict):
+            found.append(f"{where} must be a dict, got {policy!r}")
+            continue
+        if set(policy) - _POLICY_KEYS:
+            found.append(f"{where} has unknown keys {sorted(set(policy) - _POLICY_KEYS)}; known: {sorted(_POLICY_KEYS)}")
+        if policy.get("max_age") is None and policy.get("max_count") is None:
+            found.append(f"{where} needs max_age, max_count or both")
+        statuses = policy.get("statuses", FINISHED)
+        if isinstance(statuses, str) or not isinstance(statuses, (list, tuple)) or not set(statuses) <= set(FINISHED):
+            found.append(f"{where}: statuses must be a list of {', '.join(FINISHED)}, got {statuses!r}")
+        if policy.get("max_age") is not None:
+            try:
+                if not parse_duration(policy["max_age"], what="max_age"):
+                    found.append(f"{where}: max_age must be longer than zero")
+            except ValueError as exc:
+                found.append(f"{where}: {exc}")
+        count = policy.get("max_count")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            found.append(f"{where}: max_count must be a whole number of at least 0, got {count!r}")
+        workflows = policy.get("workflows", ())
+        if isinstance(workflows, str) or not all(isinstance(w, str) for w in workflows):
+            found.append(f"{where}: workflows must be a list of workflow names, got {workflows!r}")
+    return found
+
+
+def _policies(raw: list[dict[str, Any]]) -> list[RetentionPolicy]:
+    return [
+        RetentionPolicy(
+            statuses=tuple(policy.get("statuses", FINISHED)),
+            max_age=None if policy.get("max_age") is None else parse_duration(policy["max_age"]),
+            max_count=policy.get("max_count"),
+            workflows=tuple(policy.get("workflows", ())),
+        )
+        for policy in raw
+    ]
 
 
 def _raw() -> dict[str, Any]:
@@ -137,7 +198,7 @@ def load() -> Settings:
         values[key] = raw[key] if key in raw and key not in bad else default
     for key, default in _OTHERS.items():
         values[key] = raw[key] if key in raw and key not in bad else default
-    values["RETENTION"] = list(values["RETENTION"])
+    values["RETENTION"] = _policies(values["RETENTION"])
     values["INSTANCE_ID"] = values["INSTANCE_ID"] or default_instance_id()
     return Settings(**values)
 

@@ -269,6 +269,8 @@ class Run(models.Model):
             models.Index(fields=["status", "wake_at"], name="durable_run_due"),
             models.Index(fields=["status", "locked_until"], name="durable_run_lease"),
             models.Index(fields=["created_at"], name="durable_run_created"),
+            # The retention sweep: finished runs of some statuses, oldest first.
+            models.Index(fields=["status", "finished_at"], name="durable_run_finished"),
         ]
 
     def __str__(self) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from .engine import steps, sweeps, turn
+from .engine import retention, steps, sweeps, turn
 from .errors import error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
@@ -32,6 +32,11 @@ def sweep_timers() -> int:
 @shared_task(name="durable.sweep_orphans", ignore_result=True)
 def sweep_orphans() -> int:
     return sweeps.sweep_orphans()
+
+
+@shared_task(name="durable.sweep_retention", ignore_result=True)
+def sweep_retention() -> int:
+    return retention.sweep_retention()
 
 
 @shared_task(name="durable.step_result", **_RELIABLE)

@@ -131,3 +131,31 @@ def test_models_and_migrations_agree():
     out = StringIO()
     call_command("makemigrations", "durable", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [
+        ({"statuses": ["completed"]}, "needs max_age, max_count or both"),
+        ({"max_age": "soon"}, "max_age"),
+        ({"max_age": 0}, "longer than zero"),
+        ({"max_count": -1}, "max_count must be a whole number"),
+        ({"max_count": 10, "statuses": ["running"]}, "statuses must be a list of completed"),
+        ({"max_count": 10, "statuses": "failed"}, "statuses must be a list"),
+        ({"max_count": 10, "workflows": "shop.fulfil"}, "workflows must be a list"),
+        ({"max_count": 10, "keep": True}, "unknown keys ['keep']"),
+        ("30d", "must be a dict"),
+    ],
+)
+def test_bad_retention_policies_are_refused(policy, says) -> None:
+    [error] = _errors({"RETENTION": [policy]})
+    assert "RETENTION" in error.msg and says in error.msg
+
+
+def test_good_retention_policies_pass_and_load() -> None:
+    good = [{"statuses": ["completed"], "max_age": "30d"}, {"max_count": 1000, "workflows": ["shop.fulfil"]}]
+    assert _errors({"RETENTION": good}) == []
+    with override_settings(DURABLE={"RETENTION": good}):
+        first, second = conf.get().RETENTION
+    assert (first.statuses, first.max_age, first.max_count) == (("completed",), timedelta(days=30), None)
+    assert (second.statuses, second.max_count, second.workflows) == (conf.FINISHED, 1000, ("shop.fulfil",))

@@ -6,15 +6,18 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from durable.engine import sweeps
+from durable.engine import retention, sweeps
 
 
 class Command(BaseCommand):
-    help = "Run durable's sweeps once: wake due timers and recover orphaned runs."
+    help = "Run durable's sweeps once: wake due timers, recover orphaned runs, apply RETENTION."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("action", choices=["sweep"])
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         orphans, timers = sweeps.sweep_orphans(), sweeps.sweep_timers()
-        self.stdout.write(f"recovered {orphans} orphaned run(s), woke {timers} due run(s)")
+        deleted = retention.sweep_retention()
+        self.stdout.write(
+            f"recovered {orphans} orphaned run(s), woke {timers} due run(s), deleted {deleted} finished run(s)"
+        )
