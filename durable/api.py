@@ -230,6 +230,18 @@ def update(run_id: str, name: str, payload: Any = None) -> None:
     _deliver(run_id, name, stored)
 
 
+def publish_event(name: str, payload: Any = None) -> None:
+    """Publish an event: every run waiting for ``name`` whose match the payload fits receives it,
+    and it is kept for EVENT_BUFFER_TTL for waits that come later (each run gets it at most once)."""
+    from .engine import events
+
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"an event needs a non-empty name, got {name!r}")
+    payload = _payload(payload, f"the payload of event {name!r}")
+    with transaction.atomic(using=conf.get().DATABASE):
+        events.publish(name, payload)
+
+
 def _signal_payload(name: Any, payload: Any) -> Any:
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"a signal needs a non-empty name, got {name!r}")

@@ -84,6 +84,8 @@ class TurnState:
     signals: list[BufferedSignal] | None = None
     #: Loads ``signals`` on first use, so turns that wait for no signal skip the query.
     load_signals: Callable[[], list[BufferedSignal]] | None = None
+    #: (id, payload) of the oldest event (name, match, since, excluding ids), or None.
+    find_event: Callable[[str, dict[str, Any] | None, datetime, set[int]], tuple[int, Any] | None] | None = None
     dispatch: list[Record] = field(default_factory=list)
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
@@ -227,6 +229,23 @@ class Context(Composition):
             rec = self._new("signal", name, input={"timeout": None if delta is None else delta.total_seconds()})
             rec.wake_at = None if delta is None else self._clock() + delta
         return self._settle(self._resolve_signal(rec))
+
+    def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
+        """Return the payload of the oldest event ``name`` published within EVENT_BUFFER_TTL whose
+        payload holds every key/value of ``match`` and that this run has not received yet."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"ctx.wait_for_event() needs an event name, got {name!r}")
+        match = check_match(match)
+        try:
+            delta = None if timeout is None else parse_duration(timeout, what="timeout")
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        rec = self._position("event", name)
+        if rec is None:
+            seconds = None if delta is None else delta.total_seconds()
+            rec = self._new("event", name, input={"match": match, "timeout": seconds})
+            rec.wake_at = None if delta is None else self._clock() + delta
+        return self._settle(self._resolve_event(rec))
 
     def now(self) -> datetime:
         """The current time, recorded once and the same on every replay."""
@@ -460,6 +479,33 @@ class Context(Composition):
             return None
         return _Pending(rec.wake_at)
 
+    def _resolve_event(self, rec: Record) -> Any:
+        if rec.status == COMPLETED:
+            return rec.output
+        if rec.status == FAILED:
+            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
+        now = self._clock()
+        found = None
+        if self._state.find_event is not None:
+            since = now - self._limits.event_ttl
+            found = self._state.find_event(rec.name, rec.input.get("match"), since, received_events(self._state.records))
+        if found is not None:
+            event_id, payload = found
+            rec.input = {**rec.input, "event_id": event_id}
+            rec.status = COMPLETED
+            rec.output = payload
+            rec.finished_at = now
+            rec.wake_at = None
+            rec.changed()
+            return rec.output
+        if rec.wake_at is not None and rec.wake_at <= now:
+            rec.status = FAILED
+            rec.error = WaitTimeout(f"no event {rec.name!r} matching {rec.input.get('match')!r} arrived before the timeout").to_dict()
+            rec.finished_at = now
+            rec.changed()
+            return self._resolve_event(rec)
+        return _Pending(rec.wake_at)
+
     def _resolve_signal(self, rec: Record) -> Any:
         if rec.status == COMPLETED:
             return rec.output
@@ -485,6 +531,26 @@ class Context(Composition):
             rec.changed()
             return self._resolve_signal(rec)
         return _Pending(rec.wake_at)
+
+
+def check_match(match: Any) -> dict[str, Any] | None:
+    """``match`` as a wait for an event takes it: None, or a dict of names to JSON scalars."""
+    if match is None:
+        return None
+    scalars = (str, int, float, bool, type(None))
+    if not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, scalars) for k, v in match.items()):
+        raise InvalidInput(
+            f"match must be a dict of payload keys to JSON scalars (str, number, bool, None), got {match!r}"
+        )
+    return roundtrip(match, what="match")
+
+
+def received_events(records: dict[int, Record]) -> set[int]:
+    """Ids of the events this run's waits have received."""
+    return {
+        rec.input["event_id"] for rec in records.values()
+        if rec.kind == "event" and rec.status == COMPLETED and "event_id" in (rec.input or {})
+    }
 
 
 def replay(

@@ -61,6 +61,8 @@ class Limits:
     timeout_grace: timedelta
     heartbeat_throttle: timedelta
     default_queue: str
+    #: How far back a wait for an event looks (EVENT_BUFFER_TTL).
+    event_ttl: timedelta = timedelta(days=7)
 
 
 @dataclass

@@ -415,6 +415,10 @@ class Checkpoint(models.Model):
             # "Is any member of this fan still pending", in one probe; fan before status, so a lookup
             # of one position never prefers it to the (run, seq) index.
             models.Index(fields=["run", "fan", "status"], name="durable_checkpoint_fan"),
+            # The runs waiting for an event of this name, found by publish_event().
+            models.Index(
+                fields=["name", "status"], name="durable_checkpoint_event_wait", condition=models.Q(kind="event")
+            ),
         ]
         ordering = ["run", "seq"]
 
@@ -446,3 +450,39 @@ class Signal(models.Model):
 
     def __str__(self) -> str:
         return f"signal {self.name} for {self.run_id}"
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def oldest_match(
+        self, name: str, match: dict[str, Any] | None, since: datetime, exclude: set[int]
+    ) -> tuple[int, Any] | None:
+        """(id, payload) of the oldest event ``name`` since ``since`` whose payload holds every
+        key/value of ``match``, leaving out the ids in ``exclude``; None if there is none."""
+        from django.db.models.fields.json import KeyTransform
+
+        events = self.filter(name=name, created_at__gte=since).exclude(id__in=exclude)
+        for i, (key, value) in enumerate((match or {}).items()):
+            # An alias per key: a key named like a lookup ("in", "contains") stays a key.
+            events = events.alias(**{f"key_{i}": KeyTransform(key, "payload")}).filter(**{f"key_{i}": value})
+        return events.order_by("id").values_list("id", "payload").first()
+
+
+class Event(models.Model):
+    """A published event, kept for ``EVENT_BUFFER_TTL`` for the waits that come later."""
+
+    #: Arrival order: a wait receives the oldest matching event it has not received yet.
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["name", "created_at"], name="durable_event_name"),
+            models.Index(fields=["created_at"], name="durable_event_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.name} #{self.id}"

@@ -1,4 +1,5 @@
-"""The retention sweep: delete the finished runs that no RETENTION policy keeps any longer.
+"""The retention sweep: delete the finished runs that no RETENTION policy keeps any longer, and
+the events past EVENT_BUFFER_TTL.
 
 Whole trees only: a candidate is a root run (no parent) and goes with its children, checkpoints
 and signals; a tree that still holds an unfinished run (a child started with ``start_child``,
@@ -14,7 +15,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from .. import clock, conf
-from ..models import TERMINAL, UNFINISHED, Run
+from ..models import TERMINAL, UNFINISHED, Event, Run
 
 log = logging.getLogger("durable.engine")
 
@@ -34,9 +35,22 @@ def sweep_retention() -> int:
             deleted += gone
             if len(candidates) < BATCH or not gone:
                 break
-    if deleted:
-        log.info("durable: retention deleted %s finished run(s)", deleted)
+    pruned = prune_events(clock.now() - settings.EVENT_BUFFER_TTL)
+    if deleted or pruned:
+        log.info("durable: retention deleted %s finished run(s) and %s expired event(s)", deleted, pruned)
     return deleted
+
+
+def prune_events(before: datetime) -> int:
+    """Delete events older than EVENT_BUFFER_TTL, which no wait can receive any more."""
+    events = Event.objects.using(conf.get().DATABASE)
+    pruned = 0
+    for _ in range(MAX_BATCHES):
+        batch = list(events.filter(created_at__lt=before).order_by("created_at").values_list("id", flat=True)[:BATCH])
+        pruned += events.filter(id__in=batch).delete()[0] if batch else 0
+        if len(batch) < BATCH:
+            break
+    return pruned
 
 
 def expired(policy: conf.RetentionPolicy, now: datetime, limit: int) -> list[str]:

@@ -19,7 +19,7 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
-from . import attempts, leases, lifecycle
+from . import attempts, events, leases, lifecycle
 
 log = logging.getLogger("durable.engine")
 
@@ -44,6 +44,7 @@ def limits(settings: conf.Settings) -> Limits:
         timeout_grace=settings.STEP_TIMEOUT_GRACE,
         heartbeat_throttle=settings.HEARTBEAT_PERSIST_THROTTLE,
         default_queue=settings.DEFAULT_QUEUE,
+        event_ttl=settings.EVENT_BUFFER_TTL,
     )
 
 
@@ -114,7 +115,9 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
                     run.workflow, run.version, run.id)
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
-    state = TurnState(records=_load_records(run.id, db), load_signals=lambda: _load_signals(run.id, db))
+    state = TurnState(
+        records=_load_records(run.id, db), load_signals=lambda: _load_signals(run.id, db), find_event=events.find
+    )
 
     def renew() -> None:
         if leases.is_lost(run.id) or not Run.objects.using(db).renew(
@@ -156,13 +159,15 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     if _settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings)
-        return outcome
-    with transaction.atomic(using=db):
-        _write(run.id, state, settings)
-        _start_children(run, state, settings)
-        if outcome.status == "continued":
-            outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
-        _settle(run, owner, outcome, settings)
+    else:
+        with transaction.atomic(using=db):
+            _write(run.id, state, settings)
+            _start_children(run, state, settings)
+            if outcome.status == "continued":
+                outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
+            _settle(run, owner, outcome, settings)
+    if outcome.status == "suspended" and events.arrived_since(state.records):
+        lifecycle.wake(run.id)
     return outcome
 
 
@@ -281,8 +286,11 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 new.append(row)
             elif not checkpoints.insert_fenced(row, fenced_by):
                 raise LeaseLost()
-        elif not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, owner=fenced_by, **fields):
-            raise _Stale()
+        else:
+            if rec.kind == "event":
+                fields["input"] = rec.input  # it names the event received, so no run gets one twice
+            if not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, owner=fenced_by, **fields):
+                raise _Stale()
     if new:
         checkpoints.bulk_create(new)
     for signal in state.consumed:

@@ -84,6 +84,11 @@ def early_signal_flow(ctx, seconds):
     return ctx.wait_for_signal("go", timeout="1m")
 
 
+@durable.workflow(name="tests.e2e_event")
+def event_flow(ctx, order):
+    return [ctx.wait_for_event("e2e.paid", match={"order": order}), ctx.wait_for_event("e2e.shipped")]
+
+
 @durable.workflow(name="tests.e2e_timer")
 def timer_flow(ctx, seconds):
     ctx.step(quick, "before")
@@ -148,6 +153,18 @@ def test_signal_sent_before_the_wait_is_not_lost(durable_worker):
     run = durable.start(early_signal_flow, 0.5)
     durable.signal(run.id, "go", {"early": True})
     assert durable.result(run.id, timeout=60) == {"early": True}
+
+
+def test_events_reach_waiting_runs_across_processes(durable_worker):
+    durable.publish_event("e2e.shipped", {"carrier": "post"})  # kept for the wait that comes later
+    runs = [durable.start(event_flow, order) for order in (1, 2)]
+    wait_for(lambda: Checkpoint.objects.filter(kind="event", status="pending").count() == 2, 60,
+             what="both runs waiting for their payment")
+    durable.publish_event("e2e.paid", {"order": 2})
+    assert durable.result(runs[1].id, timeout=30) == [{"order": 2}, {"carrier": "post"}]
+    assert durable.get_run(runs[0].id).status == "suspended"
+    durable.publish_event("e2e.paid", {"order": 1})
+    assert durable.result(runs[0].id, timeout=30) == [{"order": 1}, {"carrier": "post"}]
 
 
 def test_two_second_timer_fires_within_three_seconds_of_due(durable_worker):

@@ -36,6 +36,7 @@ PUBLIC = [
     "delete_run",
     "get_run",
     "heartbeat",
+    "publish_event",
     "result",
     "retry",
     "signal",

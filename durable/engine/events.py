@@ -1,0 +1,60 @@
+"""Events: ``publish_event`` stores an event and wakes the runs waiting for it.
+
+A wait and a publish may cross: a turn looks for the event before the publish commits, and the
+publish looks for waiters before the turn's wait commits. Each side therefore asks about the
+other only after its own write has committed (the publisher in an on-commit hook, the turn after
+its settle), so at least one of them sees the other and the run is woken.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from .. import clock, conf
+from ..context import check_match, received_events
+from ..history import PENDING, Record
+from ..models import Checkpoint, Event
+from . import lifecycle
+
+
+def publish(name: str, payload: Any) -> None:
+    settings = conf.get()
+    now = clock.now()
+    Event.objects.using(settings.DATABASE).create(name=name, payload=payload, created_at=now)
+    transaction.on_commit(lambda: wake_waiters(name, payload), using=settings.DATABASE)
+
+
+def wake_waiters(name: str, payload: Any) -> int:
+    """Wake the runs with a pending wait for ``name`` whose match this payload fits."""
+    settings = conf.get()
+    waits = Checkpoint.objects.using(settings.DATABASE).filter(kind="event", name=name, status=PENDING)
+    woken = 0
+    for run_id, wait in waits.values_list("run_id", "input").iterator():
+        if fits(payload, check_match((wait or {}).get("match"))):
+            lifecycle.wake(run_id)
+            woken += 1
+    return woken
+
+
+def fits(payload: Any, match: dict[str, Any] | None) -> bool:
+    if not match:
+        return True
+    return isinstance(payload, dict) and all(k in payload and payload[k] == v for k, v in match.items())
+
+
+def find(name: str, match: dict[str, Any] | None, since: datetime, exclude: set[int]) -> tuple[int, Any] | None:
+    return Event.objects.using(conf.get().DATABASE).oldest_match(name, match, since, exclude)
+
+
+def arrived_since(records: dict[int, Record]) -> bool:
+    """Whether an event that one of these pending waits would take is there (asked after the
+    turn's commit, for an event published while the turn ran)."""
+    waits = [rec for rec in records.values() if rec.kind == "event" and rec.status == PENDING]
+    if not waits:
+        return False
+    since = clock.now() - conf.get().EVENT_BUFFER_TTL
+    received = received_events(records)
+    return any(find(rec.name, (rec.input or {}).get("match"), since, received) for rec in waits)
