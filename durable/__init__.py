@@ -17,7 +17,7 @@ from .api import (
 )
 from .composition import Deferred, Outcome
 from .context import Context
-from .definitions import Retry, Step, Workflow, step, workflow
+from .definitions import Retry, Schedule, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
     ChildFailed,
@@ -36,6 +36,7 @@ from .errors import (
     WorkflowNotRegistered,
 )
 from .inputs import DeadLetter, Failure
+from .schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .stepscope import StepInfo, heartbeat, step_info
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "RunFinished",
     "RunHandle",
     "RunNotFound",
+    "Schedule",
     "Step",
     "StepFailed",
     "StepInfo",
@@ -68,14 +70,18 @@ __all__ = [
     "delete_run",
     "get_run",
     "heartbeat",
+    "pause_schedule",
     "publish_event",
     "result",
+    "resume_schedule",
     "retry",
+    "schedule",
     "signal",
     "signal_with_start",
     "start",
     "step",
     "step_info",
+    "trigger_schedule",
     "update",
     "workflow",
 ]

@@ -90,7 +90,7 @@ def _resolve(workflow: Workflow | str, version: str | None) -> Workflow:
         return registry.workflow(workflow.name, version or workflow.version)
     if isinstance(workflow, str):
         return registry.workflow(workflow, version)
-    raise InvalidInput(f"start() takes a @durable.workflow or its name, got {workflow!r}")
+    raise InvalidInput(f"expected a @durable.workflow or a workflow name, got {workflow!r}")
 
 
 def start(

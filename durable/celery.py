@@ -17,6 +17,7 @@ SWEEPS = {
     "durable.sweep_timers": "TIMER_SWEEP_INTERVAL",
     "durable.sweep_orphans": "ORPHAN_SWEEP_INTERVAL",
     "durable.sweep_retention": "RETENTION_SWEEP_INTERVAL",
+    "durable.sweep_schedules": "TIMER_SWEEP_INTERVAL",
 }
 CELERY_DEFAULT_PREFETCH = 4
 REDIS_DEFAULT_VISIBILITY = timedelta(hours=1)

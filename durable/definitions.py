@@ -147,7 +147,7 @@ class Workflow:
     dead_letter: Any = None
     tags: tuple[str, ...] = ()
     search_attributes_schema: Any = None
-    schedule: Any = None
+    schedule: Schedule | None = None
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -178,6 +178,46 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<durable.Workflow {self.name}@{self.version}>"
+
+
+OVERLAPS = ("skip", "allow")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A cron schedule: ``@durable.workflow(schedule=Schedule("0 3 * * *", timezone="Europe/Paris"))``
+    or ``durable.schedule(key, workflow, cron=...)``. Each tick starts one run; with
+    ``overlap="skip"`` a tick that finds the previous run unfinished starts nothing."""
+
+    cron: str
+    input: Any = None
+    timezone: str = "UTC"
+    overlap: str = "skip"
+
+    def __post_init__(self) -> None:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        from croniter import croniter
+
+        from .history import roundtrip
+
+        if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
+            raise InvalidInput(f'cron must be a cron expression such as "*/5 * * * *", got {self.cron!r}')
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise InvalidInput(f'timezone must be an IANA name such as "Europe/Paris", got {self.timezone!r}') from None
+        if self.overlap not in OVERLAPS:
+            raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
+        object.__setattr__(self, "input", roundtrip(self.input, what="the schedule's input"))
+
+
+def _schedule_option(value: Any) -> Schedule | None:
+    if value is None or isinstance(value, Schedule):
+        return value
+    if isinstance(value, str):
+        return Schedule(value)
+    raise InvalidInput(f'schedule= takes a cron string or a durable.Schedule, got {value!r}')
 
 
 class Registry:
@@ -359,10 +399,11 @@ def workflow(
                 dead_letter=dead_letter,
                 tags=tuple(tags),
                 search_attributes_schema=search_attributes_schema,
-                schedule=schedule,
+                schedule=declared,
             )
         )
 
+    declared = _schedule_option(schedule)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from .engine import retention, steps, sweeps, turn
+from .engine import retention, schedules, steps, sweeps, turn
 from .errors import error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
@@ -37,6 +37,11 @@ def sweep_orphans() -> int:
 @shared_task(name="durable.sweep_retention", ignore_result=True)
 def sweep_retention() -> int:
     return retention.sweep_retention()
+
+
+@shared_task(name="durable.sweep_schedules", ignore_result=True)
+def sweep_schedules() -> int:
+    return schedules.sweep_schedules()
 
 
 @shared_task(name="durable.step_result", **_RELIABLE)

@@ -131,9 +131,11 @@ class DurableEnv:
 
     def sweep(self) -> int:
         """Run the beat sweeps once, then everything they send."""
-        from .engine import retention, sweeps
+        from .engine import retention, schedules, sweeps
 
-        found = sweeps.sweep_orphans() + sweeps.sweep_timers() + retention.sweep_retention()
+        found = (
+            sweeps.sweep_orphans() + sweeps.sweep_timers() + schedules.sweep_schedules() + retention.sweep_retention()
+        )
         return found + self.run_until_idle()
 
     def advance_time(self, duration: Any) -> int:

@@ -26,7 +26,7 @@ from django.utils.translation import ngettext
 
 import durable
 from durable import conf
-from durable.models import Checkpoint, Run, Signal
+from durable.models import Checkpoint, Run, Schedule, Signal
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
@@ -113,6 +113,12 @@ class DurableRows:
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
+    def has_steer_permission(self, request: HttpRequest) -> bool:
+        # Steering (retry, cancel, pause, trigger) is the only change the admin makes, so it
+        # takes Django's change permission even though no field is ever editable.
+        opts = self.opts  # type: ignore[attr-defined]
+        return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
 
 class ReadOnlyInline(DurableRows, admin.TabularInline):
     extra = max_num = 0
@@ -189,12 +195,6 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RunChangeList
-
-    def has_steer_permission(self, request: HttpRequest) -> bool:
-        # Retrying or cancelling is the only change the admin makes to a run, so it takes
-        # Django's change permission even though no field is ever editable.
-        opts = self.opts
-        return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
 
     def delete_model(self, request: HttpRequest, obj: Run) -> None:
         durable.delete_run(obj.pk)
@@ -335,3 +335,43 @@ class CheckpointAdmin(DurableRows, admin.ModelAdmin):
     output_json = json_display("output")
     error_json = json_display("error")
     progress_json = json_display("progress")
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(DurableRows, admin.ModelAdmin):
+    """Schedules are defined in code or with ``durable.schedule()``; here they are paused, resumed,
+    triggered or deleted."""
+
+    next_time = timestamp_display("next_at")
+    list_display = ("key", "workflow", "cron", "timezone", "overlap", "paused", "next_time", "last_run")
+    list_filter = ("paused", "workflow", "declared")
+    search_fields = ("key", "workflow")
+    ordering = ("key",)
+    actions = ("pause", "resume", "trigger")
+    fields = ("key", "workflow", "cron", "timezone", "overlap", "paused", "declared", "next_time",
+              "last_run", "input_json", "created_time", "updated_time")
+    readonly_fields = fields
+    input_json = json_display("input")
+
+    @admin.display(description="last run")
+    def last_run(self, obj: Schedule) -> str:
+        if not obj.last_run_id:
+            return "-"
+        return format_html('<a href="{}">{}</a>', reverse("admin:durable_run_change", args=[quote(obj.last_run_id)]),
+                           obj.last_run_id)
+
+    @admin.action(description="Pause selected schedules", permissions=["steer"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        done = sum(durable.pause_schedule(key) for key in queryset.values_list("pk", flat=True))
+        self.message_user(request, ngettext("Paused %d schedule.", "Paused %d schedules.", done) % done)
+
+    @admin.action(description="Resume selected schedules", permissions=["steer"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        done = sum(durable.resume_schedule(key) for key in queryset.values_list("pk", flat=True))
+        self.message_user(request, ngettext("Resumed %d schedule.", "Resumed %d schedules.", done) % done)
+
+    @admin.action(description="Start a run of selected schedules now", permissions=["steer"])
+    def trigger(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        started = [durable.trigger_schedule(key).id for key in queryset.values_list("pk", flat=True)]
+        self.message_user(request, ngettext("Started %d run: %s", "Started %d runs: %s", len(started))
+                          % (len(started), _reasons(started)))

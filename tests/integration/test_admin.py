@@ -281,3 +281,24 @@ def test_change_page_links_a_continue_as_new_chain_both_ways_and_children(admin_
     assert "1 child run" in kids
     listing = admin_client.get(reverse("admin:durable_run_changelist") + f"?parent={parent.id}")
     assert listing.status_code == 200
+
+
+SCHEDULES = "admin:durable_schedule_changelist"
+
+
+def test_schedules_are_listed_paused_resumed_and_triggered(admin_client: Client, durable_env: Any) -> None:
+    from durable.models import Schedule
+
+    durable.schedule("admin-report", add_flow, cron="0 * * * *", input=2)
+    page = admin_client.get(reverse(SCHEDULES)).content.decode()
+    assert "admin-report" in page and "0 * * * *" in page
+    for action, paused in (("pause", True), ("resume", False)):
+        admin_client.post(reverse(SCHEDULES), {"action": action, "_selected_action": ["admin-report"]}, follow=True)
+        assert Schedule.objects.get(key="admin-report").paused is paused
+    response = admin_client.post(
+        reverse(SCHEDULES), {"action": "trigger", "_selected_action": ["admin-report"]}, follow=True
+    )
+    (run_id,) = Run.objects.filter(id__startswith="schedule:admin-report:").values_list("id", flat=True)
+    assert run_id in response.content.decode()
+    page = admin_client.get(reverse("admin:durable_schedule_change", args=["admin-report"])).content.decode()
+    assert "cron" in page

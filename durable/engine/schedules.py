@@ -1,0 +1,117 @@
+"""The schedule sweep: start one run per due tick of each persisted cron schedule.
+
+A tick is taken by a guarded UPDATE of the schedule's ``next_at`` in the same transaction that
+starts its run, whose id names the tick: two sweeps at once start it once. Ticks missed while no
+beat ran are not replayed; the latest of them runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+from django.db import transaction
+
+from .. import api, clock, conf
+from ..definitions import Schedule as Spec
+from ..definitions import registry
+from ..errors import WorkflowNotRegistered
+from ..models import UNFINISHED, Run, Schedule
+
+log = logging.getLogger("durable.engine")
+
+BATCH = 100
+MAX_BATCHES = 20
+
+
+def next_tick(cron: str, tz: str, after: datetime) -> datetime:
+    """The first tick strictly after ``after``, in UTC."""
+    return croniter(cron, after.astimezone(ZoneInfo(tz))).get_next(datetime).astimezone(UTC)
+
+
+def latest_tick(cron: str, tz: str, due: datetime, now: datetime) -> datetime:
+    """The newest tick at or before ``now``, and not before ``due`` (the tick that was due)."""
+    newest = croniter(cron, (now + timedelta(microseconds=1)).astimezone(ZoneInfo(tz))).get_prev(datetime)
+    return max(due, newest.astimezone(UTC))
+
+
+def run_id(key: str, tick: datetime) -> str:
+    return f"schedule:{key}:{tick.astimezone(UTC).isoformat()}"
+
+
+def sweep_schedules() -> int:
+    """Start the runs of every due tick; return how many were started."""
+    settings = conf.get()
+    sync_declared()
+    started = 0
+    for _ in range(MAX_BATCHES):
+        with transaction.atomic(using=settings.DATABASE):
+            now = clock.now()
+            due = Schedule.objects.using(settings.DATABASE).due(now, BATCH)
+            started += sum(_fire(row, now) for row in due)
+        if len(due) < BATCH:
+            break
+    return started
+
+
+def _fire(row: Schedule, now: datetime) -> bool:
+    """Take ``row``'s due tick and start its run, unless overlap="skip" finds the last one unfinished."""
+    schedules = Schedule.objects.using(conf.get().DATABASE)
+    tick = latest_tick(row.cron, row.timezone, row.next_at, now)
+    following = next_tick(row.cron, row.timezone, tick)
+    busy = row.overlap == "skip" and row.last_run_id is not None and Run.objects.using(
+        conf.get().DATABASE
+    ).filter(id=row.last_run_id, status__in=UNFINISHED).exists()
+    new_id = None if busy else run_id(row.key, tick)
+    if not schedules.advance(row.key, row.next_at, following, new_id, now):
+        return False  # another sweep took this tick
+    if new_id is None:
+        log.info("durable: schedule %s skipped its %s tick: run %s is still going", row.key, tick, row.last_run_id)
+        return False
+    try:
+        api.start(row.workflow, row.input, run_id=new_id)
+    except WorkflowNotRegistered:
+        log.warning("durable: schedule %s names workflow %s, not registered here; tick %s skipped",
+                    row.key, row.workflow, tick)
+        return False
+    return True
+
+
+def sync_declared() -> None:
+    """Keep the schedules of ``@durable.workflow(schedule=...)`` (key: the workflow's name) in
+    step with the code: create, update, or delete the ones the code no longer declares."""
+    schedules = Schedule.objects.using(conf.get().DATABASE)
+    now = clock.now()
+    stored = {row.key: row for row in schedules.filter(declared=True)}
+    for name in registry.workflows:
+        spec = registry.workflow(name).schedule
+        row = stored.pop(name, None)
+        if spec is None:
+            if row is not None:
+                schedules.filter(key=name, declared=True).delete()
+            continue
+        if row is None or _changed(row, spec):
+            save(name, name, spec, now, declared=True)
+
+
+def _changed(row: Schedule, spec: Spec) -> bool:
+    return (row.cron, row.timezone, row.input, row.overlap) != (spec.cron, spec.timezone, spec.input, spec.overlap)
+
+
+def save(key: str, workflow: str, spec: Spec, now: datetime, *, declared: bool) -> None:
+    """Create or redefine schedule ``key``; a new cron or timezone counts its next tick from now."""
+    schedules = Schedule.objects.using(conf.get().DATABASE)
+    row = schedules.filter(key=key).first()
+    timing_changed = row is None or (row.cron, row.timezone) != (spec.cron, spec.timezone)
+    fields = {
+        "workflow": workflow, "input": spec.input, "cron": spec.cron, "timezone": spec.timezone,
+        "overlap": spec.overlap, "declared": declared, "updated_at": now,
+    }
+    if timing_changed:
+        fields["next_at"] = next_tick(spec.cron, spec.timezone, now)
+    if row is None:
+        schedules.create(key=key, created_at=now, **fields)
+    else:
+        schedules.filter(key=key).update(**fields)

@@ -1,0 +1,60 @@
+"""Persisted cron schedules from views, shells and tasks (API.md section 3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import clock, conf
+from .api import RunHandle, _resolve, start
+from .definitions import Schedule as Spec
+from .definitions import Workflow
+from .errors import InvalidInput
+
+
+def schedule(
+    key: str, workflow: Workflow | str, *, cron: str, input: Any = None, timezone: str = "UTC", overlap: str = "skip"
+) -> None:
+    """Create or redefine the schedule ``key``: each tick of ``cron`` (in ``timezone``) starts one
+    run of ``workflow`` with ``input``, id ``schedule:<key>:<tick>``."""
+    from .engine import schedules
+
+    _check_key(key)
+    definition = _resolve(workflow, None)
+    spec = Spec(cron=cron, input=input, timezone=timezone, overlap=overlap)
+    schedules.save(key, definition.name, spec, clock.now(), declared=False)
+
+
+def pause_schedule(key: str) -> bool:
+    """Stop ticking; False if it was already paused."""
+    return _rows(key).pause(key, clock.now())
+
+
+def resume_schedule(key: str) -> bool:
+    """Tick again from now on (ticks missed while paused never run); False if it was not paused."""
+    from .engine import schedules
+
+    row = _rows(key).get(key=key)
+    return _rows(key).resume(key, schedules.next_tick(row.cron, row.timezone, clock.now()), clock.now())
+
+
+def trigger_schedule(key: str) -> RunHandle:
+    """Start a run of the schedule now, as a tick at this moment would (its next tick stays)."""
+    from .engine import schedules
+
+    row = _rows(key).get(key=key)
+    return start(row.workflow, row.input, run_id=schedules.run_id(key, clock.now()))
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise InvalidInput(f"a schedule key must be a non-empty string of at most 200 characters, got {key!r}")
+
+
+def _rows(key: str) -> Any:
+    from .models import Schedule
+
+    _check_key(key)
+    rows = Schedule.objects.using(conf.get().DATABASE)
+    if not rows.filter(key=key).exists():
+        raise InvalidInput(f"no schedule has the key {key!r}; create it with durable.schedule()")
+    return rows

@@ -1,0 +1,133 @@
+"""Persisted cron schedules: one run per tick, overlap, pause/resume/trigger, declared in code."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+import durable
+from durable import clock
+from durable.definitions import registry
+from durable.engine import schedules
+from durable.models import Run, Schedule
+
+pytestmark = pytest.mark.django_db
+
+
+@durable.workflow(name="tests.sched_report")
+def report(ctx, day):
+    return {"day": day}
+
+
+@durable.workflow(name="tests.sched_slow")
+def slow(ctx, _):
+    ctx.sleep("2h")
+    return "done"
+
+
+def _runs(prefix="schedule:"):
+    return sorted(Run.objects.filter(id__startswith=prefix).values_list("id", flat=True))
+
+
+@pytest.fixture
+def at_noon(durable_env):
+    durable_env._freezer.move_to(datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC))
+    return durable_env
+
+
+def test_each_tick_starts_one_run_named_after_it(at_noon):
+    durable.schedule("report", report, cron="*/5 * * * *", input="mon")
+    assert at_noon.sweep() == 0  # the first tick is 12:05
+    at_noon.advance_time("5m")
+    assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
+    assert durable.result(_runs()[0]) == {"day": "mon"}
+    at_noon.advance_time("5m")
+    assert len(_runs()) == 2
+    assert schedules.sweep_schedules() == 0  # nothing due: the same tick never starts twice
+
+
+def test_ticks_missed_while_no_beat_ran_start_only_the_latest(at_noon):
+    durable.schedule("report", report, cron="*/5 * * * *")
+    at_noon.advance_time("1h")
+    assert _runs() == ["schedule:report:2026-12-01T13:00:00+00:00"]
+    assert Schedule.objects.get(key="report").next_at == datetime(2026, 12, 1, 13, 5, tzinfo=UTC)
+
+
+def test_two_sweeps_on_one_due_tick_start_one_run(at_noon):
+    durable.schedule("report", report, cron="*/5 * * * *")
+    at_noon._freezer.tick(300)
+    row = Schedule.objects.get(key="report")
+    assert schedules._fire(row, clock.now()) is True
+    assert schedules._fire(row, clock.now()) is False  # a second sweep holding the stale row
+    assert len(_runs()) == 1
+
+
+def test_overlap_skip_starts_nothing_while_the_last_run_is_going(at_noon):
+    durable.schedule("slow", slow, cron="0 * * * *")
+    at_noon.advance_time("30m")
+    at_noon.advance_time("1h")  # 14:00: the 13:00 run still sleeps
+    assert len(_runs()) == 1
+    durable.schedule("slow", slow, cron="0 * * * *", overlap="allow")
+    at_noon.advance_time("1h")
+    assert len(_runs()) == 2
+
+
+def test_pause_resume_and_trigger(at_noon):
+    durable.schedule("report", report, cron="*/5 * * * *")
+    assert durable.pause_schedule("report") is True
+    assert durable.pause_schedule("report") is False
+    at_noon.advance_time("1h")
+    assert _runs() == []
+    assert durable.resume_schedule("report") is True
+    assert Schedule.objects.get(key="report").next_at == datetime(2026, 12, 1, 13, 5, tzinfo=UTC)
+    handle = durable.trigger_schedule("report")
+    assert handle.id == "schedule:report:2026-12-01T13:00:30+00:00"
+    at_noon.run_until_idle()
+    assert durable.result(handle.id) == {"day": None}
+
+
+@pytest.fixture
+def nightly():
+    """A workflow declaring its schedule, registered for one test only: beat (and durable_env's
+    sweeps) would start it in every test that moves the clock past 02:00 UTC."""
+    spec = durable.Schedule("0 3 * * *", input="night", timezone="Europe/Paris")
+    definition = durable.workflow(lambda ctx, what: what, name="tests.sched_nightly", schedule=spec)
+    yield definition
+    registry.workflows.pop("tests.sched_nightly")
+
+
+def test_a_schedule_declared_on_the_workflow_follows_the_code(at_noon, nightly, monkeypatch):
+    schedules.sync_declared()
+    row = Schedule.objects.get(key="tests.sched_nightly")
+    # 03:00 in Paris is 02:00 UTC in December.
+    assert (row.declared, row.next_at, row.input) == (True, datetime(2026, 12, 2, 2, 0, tzinfo=UTC), "night")
+    at_noon.advance_time("15h")
+    assert _runs() == ["schedule:tests.sched_nightly:2026-12-02T02:00:00+00:00"]
+    monkeypatch.setattr(nightly, "schedule", None)  # the code no longer declares it
+    schedules.sync_declared()
+    assert not Schedule.objects.filter(key="tests.sched_nightly").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"cron": "every day"}, "cron expression"),
+        ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "IANA name"),
+        ({"cron": "* * * * *", "overlap": "queue"}, "overlap must be one of"),
+        ({"cron": "* * * * *", "input": {1, 2}}, "JSON"),
+    ],
+)
+def test_bad_schedules_are_refused_before_anything_is_stored(durable_env, kwargs, says):
+    with pytest.raises(durable.InvalidInput, match=says):
+        durable.schedule("report", report, **kwargs)
+    assert not Schedule.objects.filter(key="report").exists()
+
+
+def test_unknown_workflows_and_keys_are_refused(durable_env):
+    with pytest.raises(durable.WorkflowNotRegistered):
+        durable.schedule("x", "tests.no_such_workflow", cron="* * * * *")
+    with pytest.raises(durable.InvalidInput, match="no schedule has the key"):
+        durable.trigger_schedule("nope")
+    with pytest.raises(durable.InvalidInput, match="schedule= takes a cron string"):
+        durable.workflow(lambda ctx, _: None, name="tests.sched_bad", schedule=5)
