@@ -90,6 +90,8 @@ class TurnState:
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
     children: list[ChildStart] = field(default_factory=list)
+    #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
+    search_attributes: dict[str, Any] | None = None
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
 
@@ -246,6 +248,20 @@ class Context(Composition):
             rec = self._new("event", name, input={"match": match, "timeout": seconds})
             rec.wake_at = None if delta is None else self._clock() + delta
         return self._settle(self._resolve_event(rec))
+
+    def upsert_search_attributes(self, mapping: dict[str, Any]) -> None:
+        """Merge ``mapping`` into the run's search attributes (a None value removes one), checked
+        against the workflow's ``search_attributes_schema``; query them with the ORM."""
+        checked = check_search_attributes(mapping, registry.workflow(self._run.workflow, self._run.version))
+        recorded = self._position("value", SEARCH_ATTRIBUTES) is not None
+        if not recorded:
+            rec = self._new("value", SEARCH_ATTRIBUTES, status=COMPLETED, output=checked)
+            rec.finished_at = self._clock()
+            merged: dict[str, Any] = {}
+            for upsert in sorted(self._state.records.values(), key=lambda r: r.seq):
+                if upsert.kind == "value" and upsert.name == SEARCH_ATTRIBUTES:
+                    merged.update(upsert.output)
+            self._state.search_attributes = {k: v for k, v in merged.items() if v is not None}
 
     def now(self) -> datetime:
         """The current time, recorded once and the same on every replay."""
@@ -531,6 +547,31 @@ class Context(Composition):
             rec.changed()
             return self._resolve_signal(rec)
         return _Pending(rec.wake_at)
+
+
+SEARCH_ATTRIBUTES = "search_attributes"
+_SCALARS = (str, int, float, bool)
+
+
+def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
+    """``mapping`` as an upsert takes it: names to JSON values, each of its schema's type."""
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and k for k in mapping):
+        raise InvalidInput(f"search attributes are a dict of names to values, got {mapping!r}")
+    mapping = roundtrip(mapping, what="search attributes")
+    schema = workflow.search_attributes_schema
+    if schema is None:
+        return mapping
+    for name, value in mapping.items():
+        if name not in schema:
+            raise InvalidInput(
+                f"search attribute {name!r} is not in {workflow.name}'s search_attributes_schema ({', '.join(schema)})"
+            )
+        kinds = schema[name] if isinstance(schema[name], tuple) else (schema[name],)
+        fits = any(isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool) for kind in kinds)
+        if value is not None and not fits:
+            names = " or ".join(kind.__name__ for kind in kinds)
+            raise InvalidInput(f"search attribute {name!r} must be {names}, got {value!r}")
+    return mapping
 
 
 def check_match(match: Any) -> dict[str, Any] | None:

@@ -212,6 +212,24 @@ class Schedule:
         object.__setattr__(self, "input", roundtrip(self.input, what="the schedule's input"))
 
 
+def _search_schema_option(schema: Any) -> dict[str, Any] | None:
+    """``search_attributes_schema``: attribute names to str, int, float or bool (or a tuple of them)."""
+    if schema is None:
+        return None
+    allowed = (str, int, float, bool)
+    ok = isinstance(schema, dict) and all(
+        isinstance(name, str) and name
+        and all(kind in allowed for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
+        for name, kinds in schema.items()
+    )
+    if not ok:
+        raise InvalidInput(
+            'search_attributes_schema maps attribute names to str, int, float or bool (or a tuple of them), '
+            f'e.g. {{"customer": str, "cents": int}}; got {schema!r}'
+        )
+    return dict(schema)
+
+
 def _schedule_option(value: Any) -> Schedule | None:
     if value is None or isinstance(value, Schedule):
         return value
@@ -398,12 +416,13 @@ def workflow(
                 on_error=on_error,
                 dead_letter=dead_letter,
                 tags=tuple(tags),
-                search_attributes_schema=search_attributes_schema,
+                search_attributes_schema=search_schema,
                 schedule=declared,
             )
         )
 
     declared = _schedule_option(schedule)
+    search_schema = _search_schema_option(search_attributes_schema)
     return wrap(fn) if fn is not None else wrap
 
 

@@ -158,14 +158,14 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     )
     if _settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
-        _settle(run, owner, outcome, settings)
+        _settle(run, owner, outcome, settings, state)
     else:
         with transaction.atomic(using=db):
             _write(run.id, state, settings)
             _start_children(run, state, settings)
             if outcome.status == "continued":
                 outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
-            _settle(run, owner, outcome, settings)
+            _settle(run, owner, outcome, settings, state)
     if outcome.status == "suspended" and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return outcome
@@ -178,8 +178,10 @@ def _settles_alone(run: Run, state: TurnState, outcome: Outcome) -> bool:
     return outcome.status == "suspended" or (outcome.status == "completed" and not run.parent_id)
 
 
-def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings) -> None:
+def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings, state: TurnState | None = None) -> None:
     fields = _run_fields(outcome)
+    if state is not None and state.search_attributes is not None:
+        fields["search_attributes"] = state.search_attributes
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
     if outcome.status in ("completed", "failed", "cancelled"):

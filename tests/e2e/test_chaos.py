@@ -77,6 +77,14 @@ def work(value, ms):
     return value + 1
 
 
+@durable.step(retry=RETRY)
+def work_eager(value, ms):
+    """No timeout: a worker of its queue runs it eagerly, inside the turn that awaits it."""
+    _record()
+    time.sleep(ms / 1000)
+    return value + 1
+
+
 @durable.step(timeout="5s", retry=RETRY)
 def flaky(value):
     _record()
@@ -95,7 +103,7 @@ def bump(value):
 
 @durable.workflow(name="tests.chaos_child")
 def chaos_child(ctx, value):
-    return ctx.step(bump, value)
+    return ctx.step(work_eager, value, 20)
 
 
 @durable.workflow(name="tests.chaos")
@@ -107,7 +115,7 @@ def chaos_flow(ctx, n):
     kid = ctx.child(chaos_child, c)  # and a child run
     ctx.sleep(1)
     go = ctx.wait_for_signal("go")
-    return {"n": n, "c": c, "fan": sum(fan), "kid": kid, "d": ctx.step(work, c + go["k"], 100)}
+    return {"n": n, "c": c, "fan": sum(fan), "kid": kid, "d": ctx.step(work_eager, c + go["k"], 100)}
 
 
 def expected_output(n: int) -> dict:
@@ -272,6 +280,11 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
     first_won = [rid for rid in ids if history[rid][2][2] < 2]
     assert not first_won, f"the flaky step was recorded on attempt 1:\n{describe(first_won)}"
 
+    # The steps without a timeout ran eagerly, inside their turns: recorded, never enqueued.
+    eager = Checkpoint.objects.filter(run_id__in=ids, seq=11, enqueued_at__isnull=True).count()
+    eager += child_steps.filter(enqueued_at__isnull=True).count()
+    assert eager, "no step ran eagerly"
+
     executions = sum(ran.values())
     reruns = {key: n - RUNS_PER_STEP[key[1]] for key, n in ran.items() if n > RUNS_PER_STEP[key[1]]}
     kills = sum(worker.kills for worker in workers)
@@ -279,7 +292,8 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
     recovery = max(0.0, (finished - chaos_stopped).total_seconds())
     print(
         f"runs: {len(runs)} completed ({unfinished} unfinished when the chaos stopped)\n"
-        f"steps recorded: {recorded} + {child_steps.count()} in child runs (one completed row per position)\n"
+        f"steps recorded: {recorded} + {child_steps.count()} in child runs (one completed row per position), "
+        f"{eager} of the {2 * RUNS} without a timeout run eagerly\n"
         f"step executions: {executions} (expected without chaos: {RUNS * sum(RUNS_PER_STEP.values())})\n"
         f"re-executions: {sum(reruns.values())} extra, on {len(reruns)} step positions; flaky attempts 1"
         f" killed before their body ran: {sum((rid, 2, 1) not in attempts_run for rid in ids)}\n"
