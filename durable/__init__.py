@@ -17,7 +17,7 @@ from .api import (
 )
 from .composition import Deferred, Outcome
 from .context import Context
-from .definitions import Retry, Schedule, Step, Workflow, step, workflow
+from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
     ChildFailed,
@@ -59,6 +59,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "Schedule",
+    "Singleton",
     "Step",
     "StepFailed",
     "StepInfo",

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 
 from . import clock, conf, dispatch
 from .definitions import Workflow, registry
@@ -153,9 +154,15 @@ def new_run(
     **links: Any,
 ) -> str:
     """Insert a validated run and send its first turn on commit; return its id."""
+    from .engine import singletons
+
     settings = conf.get()
     now = clock.now()
     queue = definition.queue or settings.DEFAULT_QUEUE
+    placed = singletons.place(definition, stored_input)
+    # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
+    # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
+    wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)
     run = _runs().create(
         id=run_id or uuid.uuid4().hex,
         workflow=definition.name,
@@ -166,12 +173,14 @@ def new_run(
         tags=sorted({*definition.tags, *tags}),
         created_at=now,
         updated_at=now,
-        # A pending run always carries a wake: its delay, or the safety net if the send is lost.
-        wake_at=now + delay if delay else now + settings.RECONCILE_INTERVAL,
+        wake_at=wake_at,
         deadline=now + delay + definition.timeout if definition.timeout else None,
+        **placed,
         **links,
     )
-    if not delay:
+    if placed:
+        singletons.admit(placed["singleton_key"], definition.name)
+    elif not delay:
         dispatch.advance(run.id, queue)
     return run.id
 
@@ -291,8 +300,22 @@ def retry(run_id: str) -> RunHandle:
             _fresh_attempt(run, run.failed_seqs)
         if not _runs().reopen(run_id, clock.now()):
             raise DurableError(f"run {run_id!r} changed while it was being retried; try again")
-        dispatch.advance(run_id, run.queue)
+        if run.singleton_key:
+            _back_in_line(run)
+        else:
+            dispatch.advance(run_id, run.queue)
     return RunHandle(run_id)
+
+
+def _back_in_line(run: Run) -> None:
+    """A retried singleton run waits for a slot again, at the back of its key's line."""
+    from .engine import singletons
+    from .models import SingletonSlot
+
+    SingletonSlot.objects.using(conf.get().DATABASE).filter(key=run.singleton_key).update(next_seq=F("next_seq") + 1)
+    seq = SingletonSlot.objects.using(conf.get().DATABASE).get(key=run.singleton_key).next_seq
+    _runs().filter(id=run.id).update(admitted=False, singleton_seq=seq, wake_at=None)
+    singletons.admit(run.singleton_key, run.workflow)
 
 
 def _fresh_attempt(run: Run, seqs: list[int]) -> None:
@@ -358,5 +381,13 @@ def delete_run(run_id: str) -> int:
         while frontier:
             frontier = list(_runs().filter(parent_id__in=frontier).values_list("id", flat=True))
             ids.extend(frontier)
+        # Unfinished singleton runs deleted here free their slots for the next in line.
+        lines = set(_runs().filter(id__in=ids, status__in=("pending", "running", "suspended"))
+                    .exclude(singleton_key=None).values_list("singleton_key", "workflow"))
         _runs().filter(id__in=ids).delete()
+        if lines:
+            from .engine import singletons
+
+            for key, workflow in lines:
+                singletons.admit(key, workflow)
     return len(ids)

@@ -142,7 +142,7 @@ class Workflow:
     timeout: timedelta | None = None
     input_schema: Any = None
     validate_input: Callable[[Any], Any] | None = None
-    singleton: Any = None
+    singleton: Singleton | None = None
     on_error: dict[str, Any] | None = None
     dead_letter: Any = None
     tags: tuple[str, ...] = ()
@@ -178,6 +178,41 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<durable.Workflow {self.name}@{self.version}>"
+
+
+@dataclass(frozen=True)
+class Singleton:
+    """At most ``limit`` runs per key in flight; later ones wait ``pending``, in start order, and
+    ``start()`` raises ``QueueFull`` once ``limit + max_queue_depth`` are unfinished. ``key`` is a
+    callable of the input or a ``str.format`` template over it (``"{customer_id}"``)."""
+
+    key: Any
+    limit: int = 1
+    max_queue_depth: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (callable(self.key) or (isinstance(self.key, str) and self.key)):
+            raise InvalidInput(f'Singleton(key=...) is a callable of the input or a template like "{{customer_id}}", got {self.key!r}')
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise InvalidInput(f"Singleton(limit=...) must be a whole number of at least 1, got {self.limit!r}")
+        depth = self.max_queue_depth
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise InvalidInput(f"Singleton(max_queue_depth=...) must be None or a whole number, got {depth!r}")
+
+    def key_for(self, input: Any) -> str:
+        """The key of a run with this input; a key that cannot be made is bad input."""
+        try:
+            if callable(self.key):
+                key = self.key(input)
+            elif isinstance(input, dict):
+                key = self.key.format_map(input)
+            else:
+                key = self.key.format(input)
+        except Exception as exc:  # noqa: BLE001 - whatever the template or the callable raised
+            raise InvalidInput(f"the singleton key {self.key!r} could not be made from the input: {exc!r}") from None
+        if not isinstance(key, str) or not key:
+            raise InvalidInput(f"the singleton key must be a non-empty string, got {key!r}")
+        return key
 
 
 OVERLAPS = ("skip", "allow")
@@ -422,6 +457,8 @@ def workflow(
         )
 
     declared = _schedule_option(schedule)
+    if singleton is not None and not isinstance(singleton, Singleton):
+        raise InvalidInput(f"singleton= takes a durable.Singleton(key=..., limit=...), got {singleton!r}")
     search_schema = _search_schema_option(search_attributes_schema)
     return wrap(fn) if fn is not None else wrap
 

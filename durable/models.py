@@ -43,11 +43,11 @@ class RunQuerySet(models.QuerySet["Run"]):
             "status = %s, locked_by = %s, locked_until = %s, started_at = COALESCE(started_at, %s), "
             "updated_at = %s "
             "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
-            "RETURNING *"
+            "AND admitted = %s RETURNING *"
         )
         params = [
             Status.RUNNING, Status.RUNNING, owner, at(now + lease), at(now), at(now),
-            run_id, *UNFINISHED, at(now),
+            run_id, *UNFINISHED, at(now), True,
         ]
         claimed = list(Run.objects.using(self.db).raw(sql, params))
         return claimed[0] if claimed else None
@@ -85,7 +85,8 @@ class RunQuerySet(models.QuerySet["Run"]):
         has finished. One statement.
 
         The run's timer is brought forward to ``redrive_at`` at the latest, so the timer sweep
-        re-drives it if the message that should carry this wake is lost.
+        re-drives it if the message that should carry this wake is lost; a run waiting for its
+        singleton slot keeps its own (its start delay), since it cannot run before it is admitted.
         """
         connection = connections[self.db]
         ops = connection.ops
@@ -93,7 +94,8 @@ class RunQuerySet(models.QuerySet["Run"]):
         at = ops.adapt_datetimefield_value(redrive_at)
         sql = (
             f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wakes = wakes + 1, "
-            f"wake_at = {earliest}(COALESCE(wake_at, %s), %s), updated_at = %s "
+            f"wake_at = CASE WHEN admitted THEN {earliest}(COALESCE(wake_at, %s), %s) ELSE wake_at END, "
+            "updated_at = %s "
             "WHERE id = %s AND status IN (%s, %s, %s) RETURNING queue"
         )
         with connection.cursor() as cursor:
@@ -140,14 +142,17 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
-    def start_child(self, child: Any, *, parent: Run, now: datetime, queue: str, reconcile: timedelta) -> bool:
+    def start_child(
+        self, child: Any, *, parent: Run, now: datetime, queue: str, reconcile: timedelta, **fields: Any
+    ) -> bool:
         """Create the child run a parent's turn starts; False if that id already exists."""
+        fields.setdefault("wake_at", now + reconcile)
         try:
             with transaction.atomic(using=self.db):
                 self.create(
                     id=child.run_id, workflow=child.workflow, version=child.version, queue=queue,
                     input=child.input, parent=parent, parent_seq=child.seq, namespace=parent.namespace,
-                    created_at=now, updated_at=now, wake_at=now + reconcile,
+                    created_at=now, updated_at=now, **fields,
                 )
         except IntegrityError:
             return False
@@ -155,7 +160,7 @@ class RunQuerySet(models.QuerySet["Run"]):
 
     def due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
         """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
-        qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now)
+        qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
         return list(_skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
 
     def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
@@ -261,6 +266,11 @@ class Run(models.Model):
     deadline = models.DateTimeField(null=True, blank=True)
     #: A durable ``cancel(compensate=True)``: the next turn unwinds the saga, then cancels.
     cancel_request = models.JSONField(null=True, blank=True)
+    #: ``<workflow>:<key>`` of a singleton workflow's run; its place in the key's line; and
+    #: whether it holds one of the key's slots (a run that does not waits, pending, unclaimable).
+    singleton_key = models.CharField(max_length=255, null=True, blank=True)
+    singleton_seq = models.BigIntegerField(null=True, blank=True)
+    admitted = models.BooleanField(default=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -271,6 +281,9 @@ class Run(models.Model):
             models.Index(fields=["created_at"], name="durable_run_created"),
             # The retention sweep: finished runs of some statuses, oldest first.
             models.Index(fields=["status", "finished_at"], name="durable_run_finished"),
+            models.Index(fields=["singleton_key", "status"], name="durable_run_singleton"),
+            # Runs waiting for a singleton slot, found by the timer sweep's repair pass.
+            models.Index(fields=["singleton_seq"], name="durable_run_waiting", condition=models.Q(admitted=False)),
         ]
 
     def __str__(self) -> str:
@@ -534,3 +547,14 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"schedule {self.key} ({self.cron} {self.timezone})"
+
+
+class SingletonSlot(models.Model):
+    """One row per singleton key: locked while the key's slots are counted, so two starts
+    cannot both take the last one; ``next_seq`` numbers the key's runs in start order."""
+
+    key = models.CharField(primary_key=True, max_length=255)
+    next_seq = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"singleton {self.key}"

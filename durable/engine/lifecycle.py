@@ -24,6 +24,10 @@ ON_ERROR_PREFIX = "on_error:"
 
 def finished(run: Run) -> None:
     """Tell the world a run reached a terminal state (call inside that transaction)."""
+    if run.singleton_key:
+        from . import singletons
+
+        singletons.admit(run.singleton_key, run.workflow)
     if run.parent_id:
         _tell_parent(run)
     if run.status == Status.DEAD:

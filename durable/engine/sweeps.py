@@ -11,7 +11,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..models import Run, Status
-from . import lifecycle
+from . import lifecycle, singletons
 from .turn import recovery_exhausted
 
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
@@ -22,7 +22,8 @@ def sweep_timers() -> int:
     """Send a turn to every run whose timer, retry backoff or safety-net wake is due."""
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE)
-    woken = 0
+    with transaction.atomic(using=settings.DATABASE):
+        woken = singletons.repair()
     for _ in range(MAX_BATCHES):
         now = clock.now()
         with transaction.atomic(using=settings.DATABASE):

@@ -19,7 +19,7 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
-from . import attempts, events, leases, lifecycle
+from . import attempts, events, leases, lifecycle, singletons
 
 log = logging.getLogger("durable.engine")
 
@@ -172,10 +172,11 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
 
 
 def _settles_alone(run: Run, state: TurnState, outcome: Outcome) -> bool:
-    """Whether the settle is the turn's only write left (a finished child also tells its parent)."""
+    """Whether the settle is the turn's only write left."""
     if state.unsaved() or state.consumed or state.dispatch or state.children:
         return False
-    return outcome.status == "suspended" or (outcome.status == "completed" and not run.parent_id)
+    finishing_alone = not run.parent_id and not run.singleton_key  # else it tells its parent or line
+    return outcome.status == "suspended" or (outcome.status == "completed" and finishing_alone)
 
 
 def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings, state: TurnState | None = None) -> None:
@@ -192,11 +193,17 @@ def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings, sta
 def _start_children(run: Run, state: TurnState, settings: conf.Settings) -> None:
     now = clock.now()
     for child in state.children:
+        definition = registry.workflow(child.workflow, child.version)
+        # A child of a singleton workflow waits in its key's line like any run (never refused:
+        # the parent's history already holds it).
+        placed = singletons.place(definition, child.input, queue_limit=False)
         created = Run.objects.using(settings.DATABASE).start_child(
             child, parent=run, now=now, queue=_queue_of(child.workflow, child.version, settings),
-            reconcile=settings.RECONCILE_INTERVAL,
+            reconcile=settings.RECONCILE_INTERVAL, **placed, **({"wake_at": None} if placed else {}),
         )
-        if created:
+        if created and placed:
+            singletons.admit(placed["singleton_key"], definition.name)
+        elif created:
             dispatch.advance(child.run_id, _queue_of(child.workflow, child.version, settings))
     state.children.clear()
 

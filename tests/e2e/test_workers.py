@@ -89,6 +89,11 @@ def event_flow(ctx, order):
     return [ctx.wait_for_event("e2e.paid", match={"order": order}), ctx.wait_for_event("e2e.shipped")]
 
 
+@durable.workflow(name="tests.e2e_singleton", singleton=durable.Singleton(key="{account}"))
+def singleton_flow(ctx, job):
+    return [job["n"], ctx.wait_for_signal("go")]
+
+
 @durable.workflow(name="tests.e2e_timer")
 def timer_flow(ctx, seconds):
     ctx.step(quick, "before")
@@ -165,6 +170,18 @@ def test_events_reach_waiting_runs_across_processes(durable_worker):
     assert durable.get_run(runs[0].id).status == "suspended"
     durable.publish_event("e2e.paid", {"order": 1})
     assert durable.result(runs[0].id, timeout=30) == [{"order": 1}, {"carrier": "post"}]
+
+
+def test_a_singleton_key_runs_one_at_a_time_across_processes(durable_worker):
+    first, second = (durable.start(singleton_flow, {"account": "a1", "n": n}) for n in (1, 2))
+    wait_for(lambda: durable.get_run(first.id).status == "suspended", 60, what="the first run to wait")
+    time.sleep(1)
+    assert (durable.get_run(second.id).status, durable.get_run(second.id).admitted) == ("pending", False)
+    durable.signal(second.id, "go", "second")  # buffered while it waits for its slot
+    durable.signal(first.id, "go", "first")
+    assert durable.result(first.id, timeout=30) == [1, "first"]
+    assert durable.result(second.id, timeout=30) == [2, "second"]
+    assert durable.get_run(second.id).started_at >= durable.get_run(first.id).finished_at
 
 
 def test_two_second_timer_fires_within_three_seconds_of_due(durable_worker):

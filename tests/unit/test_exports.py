@@ -26,6 +26,7 @@ PUBLIC = [
     "RunHandle",
     "RunNotFound",
     "Schedule",
+    "Singleton",
     "Step",
     "StepFailed",
     "StepInfo",

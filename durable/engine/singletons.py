@@ -1,0 +1,90 @@
+"""Singleton workflows: at most ``limit`` runs per key hold a slot; the others wait, pending and
+unclaimable, in start order, and get the slots as they free up.
+
+The key's slot row is locked while its slots are counted, so two starts never both take the last
+one; a slot is handed on in the transaction that finishes the run holding it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from .. import clock, conf, dispatch
+from ..definitions import Workflow, registry
+from ..errors import QueueFull, WorkflowNotRegistered
+from ..models import UNFINISHED, Run, SingletonSlot
+
+#: Keys with waiting runs one sweep looks at.
+REPAIR_BATCH = 100
+
+
+def place(definition: Workflow, input: Any, *, queue_limit: bool = True) -> dict[str, Any]:
+    """The fields that put a new run of ``definition`` in its key's line (none for other
+    workflows). Call in the transaction that inserts the run, then ``admit(key, ...)``."""
+    spec = definition.singleton
+    if spec is None:
+        return {}
+    key = f"{definition.name}:{spec.key_for(input)}"
+    slot = _lock(key)
+    unfinished = Run.objects.using(conf.get().DATABASE).filter(singleton_key=key, status__in=UNFINISHED).count()
+    if queue_limit and spec.max_queue_depth is not None and unfinished >= spec.limit + spec.max_queue_depth:
+        raise QueueFull(
+            f"singleton key {key!r} already has {unfinished} unfinished runs (limit {spec.limit} + "
+            f"max_queue_depth {spec.max_queue_depth}); nothing was started",
+            details={"key": key, "unfinished": unfinished},
+        )
+    SingletonSlot.objects.using(conf.get().DATABASE).filter(key=key).update(next_seq=F("next_seq") + 1)
+    return {"singleton_key": key, "singleton_seq": slot.next_seq + 1, "admitted": False}
+
+
+def admit(key: str, workflow: str) -> list[str]:
+    """Give the key's free slots to its oldest waiting runs and send each a turn (on commit)."""
+    settings = conf.get()
+    with transaction.atomic(using=settings.DATABASE):  # the caller's, when it has one
+        return _admit(key, workflow, settings)
+
+
+def _admit(key: str, workflow: str, settings: conf.Settings) -> list[str]:
+    runs = Run.objects.using(settings.DATABASE)
+    _lock(key)
+    line = runs.filter(singleton_key=key, status__in=UNFINISHED)
+    free = _limit(workflow) - line.filter(admitted=True).count()
+    if free <= 0:
+        return []
+    now = clock.now()
+    admitted = []
+    for run_id, queue, wake_at in line.filter(admitted=False).order_by("singleton_seq").values_list(
+        "id", "queue", "wake_at"
+    )[:free]:
+        delayed = wake_at is not None and wake_at > now  # started with a delay not yet over
+        runs.filter(id=run_id, admitted=False).update(
+            admitted=True, wake_at=wake_at if delayed else now + settings.RECONCILE_INTERVAL, updated_at=now
+        )
+        if not delayed:
+            dispatch.advance(run_id, queue)
+        admitted.append(run_id)
+    return admitted
+
+
+def repair() -> int:
+    """Admit waiting runs whose key has free slots, e.g. after a deploy raised its limit."""
+    runs = Run.objects.using(conf.get().DATABASE)
+    waiting = runs.filter(admitted=False, status__in=UNFINISHED).values_list("singleton_key", "workflow")
+    return sum(len(admit(key, workflow)) for key, workflow in set(waiting[:REPAIR_BATCH]))
+
+
+def _limit(workflow: str) -> int:
+    try:
+        spec = registry.workflow(workflow).singleton
+    except WorkflowNotRegistered:
+        return 0  # this process lacks the code: leave the line for one that has it
+    return spec.limit if spec is not None else 1_000_000_000  # no longer a singleton: admit them all
+
+
+def _lock(key: str) -> SingletonSlot:
+    slots = SingletonSlot.objects.using(conf.get().DATABASE)
+    slots.get_or_create(key=key)
+    return slots.select_for_update().get(key=key)
