@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 
 from . import clock, conf, dispatch
 from .definitions import Workflow, registry
@@ -301,21 +300,12 @@ def retry(run_id: str) -> RunHandle:
         if not _runs().reopen(run_id, clock.now()):
             raise DurableError(f"run {run_id!r} changed while it was being retried; try again")
         if run.singleton_key:
-            _back_in_line(run)
+            from .engine import singletons
+
+            singletons.requeue(run)  # it waits for a slot again, at the back of its key's line
         else:
             dispatch.advance(run_id, run.queue)
     return RunHandle(run_id)
-
-
-def _back_in_line(run: Run) -> None:
-    """A retried singleton run waits for a slot again, at the back of its key's line."""
-    from .engine import singletons
-    from .models import SingletonSlot
-
-    SingletonSlot.objects.using(conf.get().DATABASE).filter(key=run.singleton_key).update(next_seq=F("next_seq") + 1)
-    seq = SingletonSlot.objects.using(conf.get().DATABASE).get(key=run.singleton_key).next_seq
-    _runs().filter(id=run.id).update(admitted=False, singleton_seq=seq, wake_at=None)
-    singletons.admit(run.singleton_key, run.workflow)
 
 
 def _fresh_attempt(run: Run, seqs: list[int]) -> None:

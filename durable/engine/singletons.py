@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F
 
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
@@ -36,8 +36,15 @@ def place(definition: Workflow, input: Any, *, queue_limit: bool = True) -> dict
             f"max_queue_depth {spec.max_queue_depth}); nothing was started",
             details={"key": key, "unfinished": unfinished},
         )
-    SingletonSlot.objects.using(conf.get().DATABASE).filter(key=key).update(next_seq=F("next_seq") + 1)
-    return {"singleton_key": key, "singleton_seq": slot.next_seq + 1, "admitted": False}
+    return {"singleton_key": key, "singleton_seq": _next_seq(slot), "admitted": False}
+
+
+def requeue(run: Run) -> None:
+    """Put a run that runs again (a retry) at the back of its key's line, then admit who can go."""
+    assert run.singleton_key is not None
+    seq = _next_seq(_lock(run.singleton_key))
+    Run.objects.using(conf.get().DATABASE).filter(id=run.id).update(admitted=False, singleton_seq=seq, wake_at=None)
+    admit(run.singleton_key, run.workflow)
 
 
 def admit(key: str, workflow: str) -> list[str]:
@@ -70,10 +77,23 @@ def _admit(key: str, workflow: str, settings: conf.Settings) -> list[str]:
 
 
 def repair() -> int:
-    """Admit waiting runs whose key has free slots, e.g. after a deploy raised its limit."""
+    """Admit waiting runs whose key has free slots, e.g. after a deploy raised its limit.
+
+    Two reads when nothing is to be done: the keys with waiting runs, and their runs in flight."""
     runs = Run.objects.using(conf.get().DATABASE)
-    waiting = runs.filter(admitted=False, status__in=UNFINISHED).values_list("singleton_key", "workflow")
-    return sum(len(admit(key, workflow)) for key, workflow in set(waiting[:REPAIR_BATCH]))
+    waiting = dict(
+        runs.filter(admitted=False, status__in=UNFINISHED).order_by()
+        .values_list("singleton_key", "workflow").distinct()[:REPAIR_BATCH]
+    )
+    if not waiting:
+        return 0
+    in_flight = dict(
+        runs.filter(singleton_key__in=list(waiting), admitted=True, status__in=UNFINISHED).order_by()
+        .values_list("singleton_key").annotate(n=Count("id"))
+    )
+    return sum(
+        len(admit(key, workflow)) for key, workflow in waiting.items() if in_flight.get(key, 0) < _limit(workflow)
+    )
 
 
 def _limit(workflow: str) -> int:
@@ -82,6 +102,12 @@ def _limit(workflow: str) -> int:
     except WorkflowNotRegistered:
         return 0  # this process lacks the code: leave the line for one that has it
     return spec.limit if spec is not None else 1_000_000_000  # no longer a singleton: admit them all
+
+
+def _next_seq(slot: SingletonSlot) -> int:
+    """The next place in the line of ``slot``'s key (its row locked by the caller)."""
+    SingletonSlot.objects.using(conf.get().DATABASE).filter(key=slot.key).update(next_seq=F("next_seq") + 1)
+    return slot.next_seq + 1
 
 
 def _lock(key: str) -> SingletonSlot:
