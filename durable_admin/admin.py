@@ -26,7 +26,7 @@ from django.utils.translation import ngettext
 
 import durable
 from durable import conf
-from durable.models import Checkpoint, Run, Schedule, Signal
+from durable.models import Checkpoint, Event, Run, Schedule, Signal
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
@@ -375,3 +375,17 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
         started = [durable.trigger_schedule(key).id for key in queryset.values_list("pk", flat=True)]
         self.message_user(request, ngettext("Started %d run: %s", "Started %d runs: %s", len(started))
                           % (len(started), _reasons(started)))
+
+
+@admin.register(Event)
+class EventAdmin(DurableRows, admin.ModelAdmin):
+    """Published events, kept for EVENT_BUFFER_TTL for the waits that come later."""
+
+    list_display = ("id", "name", "created_time")
+    list_filter = ("name",)
+    search_fields = ("name",)
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = ("id", "name", "created_time", "payload_json")
+    readonly_fields = fields
+    payload_json = json_display("payload")

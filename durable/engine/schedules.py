@@ -17,7 +17,7 @@ from django.db import transaction
 from .. import api, clock, conf
 from ..definitions import Schedule as Spec
 from ..definitions import registry
-from ..errors import WorkflowNotRegistered
+from ..errors import DurableError
 from ..models import UNFINISHED, Run, Schedule
 
 log = logging.getLogger("durable.engine")
@@ -72,9 +72,10 @@ def _fire(row: Schedule, now: datetime) -> bool:
         return False
     try:
         api.start(row.workflow, row.input, run_id=new_id)
-    except WorkflowNotRegistered:
-        log.warning("durable: schedule %s names workflow %s, not registered here; tick %s skipped",
-                    row.key, row.workflow, tick)
+    except DurableError as exc:
+        # Not registered here, an input its workflow now refuses, a full singleton line: this
+        # tick is lost, the next ones are not, and the sweep goes on with the other schedules.
+        log.warning("durable: schedule %s could not start %s for its %s tick: %s", row.key, row.workflow, tick, exc)
         return False
     return True
 

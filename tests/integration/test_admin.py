@@ -302,3 +302,9 @@ def test_schedules_are_listed_paused_resumed_and_triggered(admin_client: Client,
     assert run_id in response.content.decode()
     page = admin_client.get(reverse("admin:durable_schedule_change", args=["admin-report"])).content.decode()
     assert "cron" in page
+
+
+def test_published_events_are_listed(admin_client: Client, durable_env: Any) -> None:
+    durable.publish_event("admin.paid", {"order": 7})
+    page = admin_client.get(reverse("admin:durable_event_changelist")).content.decode()
+    assert "admin.paid" in page

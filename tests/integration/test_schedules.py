@@ -131,3 +131,17 @@ def test_unknown_workflows_and_keys_are_refused(durable_env):
         durable.trigger_schedule("nope")
     with pytest.raises(durable.InvalidInput, match="schedule= takes a cron string"):
         durable.workflow(lambda ctx, _: None, name="tests.sched_bad", schedule=5)
+
+
+@durable.workflow(name="tests.sched_picky", validate_input=lambda value: value == "ok" or 1 / 0)
+def picky(ctx, value):
+    return value
+
+
+def test_a_tick_whose_run_cannot_start_is_skipped_and_the_others_still_fire(at_noon):
+    durable.schedule("picky", picky, cron="*/5 * * * *", input="ok")
+    durable.schedule("report", report, cron="*/5 * * * *")
+    Schedule.objects.filter(key="picky").update(input="refused")  # the workflow no longer takes it
+    at_noon.advance_time("5m")
+    assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
+    assert Schedule.objects.get(key="picky").next_at == datetime(2026, 12, 1, 12, 10, tzinfo=UTC)
