@@ -159,3 +159,15 @@ def test_good_retention_policies_pass_and_load() -> None:
         first, second = conf.get().RETENTION
     assert (first.statuses, first.max_age, first.max_count) == (("completed",), timedelta(days=30), None)
     assert (second.statuses, second.max_count, second.workflows) == (conf.FINISHED, 1000, ("shop.fulfil",))
+
+
+def test_step_options_not_enforced_yet_are_reported() -> None:
+    import durable
+    from durable.definitions import registry
+
+    durable.step(lambda: None, name="tests.checks_limited", concurrency=2)
+    try:
+        [warning] = [m for m in conf.check_definitions() if "tests.checks_limited" in m.msg]
+    finally:
+        registry.steps.pop("tests.checks_limited")
+    assert warning.id == "durable.W002" and "concurrency=" in warning.msg
