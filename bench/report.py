@@ -89,7 +89,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
         r = results["ceiling"]
         for label in r.get("fractions", {}).values():  # only when the local family ran too
             add(f"5. Local steps/s as a fraction of the commit ceiling: {label['what']}",
-                f"{label['steps_per_s']} steps/s", f"{r['commits_per_s']['median']} commits/s",
+                f"{label['steps_per_s']} steps/s", f"{label.get('ceiling', r['commits_per_s']['median'])} commits/s",
                 label["fraction"], "of the ceiling", ">= 0.40", _verdict(label["fraction"], 0.40, False),
                 str(r["commits_per_s"]["n"]))
     if "rss" in results:
@@ -138,8 +138,11 @@ def markdown(data: dict[str, Any]) -> str:
         *_table(data),
     ]
     if "ceiling" in data["results"]:
+        r = data["results"]["ceiling"]
         lines += ["", f"Commit ceiling (psycopg, one connection, INSERT + COMMIT): "
-                  f"{data['results']['ceiling']['commits_per_s']['median']} commits/s."]
+                  f"{r['commits_per_s']['median']} commits/s at the start"
+                  + (f", {r['next_to_local']['commits_per_s']['median']} commits/s next to the local families "
+                     "(family 5 compares with this one)" if "next_to_local" in r else "") + "."]
     worker = meta.get("worker_peak_rss")
     if worker:
         lines += ["", f"Peak RSS of the suite's worker (families 1-3): {worker['peak_total_mib']} MiB in all "
