@@ -455,20 +455,13 @@ def _s(seconds: float) -> str:
 
 def markdown(data: dict[str, Any]) -> str:
     meta, res = data["meta"], data["results"]
-    m = meta["machine"]
     fans, chord, goals = res["fans"], res["chord"], res["goals"]
     lines = [
         "# durable fan benchmarks",
         "",
-        f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
-        f"PostgreSQL {m['postgresql']} (synchronous_commit={m['postgresql_synchronous_commit']}) · Redis {m['redis']} · "
-        f"{m['worker']} · settings `{meta['settings']}`",
+        report.machine_line(meta),
         "",
-        f"Sources measured: durable/ durable_admin/ project/ hash `{meta['source_hash']}`"
-        + (" (**the work tree changed during the run**; the snapshot taken at the start was measured)"
-           if meta.get("tree_changed_during_run") else "")
-        + f". Load average at start / end: {meta['loadavg_start']} / {meta['loadavg_end']}. "
-        f"Command time: {meta['total_s']:.0f} s (`{meta['command'].strip()}`).",
+        report.sources_line(meta) + f"Command time: {meta['total_s']:.0f} s (`{meta['command'].strip()}`).",
         "",
         "Each figure is the median of its repetitions (every sample is in fans.json). The durable "
         "figure is the wall time from `durable.start()` to `durable.result()` returning (its own "

@@ -114,21 +114,29 @@ def _table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def machine_line(meta: dict[str, Any]) -> str:
+    m = meta["machine"]
+    return (f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
+            f"PostgreSQL {m['postgresql']} (synchronous_commit={m['postgresql_synchronous_commit']}) · "
+            f"Redis {m['redis']} · {m['worker']} · settings `{meta['settings']}`")
+
+
+def sources_line(meta: dict[str, Any]) -> str:
+    """What was measured and how busy the machine was; the caller adds its total time."""
+    return (f"Sources measured: durable/ durable_admin/ project/ hash `{meta['source_hash']}`"
+            + (" (**the work tree differed from this copy when the run ended**: the copy was measured)"
+               if meta.get("tree_changed_during_run") else "")
+            + f". Load average at start / end: {meta['loadavg_start']} / {meta['loadavg_end']}. ")
+
+
 def markdown(data: dict[str, Any]) -> str:
     meta = data["meta"]
-    m = meta["machine"]
     lines = [
         f"# durable benchmarks ({meta['mode']} run)",
         "",
-        f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
-        f"PostgreSQL {m['postgresql']} (synchronous_commit={m['postgresql_synchronous_commit']}) · Redis {m['redis']} · "
-        f"{m['worker']} · settings `{meta['settings']}`",
+        machine_line(meta),
         "",
-        f"Sources measured: durable/ durable_admin/ project/ hash `{meta['source_hash']}`"
-        + (" (**the work tree differed from this copy when the run ended**: the copy was measured)"
-           if meta.get("tree_changed_during_run") else "")
-        + f". Load average at start / end: {meta['loadavg_start']} / {meta['loadavg_end']}. "
-        f"Suite time: {meta['total_s']:.0f} s.",
+        sources_line(meta) + f"Suite time: {meta['total_s']:.0f} s.",
         "",
         "Each figure is the median of its repetitions (all samples are in latest.json); every ratio "
         "compares two figures measured in this run. Repetitions: durable's / the peer's where they "

@@ -28,6 +28,7 @@ from .errors import (
     WaitTimeout,
     error_dict,
 )
+from .eventwaits import EventWaits
 from .history import (
     COMPLETED,
     FAILED,
@@ -39,6 +40,7 @@ from .history import (
     Record,
     roundtrip,
 )
+from .searchattributes import SearchAttributes
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.workflow")
@@ -117,7 +119,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition):
+class Context(Composition, EventWaits, SearchAttributes):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -222,46 +224,20 @@ class Context(Composition):
         """Return the payload of the next signal ``name``; raise WaitTimeout past ``timeout``."""
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"ctx.wait_for_signal() needs a signal name, got {name!r}")
-        try:
-            delta = None if timeout is None else parse_duration(timeout, what="timeout")
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        rec = self._position("signal", name)
-        if rec is None:
-            rec = self._new("signal", name, input={"timeout": None if delta is None else delta.total_seconds()})
-            rec.wake_at = None if delta is None else self._clock() + delta
+        rec = self._wait_position("signal", name, timeout, {})
         return self._settle(self._resolve_signal(rec))
 
-    def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
-        """Return the payload of the oldest event ``name`` published within EVENT_BUFFER_TTL whose
-        payload holds every key/value of ``match`` and that this run has not received yet."""
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"ctx.wait_for_event() needs an event name, got {name!r}")
-        match = check_match(match)
+    def _wait_position(self, kind: str, name: str, timeout: Any, input: dict[str, Any]) -> Record:
+        """The position of a wait, recorded with its timeout (as ``wake_at``) when new."""
         try:
             delta = None if timeout is None else parse_duration(timeout, what="timeout")
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        rec = self._position("event", name)
+        rec = self._position(kind, name)
         if rec is None:
-            seconds = None if delta is None else delta.total_seconds()
-            rec = self._new("event", name, input={"match": match, "timeout": seconds})
+            rec = self._new(kind, name, input={**input, "timeout": None if delta is None else delta.total_seconds()})
             rec.wake_at = None if delta is None else self._clock() + delta
-        return self._settle(self._resolve_event(rec))
-
-    def upsert_search_attributes(self, mapping: dict[str, Any]) -> None:
-        """Merge ``mapping`` into the run's search attributes (a None value removes one), checked
-        against the workflow's ``search_attributes_schema``; query them with the ORM."""
-        checked = check_search_attributes(mapping, registry.workflow(self._run.workflow, self._run.version))
-        recorded = self._position("value", SEARCH_ATTRIBUTES) is not None
-        if not recorded:
-            rec = self._new("value", SEARCH_ATTRIBUTES, status=COMPLETED, output=checked)
-            rec.finished_at = self._clock()
-            merged: dict[str, Any] = {}
-            for upsert in sorted(self._state.records.values(), key=lambda r: r.seq):
-                if upsert.kind == "value" and upsert.name == SEARCH_ATTRIBUTES:
-                    merged.update(upsert.output)
-            self._state.search_attributes = {k: v for k, v in merged.items() if v is not None}
+        return rec
 
     def now(self) -> datetime:
         """The current time, recorded once and the same on every replay."""
@@ -495,103 +471,37 @@ class Context(Composition):
             return None
         return _Pending(rec.wake_at)
 
-    def _resolve_event(self, rec: Record) -> Any:
-        if rec.status == COMPLETED:
-            return rec.output
-        if rec.status == FAILED:
-            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
-        now = self._clock()
-        found = None
-        if self._state.find_event is not None:
-            since = now - self._limits.event_ttl
-            found = self._state.find_event(rec.name, rec.input.get("match"), since, received_events(self._state.records))
-        if found is not None:
-            event_id, payload = found
-            rec.input = {**rec.input, "event_id": event_id}
-            rec.status = COMPLETED
-            rec.output = payload
-            rec.finished_at = now
-            rec.wake_at = None
-            rec.changed()
-            return rec.output
-        if rec.wake_at is not None and rec.wake_at <= now:
-            rec.status = FAILED
-            rec.error = WaitTimeout(f"no event {rec.name!r} matching {rec.input.get('match')!r} arrived before the timeout").to_dict()
-            rec.finished_at = now
-            rec.changed()
-            return self._resolve_event(rec)
-        return _Pending(rec.wake_at)
-
     def _resolve_signal(self, rec: Record) -> Any:
-        if rec.status == COMPLETED:
-            return rec.output
-        if rec.status == FAILED:
-            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
-        now = self._clock()
-        buffered = next(
-            (s for s in self._state.buffered() if s.name == rec.name and s.consumed_seq is None), None
-        )
-        if buffered is not None:
+        def take(now: datetime) -> tuple[bool, Any]:
+            buffered = next(
+                (s for s in self._state.buffered() if s.name == rec.name and s.consumed_seq is None), None
+            )
+            if buffered is None:
+                return False, None
             buffered.consumed_seq = rec.seq
             self._state.consumed.append(buffered)
-            rec.status = COMPLETED
-            rec.output = buffered.payload
-            rec.finished_at = now
-            rec.wake_at = None
+            return True, buffered.payload
+
+        return self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout")
+
+    def _resolve_wait(self, rec: Record, take: Callable[[datetime], tuple[bool, Any]], missed: str) -> Any:
+        """A wait answers from its record, else with what ``take`` finds now, else it fails with
+        ``WaitTimeout`` past its timeout, else it is pending until then."""
+        if rec.status == COMPLETED:
+            return rec.output
+        if rec.status == FAILED:
+            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
+        now = self._clock()
+        found, value = take(now)
+        if found:
+            rec.status, rec.output, rec.finished_at, rec.wake_at = COMPLETED, value, now, None
             rec.changed()
             return rec.output
         if rec.wake_at is not None and rec.wake_at <= now:
-            rec.status = FAILED
-            rec.error = WaitTimeout(f"no signal {rec.name!r} arrived before the timeout").to_dict()
-            rec.finished_at = now
+            rec.status, rec.error, rec.finished_at = FAILED, WaitTimeout(missed).to_dict(), now
             rec.changed()
-            return self._resolve_signal(rec)
+            return self._resolve_wait(rec, take, missed)
         return _Pending(rec.wake_at)
-
-
-SEARCH_ATTRIBUTES = "search_attributes"
-_SCALARS = (str, int, float, bool)
-
-
-def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
-    """``mapping`` as an upsert takes it: names to JSON values, each of its schema's type."""
-    if not isinstance(mapping, dict) or not all(isinstance(k, str) and k for k in mapping):
-        raise InvalidInput(f"search attributes are a dict of names to values, got {mapping!r}")
-    mapping = roundtrip(mapping, what="search attributes")
-    schema = workflow.search_attributes_schema
-    if schema is None:
-        return mapping
-    for name, value in mapping.items():
-        if name not in schema:
-            raise InvalidInput(
-                f"search attribute {name!r} is not in {workflow.name}'s search_attributes_schema ({', '.join(schema)})"
-            )
-        kinds = schema[name] if isinstance(schema[name], tuple) else (schema[name],)
-        fits = any(isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool) for kind in kinds)
-        if value is not None and not fits:
-            names = " or ".join(kind.__name__ for kind in kinds)
-            raise InvalidInput(f"search attribute {name!r} must be {names}, got {value!r}")
-    return mapping
-
-
-def check_match(match: Any) -> dict[str, Any] | None:
-    """``match`` as a wait for an event takes it: None, or a dict of names to JSON scalars."""
-    if match is None:
-        return None
-    scalars = (str, int, float, bool, type(None))
-    if not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, scalars) for k, v in match.items()):
-        raise InvalidInput(
-            f"match must be a dict of payload keys to JSON scalars (str, number, bool, None), got {match!r}"
-        )
-    return roundtrip(match, what="match")
-
-
-def received_events(records: dict[int, Record]) -> set[int]:
-    """Ids of the events this run's waits have received."""
-    return {
-        rec.input["event_id"] for rec in records.values()
-        if rec.kind == "event" and rec.status == COMPLETED and "event_id" in (rec.input or {})
-    }
 
 
 def replay(

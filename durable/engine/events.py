@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock, conf
-from ..context import check_match, received_events
+from ..eventwaits import check_match, received_events
 from ..history import PENDING, Record
 from ..models import Checkpoint, Event
 from . import lifecycle

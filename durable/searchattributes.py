@@ -1,0 +1,54 @@
+"""``ctx.upsert_search_attributes``: recorded once per position, merged into the run's row by the
+turn's settle (``TurnState.search_attributes``), and queried with the ORM."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .definitions import Workflow, registry
+from .errors import InvalidInput
+from .history import COMPLETED, roundtrip
+
+if TYPE_CHECKING:
+    from .context import Context
+
+SEARCH_ATTRIBUTES = "search_attributes"
+
+
+class SearchAttributes:
+    """Mixed into ``Context``."""
+
+    def upsert_search_attributes(self: Context, mapping: dict[str, Any]) -> None:
+        """Merge ``mapping`` into the run's search attributes (a None value removes one), checked
+        against the workflow's ``search_attributes_schema``; query them with the ORM."""
+        checked = check_search_attributes(mapping, registry.workflow(self._run.workflow, self._run.version))
+        if self._position("value", SEARCH_ATTRIBUTES) is not None:
+            return  # recorded by an earlier turn, and merged into the row then
+        rec = self._new("value", SEARCH_ATTRIBUTES, status=COMPLETED, output=checked)
+        rec.finished_at = self._clock()
+        merged: dict[str, Any] = {}
+        for upsert in sorted(self._state.records.values(), key=lambda r: r.seq):
+            if upsert.kind == "value" and upsert.name == SEARCH_ATTRIBUTES:
+                merged.update(upsert.output)
+        self._state.search_attributes = {k: v for k, v in merged.items() if v is not None}
+
+
+def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
+    """``mapping`` as an upsert takes it: names to JSON values, each of its schema's type."""
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and k for k in mapping):
+        raise InvalidInput(f"search attributes are a dict of names to values, got {mapping!r}")
+    mapping = roundtrip(mapping, what="search attributes")
+    schema = workflow.search_attributes_schema
+    if schema is None:
+        return mapping
+    for name, value in mapping.items():
+        if name not in schema:
+            raise InvalidInput(
+                f"search attribute {name!r} is not in {workflow.name}'s search_attributes_schema ({', '.join(schema)})"
+            )
+        kinds = schema[name] if isinstance(schema[name], tuple) else (schema[name],)
+        fits = any(isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool) for kind in kinds)
+        if value is not None and not fits:
+            names = " or ".join(kind.__name__ for kind in kinds)
+            raise InvalidInput(f"search attribute {name!r} must be {names}, got {value!r}")
+    return mapping
