@@ -110,8 +110,8 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
         return
     from .models import Checkpoint
 
-    run_id, seq, attempt = where
-    Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, clock.now())
+    run_id, seq, attempt, *token = where
+    Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, token[0] if token else None, clock.now())
 
 
 @checks.register("durable")

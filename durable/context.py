@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random as _random
+import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from .errors import (
     StepFailed,
     Suspend,
     WaitTimeout,
+    WorkerLost,
     error_dict,
 )
 from .eventwaits import EventWaits
@@ -63,9 +65,7 @@ class InPlaceRunner(Protocol):
 
     def accepts(self, queue: str) -> bool: ...
 
-    def __call__(
-        self, rec: Record, step: Step, announce: Callable[[], None]
-    ) -> tuple[Any, dict[str, Any] | None, bool]: ...
+    def __call__(self, rec: Record, step: Step) -> tuple[Any, dict[str, Any] | None, bool]: ...
 
 
 class _Pending:
@@ -337,9 +337,12 @@ class Context(Composition, EventWaits, SearchAttributes):
             if rec.wake_at is not None and rec.wake_at > now:
                 return _Pending(rec.wake_at)
             return self._run_local(rec, step)
+        if rec.enqueued_at is None and rec.started_at is not None:
+            # Started in place by a turn that has since lost the lease: its process is gone.
+            return self._attempt_lost(rec, step, "the turn running it in place died or lost its lease")
         if rec.enqueued_at is None and rec.fan is None and self._runs_here(step):
-            # New, past its backoff, or started here by a turn that died with its lease.
-            if rec.wake_at is not None and rec.wake_at > now and rec.started_at is None:
+            # New, or past its backoff.
+            if rec.wake_at is not None and rec.wake_at > now:
                 return _Pending(rec.wake_at)
             return self._run_in_place(rec, step)
         if rec.enqueued_at is None:
@@ -354,6 +357,9 @@ class Context(Composition, EventWaits, SearchAttributes):
             # Look again by the earliest moment a started attempt could have overrun.
             earliest = self._deadline(rec, step, since=rec.enqueued_at)
             return _Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
+        if rec.held_until is not None and rec.held_until <= now:
+            return self._attempt_lost(rec, step, "its worker process stopped renewing it (killed, out of "
+                                      "memory, or its result could not be recorded)")
         deadline = self._deadline(rec, step, since=rec.started_at)
         if deadline is not None and now >= deadline:
             err = {
@@ -365,6 +371,15 @@ class Context(Composition, EventWaits, SearchAttributes):
             self._attempt_failed(rec, step, err, retryable=True)
             return self._resolve_step(rec, step)
         return _Pending(deadline)
+
+    def _attempt_lost(self, rec: Record, step: Step, why: str) -> Any:
+        """Count an attempt whose executor died as a failed one; the retry policy decides the rest."""
+        lost = WorkerLost(
+            f"step {step.name!r} attempt {rec.attempt} ended without a result: {why}",
+            details={"attempt": rec.attempt},
+        )
+        self._attempt_failed(rec, step, lost.to_dict(), retryable=step.retry.is_retryable(lost))
+        return self._resolve_step(rec, step)
 
     def _deadline(self, rec: Record, step: Step, *, since: datetime) -> datetime | None:
         """When an attempt that started at ``since`` has overrun its timeout or gone silent."""
@@ -379,6 +394,9 @@ class Context(Composition, EventWaits, SearchAttributes):
 
     def _send(self, rec: Record, step: Step) -> None:
         now = self._clock()
+        # A new secret per send: only the message sent last may start or settle the attempt.
+        rec.token = secrets.token_urlsafe(24)
+        rec.held_until = None
         rec.enqueued_at = now
         rec.started_at = None
         rec.last_heartbeat_at = None
@@ -390,7 +408,8 @@ class Context(Composition, EventWaits, SearchAttributes):
         """Record a failed attempt: schedule the next one, or fail the step for good."""
         now = self._clock()
         rec.error = error
-        rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = None
+        rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
+        rec.token = None
         if retryable and rec.attempt < step.retry.max_attempts:
             rec.wake_at = now + step.retry.delay(rec.attempt)
             rec.attempt += 1
@@ -426,15 +445,15 @@ class Context(Composition, EventWaits, SearchAttributes):
         return self._attempt_ended(rec, step, output, None, True)
 
     def _run_in_place(self, rec: Record, step: Step) -> Any:
-        """Run a dispatched step here, under the turn's lease, written once when it ends, as a
-        local step is. A step that beats is written at its first heartbeat (``announce``), as
-        started but never enqueued: a later turn that finds it so, still pending, knows its
-        executor died with the turn that held the lease, and runs it again."""
+        """Run a dispatched step here, under the turn's lease. It is written as started (never
+        enqueued) before it runs: a later turn that finds it so, still pending, knows its
+        executor died with the turn that held the lease, and counts the attempt as lost."""
         assert self._in_place is not None
-        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = None
+        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = rec.token = None
         rec.started_at = self._clock()
         rec.changed()
-        result = self._in_place(rec, step, lambda: self._flush(self._state))
+        self._flush(self._state)
+        result = self._in_place(rec, step)
         return self._attempt_ended(rec, step, *result)
 
     def _attempt_ended(

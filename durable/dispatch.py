@@ -59,29 +59,33 @@ def advance(run_id: str, queue: str) -> None:
 
 
 def run_step(
-    run_id: str, seq: int, attempt: int, queue: str, timeout: timedelta | None, grace: timedelta
+    run_id: str, seq: int, attempt: int, token: str | None, queue: str, timeout: timedelta | None,
+    grace: timedelta,
 ) -> None:
-    """Ask a worker on ``queue`` to run one step attempt, within Celery's time limits."""
+    """Ask a worker on ``queue`` to run one step attempt, within Celery's time limits; only a
+    message with the attempt's token may start it."""
     options: dict[str, Any] = {}
     if timeout is not None:
         options["soft_time_limit"] = timeout.total_seconds()
         options["time_limit"] = (timeout + grace).total_seconds()
-    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt), queue, options))
+    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt, token), queue, options))
 
 
 def celery_task(
-    run_id: str, seq: int, attempt: int, name: str, payload: dict[str, Any], queue: str, result_queue: str
+    run_id: str, seq: int, attempt: int, token: str | None, name: str, payload: dict[str, Any], queue: str,
+    result_queue: str,
 ) -> None:
-    """Send an existing Celery task as a step; its result comes back through ``durable.step_result``."""
+    """Send an existing Celery task as a step; its result comes back through ``durable.step_result``,
+    which records it only with the attempt's token."""
     from celery import signature
 
-    where = {"run_id": run_id, "seq": seq, "attempt": attempt}
+    where = {"run_id": run_id, "seq": seq, "attempt": attempt, "token": token}
     options: dict[str, Any] = {
         "kwargs": payload.get("kwargs", {}),
         "link": signature(STEP_RESULT, kwargs=where, queue=result_queue),
         "link_error": signature(STEP_FAILED, kwargs=where, queue=result_queue),
         # Lets a worker that has durable installed mark the attempt started (see durable.celery).
-        "headers": {"durable": [run_id, seq, attempt]},
+        "headers": {"durable": [run_id, seq, attempt, token]},
     }
     send_after_commit(Message(name, tuple(payload.get("args", [])), queue, options))
 

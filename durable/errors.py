@@ -3,6 +3,7 @@
     DurableError
     ├── ApplicationError          raised by user code to fail with a code
     ├── StepFailed                a step failed for good
+    ├── WorkerLost                a step attempt's process died before its result was recorded
     ├── ChildFailed               a child run failed for good
     ├── GatherError               a member of ctx.all failed
     ├── WaitTimeout (TimeoutError)
@@ -49,7 +50,7 @@ class DurableError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "message": self.message,
+            "message": storable_text(self.message),
             "type": type(self).__name__,
             "code": self.code,
             "details": self.details,
@@ -100,6 +101,12 @@ class _CausedFailure(DurableError):
 
 class StepFailed(_CausedFailure):
     """A step failed for good."""
+
+
+class WorkerLost(DurableError):
+    """A step attempt ended without a result: the process running it died."""
+
+    default_code = "worker_lost"
 
 
 class ChildFailed(_CausedFailure):
@@ -182,12 +189,24 @@ class Suspend(_ControlFlow):
     """The body waits for something that has not happened yet."""
 
 
+def storable_text(text: str) -> str:
+    """``text`` with what no database column can hold (NUL, lone surrogates) spelled as escapes,
+    so an error that quotes such bytes is still recorded."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 def error_dict(exc: BaseException) -> dict[str, Any]:
     """Describe any exception as the JSON error shape stored on runs and checkpoints."""
     if isinstance(exc, DurableError):
         return exc.to_dict()
     return {
-        "message": str(exc) or type(exc).__name__,
+        "message": storable_text(str(exc) or type(exc).__name__),
         "type": type(exc).__name__,
         "code": getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None,
         "details": None,

@@ -36,6 +36,10 @@ class Record:
     #: First position of the fan this record belongs to, and whether its first failure resumes.
     fan: int | None = None
     fail_fast: bool = False
+    #: The secret the last sent attempt's message carries (None: not sent, or sent before tokens).
+    token: str | None = None
+    #: Until when the process running a dispatched attempt holds it (None: not held).
+    held_until: datetime | None = None
     #: (status, attempt) as stored; None while the row does not exist yet.
     stored_as: tuple[str, int] | None = None
     dirty: bool = False

@@ -194,11 +194,15 @@ class RunQuerySet(models.QuerySet["Run"]):
         if owner_prefix is not None:
             orphans = orphans.filter(locked_by__startswith=owner_prefix)
         released = {"locked_by": None, "locked_until": None, "updated_at": now}
-        in_flight = Checkpoint.objects.filter(
-            run_id=OuterRef("id"), kind="step", status="pending", enqueued_at__isnull=False
+        # A dispatched step in flight, or one the dead turn was running in place (its death is
+        # the step's, counted against the step's retries as a lost attempt, not the run's).
+        in_flight = Checkpoint.objects.filter(run_id=OuterRef("id"), kind="step", status="pending").filter(
+            models.Q(enqueued_at__isnull=False) | models.Q(started_at__isnull=False)
         )
         parked = list(orphans.filter(Exists(in_flight)).values_list("id", flat=True))
         orphans.filter(id__in=parked).update(status=Status.SUSPENDED, wake_at=now, **released)
+        # The dead turn may have committed sends it never published: the next turn sends again.
+        Checkpoint.objects.using(self.db).unsend(parked)
         counted = orphans.exclude(id__in=parked)
         dead = [
             run_id
@@ -294,39 +298,85 @@ class Run(models.Model):
         return self.status in TERMINAL
 
 
+#: A settled or failed attempt is held by no one.
+_UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
+
+
 class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
     def _attempt(self, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
         return self.filter(run_id=run_id, seq=seq, status="pending", attempt=attempt)
 
-    def begin(self, run_id: str, seq: int, attempt: int, now: datetime) -> bool:
-        """A worker picked up this attempt; False if it is stale or already settled."""
-        return bool(self._attempt(run_id, seq, attempt).update(started_at=now))
+    def begin(self, run_id: str, seq: int, attempt: int, token: str | None, now: datetime) -> bool:
+        """A worker picked up this attempt of a Celery task used as a step; False if the token is
+        not the attempt's, or the attempt is stale or already settled."""
+        return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(started_at=now))
 
-    def take(self, run_id: str, seq: int, attempt: int, now: datetime) -> Checkpoint | None:
-        """Mark this attempt started and return its row, in one statement; None if the attempt
-        is stale, already settled, or its run has finished (a duplicate or late delivery)."""
+    def take(
+        self, run_id: str, seq: int, attempt: int, token: str | None, holder: str, now: datetime, until: datetime
+    ) -> Checkpoint | None:
+        """Start this attempt, held by ``holder`` until ``until``, and return its row, in one
+        statement. None when the message is not the one durable sent for it (token), the attempt
+        is stale, settled or already started (a redelivery never runs an attempt twice as
+        itself), or its run has finished."""
         ops = connections[self.db].ops
+        at = ops.adapt_datetimefield_value
+        # Rows written before attempts had tokens match only a message without one.
+        token_matches = "token IS NULL" if token is None else "token = %s"
         sql = (
-            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s "
-            "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s AND EXISTS ("
+            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
+            "held_until = %s "
+            "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
+            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
             ") RETURNING *"
         )
-        params = [ops.adapt_datetimefield_value(now), run_id, seq, attempt, run_id, *UNFINISHED]
+        params = [
+            at(now), holder, at(until), run_id, seq, attempt, *([] if token is None else [token]),
+            run_id, *UNFINISHED,
+        ]
         taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
         return taken[0] if taken else None
+
+    def renew_hold(self, run_id: str, seq: int, attempt: int, holder: str, until: datetime) -> bool:
+        """Extend the hold of a running attempt; False when it ended or was declared lost."""
+        return bool(self._attempt(run_id, seq, attempt).filter(held_by=holder).update(held_until=until))
+
+    def lapsed(self, now: datetime, limit: int) -> list[str]:
+        """Runs with a started attempt whose holder stopped renewing it: its process died, or
+        its result could not be recorded. Each such hold is let go (so it is reported once) and
+        the turn that wakes counts the attempt as lost."""
+        rows = self.filter(held_by__isnull=False, held_until__lt=now, status="pending")
+        found = list(_skip_locked(rows.order_by("held_until")).values_list("id", "run_id")[:limit])
+        self.filter(id__in=[pk for pk, _ in found], held_until__lt=now).update(held_by=None)
+        return sorted({run_id for _, run_id in found})
+
+    def let_go(self, holder_prefix: str, stale_before: datetime, now: datetime, limit: int) -> list[str]:
+        """Runs whose attempts a dead predecessor of this instance held (holds not renewed since
+        ``stale_before``): the holds lapse now, and the turn that wakes counts them as lost."""
+        rows = self.filter(held_by__startswith=holder_prefix, held_until__lt=stale_before, status="pending")
+        found = list(rows.values_list("id", "run_id")[:limit])
+        self.filter(id__in=[pk for pk, _ in found], held_until__lt=stale_before).update(held_until=now)
+        return sorted({run_id for _, run_id in found})
+
+    def unsend(self, run_ids: list[str]) -> int:
+        """Forget that the unstarted attempts of these runs were sent, so their next turn sends
+        them again with new tokens (the old messages, if any, are then refused). For runs whose
+        last sender may have died between its commit and its publish."""
+        return self.filter(
+            run_id__in=run_ids, kind="step", status="pending", enqueued_at__isnull=False, started_at__isnull=True
+        ).update(enqueued_at=None, wake_at=None, token=None)
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
         return bool(
             self._attempt(run_id, seq, attempt).update(
-                status="completed", output=output, error=None, wake_at=None, finished_at=now
+                status="completed", output=output, error=None, wake_at=None, finished_at=now, **_UNHELD
             )
         )
 
     def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
         return bool(
             self._attempt(run_id, seq, attempt).update(
-                status="failed", error=error, wake_at=None, finished_at=now
+                status="failed", error=error, wake_at=None, finished_at=now, **_UNHELD
             )
         )
 
@@ -342,6 +392,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 enqueued_at=None,
                 started_at=None,
                 last_heartbeat_at=None,
+                token=None,
+                **_UNHELD,
             )
         )
 
@@ -417,6 +469,11 @@ class Checkpoint(models.Model):
     fan = models.PositiveIntegerField(null=True, blank=True)
     #: The fan resumes the run at its first failure (ctx.all), not only once closed.
     fail_fast = models.BooleanField(default=False)
+    #: The secret of the attempt sent last: only a message carrying it may start or settle it.
+    token = models.CharField(max_length=64, null=True, blank=True)
+    #: The process running a dispatched attempt, and until when its hold lasts unless renewed.
+    held_by = models.CharField(max_length=255, null=True, blank=True)
+    held_until = models.DateTimeField(null=True, blank=True)
 
     objects = CheckpointQuerySet.as_manager()
 
@@ -431,6 +488,10 @@ class Checkpoint(models.Model):
             # The runs waiting for an event of this name, found by publish_event().
             models.Index(
                 fields=["name", "status"], name="durable_checkpoint_event_wait", condition=models.Q(kind="event")
+            ),
+            # Held attempts whose holder stopped renewing, found by the orphan sweep.
+            models.Index(
+                fields=["held_until"], name="durable_checkpoint_held", condition=models.Q(held_by__isnull=False)
             ),
         ]
         ordering = ["run", "seq"]

@@ -14,14 +14,23 @@ from .errors import error_dict
 _RELIABLE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
 
 
-@shared_task(name="durable.advance", **_RELIABLE)
-def advance(run_id: str) -> str:
+def _redelivered(task: Any, run_id: str) -> None:
+    # The process that had this message died before acknowledging it: it may have committed
+    # sends it never published.
+    if (task.request.delivery_info or {}).get("redelivered"):
+        steps.resend_unsent(run_id)
+
+
+@shared_task(name="durable.advance", bind=True, **_RELIABLE)
+def advance(self: Any, run_id: str) -> str:
+    _redelivered(self, run_id)
     return turn.advance(run_id)
 
 
-@shared_task(name="durable.run_step", **_RELIABLE)
-def run_step(run_id: str, seq: int, attempt: int) -> str:
-    return steps.run_step(run_id, seq, attempt)
+@shared_task(name="durable.run_step", bind=True, **_RELIABLE)
+def run_step(self: Any, run_id: str, seq: int, attempt: int, token: str | None = None) -> str:
+    _redelivered(self, run_id)
+    return steps.run_step(run_id, seq, attempt, token)
 
 
 @shared_task(name="durable.sweep_timers", ignore_result=True)
@@ -46,20 +55,25 @@ def sweep_schedules() -> int:
 
 @shared_task(name="durable.step_result", **_RELIABLE)
 def step_result(
-    output: Any = None, run_id: str = "", seq: int = 0, attempt: int = 1, error: dict[str, Any] | None = None
+    output: Any = None, run_id: str = "", seq: int = 0, attempt: int = 1, error: Any = None,
+    token: str | None = None,
 ) -> str:
-    """Record a step's result; Celery calls it as the ``link`` of a task used as a step, and a
-    worker in another language may send it itself (``error`` set means the attempt failed)."""
-    return steps.step_result(run_id, seq, attempt, output, error)
+    """Record a Celery task step's result; Celery calls it as the ``link`` of a task used as a
+    step, and a worker in another language may send it itself (``error`` set means the attempt
+    failed). Only with the attempt's ``token``, which durable sent with the task."""
+    return steps.step_result(run_id, seq, attempt, output, error, token)
 
 
 @shared_task(name="durable.step_failed", ignore_result=True)
-def step_failed(request: Any, exc: BaseException, traceback: Any, run_id: str = "", seq: int = 0, attempt: int = 1) -> str:
+def step_failed(
+    request: Any, exc: BaseException, traceback: Any, run_id: str = "", seq: int = 0, attempt: int = 1,
+    token: str | None = None,
+) -> str:
     """The ``link_error`` of a task used as a step: Celery calls it where the task failed for good."""
-    return steps.step_result(run_id, seq, attempt, error=error_dict(exc))
+    return steps.step_result(run_id, seq, attempt, error=error_dict(exc), token=token)
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)
-def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None) -> bool:
+def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
     """A step's heartbeat sent as a message, for workers that only speak Celery."""
-    return steps.heartbeat(run_id, seq, attempt, progress)
+    return steps.heartbeat(run_id, seq, attempt, progress, token)

@@ -62,12 +62,12 @@ class DurableEnv:
         from .engine import steps
         from .errors import error_dict
 
-        run_id, seq, attempt = message.options["headers"]["durable"]
+        run_id, seq, attempt, token = message.options["headers"]["durable"]
         result = current_app.tasks[message.task].apply(args=message.args, kwargs=message.options.get("kwargs"))
         if result.successful():
-            steps.step_result(run_id, seq, attempt, output=result.result)
+            steps.step_result(run_id, seq, attempt, output=result.result, token=token)
         else:
-            steps.step_result(run_id, seq, attempt, error=error_dict(result.result))
+            steps.step_result(run_id, seq, attempt, error=error_dict(result.result), token=token)
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:

@@ -5,14 +5,13 @@ dispatched step may run here, inside the turn that reached it, instead of crossi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from .. import clock, conf
 from ..definitions import Step
-from ..errors import InvalidInput, error_dict
-from ..history import Record, roundtrip
+from ..errors import InvalidInput, _ControlFlow, error_dict
+from ..history import Record, check_size, roundtrip
 from ..models import Checkpoint
 from ..stepscope import StepInfo, step_scope
 
@@ -64,8 +63,8 @@ class InPlace:
     def accepts(self, queue: str) -> bool:
         return queue in (served_queues or ())
 
-    def __call__(self, rec: Record, step: Step, announce: Callable[[], None]) -> Result:
-        beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings, announce=announce)
+    def __call__(self, rec: Record, step: Step) -> Result:
+        beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings)
         result = execute(step, StepInfo(self.run_id, rec.seq, rec.attempt, step.name), rec.input, beats)
         beats.keep_last(Checkpoint.objects.using(self.settings.DATABASE))
         return result
@@ -89,7 +88,9 @@ def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
         }, True
     except InvalidInput as exc:
         return None, {**exc.to_dict(), "code": "invalid_output"}, False
-    except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
+    except _ControlFlow:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
         log.info("durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc)
         return None, error_dict(exc), step.retry.is_retryable(exc)
 
@@ -97,14 +98,10 @@ def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
 class Beats:
     """``durable.heartbeat()`` for a dispatched step: persist at most once per throttle window."""
 
-    def __init__(
-        self, run_id: str, seq: int, attempt: int, settings: conf.Settings,
-        announce: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, run_id: str, seq: int, attempt: int, settings: conf.Settings) -> None:
         self.key = (run_id, seq, attempt)
-        #: Writes the attempt's row first, for a step run in place that has none yet.
-        self.announce = announce
         self.db = settings.DATABASE
+        self.max_bytes = settings.MAX_PAYLOAD_BYTES
         self.throttle = settings.HEARTBEAT_PERSIST_THROTTLE
         self.last: datetime | None = None
         self.last_had_progress = False
@@ -113,6 +110,7 @@ class Beats:
     def __call__(self, progress: Any = None) -> None:
         if progress is not None:
             progress = roundtrip(progress, what="heartbeat progress")
+            check_size(progress, self.max_bytes, what="heartbeat progress")
         now = clock.now()
         due = (
             self.last is None
@@ -123,9 +121,6 @@ class Beats:
             if progress is not None:
                 self.unsaved = (progress,)
             return
-        if self.announce is not None:
-            self.announce()
-            self.announce = None
         Checkpoint.objects.using(self.db).beat(*self.key, now, progress, progress is not None)
         self.last, self.last_had_progress = now, progress is not None
         self.unsaved = None

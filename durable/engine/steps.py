@@ -5,83 +5,222 @@ A duplicate or stale delivery finds the attempt no longer pending and changes no
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
-from ..history import PENDING, roundtrip
+from ..history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..models import Checkpoint, Run
 from ..stepscope import StepInfo
-from . import attempts, turn
+from . import attempts, leases, turn
 from .attempts import Beats
+
+T = TypeVar("T")
 
 log = logging.getLogger("durable.engine")
 
-def _attempt_row(run_id: str, seq: int, attempt: int, db: str) -> Checkpoint | None:
-    """The checkpoint of this attempt if it is still pending and its run unfinished."""
+#: How often recording a result is tried before the attempt is left to lapse, and the pause
+#: before each retry: a database restart or a cut connection heals within seconds.
+RECORD_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
+_TRANSIENT = (OperationalError, InterfaceError)
+
+
+def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: str) -> Checkpoint | None:
+    """The checkpoint of this attempt of a Celery task used as a step, if ``token`` is the one
+    durable sent with it and the attempt is still pending in an unfinished run."""
     row = (
         Checkpoint.objects.using(db)
         .select_related("run")
         .filter(run_id=run_id, seq=seq)
-        .only("seq", "name", "status", "attempt", "input", "fan", "fail_fast", "run__status")
+        .only("seq", "name", "status", "attempt", "input", "fan", "fail_fast", "token", "run__status")
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
         return None
+    # Results of durable's own steps are recorded by the worker that ran them, never by a message.
+    if not (row.input or {}).get("task") or not _same_token(row.token, token):
+        log.warning("durable: refused a result for %s#%s attempt %s: not a Celery task step, or not "
+                    "the token durable sent with it", run_id, seq, attempt)
+        return None
     return row
 
 
-def run_step(run_id: str, seq: int, attempt: int) -> str:
-    """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result."""
+def _same_token(expected: str | None, given: str | None) -> bool:
+    if expected is None or given is None:
+        return expected is given
+    return hmac.compare_digest(expected, given)
+
+
+def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> str:
+    """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result.
+
+    The attempt is held by this process (renewed by the lease keeper) from the moment it starts
+    until its result is recorded, so a death anywhere in between is known within a LEASE."""
     settings = conf.get()
     db = settings.DATABASE
     began = time.monotonic()
-    row = Checkpoint.objects.using(db).take(run_id, seq, attempt, clock.now())
+    holder = leases.process_holder()
+    now = clock.now()
+    row = Checkpoint.objects.using(db).take(run_id, seq, attempt, token, holder, now, now + settings.LEASE)
     if row is None:
         return "stale"
-    beats = Beats(run_id, seq, attempt, settings)
+    key = (run_id, seq, attempt)
+    leases.hold_attempt(key, holder)
     try:
-        step = registry.step(row.name)
-        output, error, retryable = attempts.execute(step, StepInfo(run_id, seq, attempt, row.name), row.input, beats)
-    except WorkflowNotRegistered as exc:
-        step, output, error, retryable = None, None, exc.to_dict(), True
-    return record(row, step, output, error, retryable, beats, began)
+        beats = Beats(run_id, seq, attempt, settings)
+        try:
+            step = registry.step(row.name)
+            info = StepInfo(run_id, seq, attempt, row.name)
+            output, error, retryable = attempts.execute(step, info, row.input, beats)
+        except WorkflowNotRegistered as exc:
+            step, output, error, retryable = None, None, exc.to_dict(), True
+        return record(row, step, output, error, retryable, beats, began)
+    finally:
+        # Recorded, or it never will be from here: either way this process holds it no longer,
+        # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.
+        leases.let_go_attempt(key)
 
 
-def step_result(run_id: str, seq: int, attempt: int, output: Any = None, error: dict[str, Any] | None = None) -> str:
+def step_result(
+    run_id: str, seq: int, attempt: int, output: Any = None, error: Any = None, token: str | None = None
+) -> str:
     """Record the result a Celery task (or a worker in another language) reports for a step."""
     settings = conf.get()
-    row = _attempt_row(run_id, seq, attempt, settings.DATABASE)
+    row = _task_attempt(run_id, seq, attempt, token, settings.DATABASE)
     if row is None:
         return "stale"
-    if error is None:
+    if error is not None:
+        error = _error_shape(error)
+    else:
         try:
             output = roundtrip(output, what=f"the result of task {row.name!r}")
+            check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the result of task {row.name!r}")
         except InvalidInput as exc:
             error = {**exc.to_dict(), "code": "invalid_output"}
     # A Celery task retries by its own settings: what reaches durable is its final result.
     return record(row, None, output, error, False, None)
 
 
-def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None) -> bool:
-    """A beat sent as a message by a worker that only speaks Celery."""
+def _error_shape(error: Any) -> dict[str, Any]:
+    """The stored error shape from whatever a foreign worker sent as an error."""
+    if not isinstance(error, dict):
+        return {"message": str(error), "type": "Error", "code": None, "details": None}
+    shaped = {"message": str(error.get("message") or error.get("type") or "the task failed"),
+              "type": str(error.get("type") or "Error"),
+              "code": error.get("code") if isinstance(error.get("code"), str) else None,
+              "details": error.get("details")}
+    try:
+        return roundtrip(shaped, what="the error")
+    except InvalidInput:
+        return {**shaped, "details": None}
+
+
+def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
+    """A beat sent as a message by a worker that only speaks Celery, with the attempt's token."""
     settings = conf.get()
-    progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
-    return Checkpoint.objects.using(settings.DATABASE).beat(
-        run_id, seq, attempt, clock.now(), progress, progress is not None
-    )
+    db = settings.DATABASE
+    try:
+        progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
+        if progress is not None:
+            check_size(progress, settings.MAX_PAYLOAD_BYTES, what="heartbeat progress")
+    except InvalidInput as exc:
+        log.warning("durable: heartbeat for %s#%s dropped: %s", run_id, seq, exc)
+        return False
+    if _task_attempt(run_id, seq, attempt, token, db) is None:
+        return False
+    return Checkpoint.objects.using(db).beat(run_id, seq, attempt, clock.now(), progress, progress is not None)
+
+
+def resend_unsent(run_id: str) -> None:
+    """A message for this run came again after the process handling it died: that process may
+    have committed sends it never published. Send the run's unstarted attempts again (new
+    tokens) through a turn, now rather than after STEP_REDISPATCH_AFTER."""
+    settings = conf.get()
+    db = settings.DATABASE
+    now = clock.now()
+    with transaction.atomic(using=db):
+        Checkpoint.objects.using(db).unsend([run_id])
+        queue = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
+    if queue:
+        dispatch.advance(run_id, queue)
 
 
 def record(
     row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
     beats: Beats | None, began: float | None = None,
 ) -> str:
-    """Record one attempt's result exactly once, then wake the run when it should be woken."""
+    """Record one attempt's result exactly once, then wake the run when it should be woken.
+
+    A transient database error is retried (a restart or a cut connection heals in seconds); a
+    result the database refuses (say a NUL character) fails the attempt with that reason."""
+    settings = conf.get()
+    run_id, fan = row.run_id, row.fan
+    outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats), row)
+    if outcome is None:
+        return "unrecorded"
+    recorded, woken, joins_later = outcome
+    if not recorded:
+        return "stale"
+    # A fan member wakes the run only once the fan is closed. Asked after this result committed,
+    # so the last member always sees it closed (two may: the second turn is a harmless replay).
+    if joins_later:
+        woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), row)
+    if woken:
+        next_turn(run_id, woken, settings, began)
+    return "completed" if recorded == COMPLETED else "failed"
+
+
+def _persistently(write: Callable[[], T], row: Checkpoint) -> T | None:
+    """Run ``write`` until it gets through a transient database error; None if it never did."""
+    db = conf.get().DATABASE
+    for pause in RECORD_TRIES:
+        time.sleep(pause)
+        try:
+            return write()
+        except _TRANSIENT:
+            log.warning("durable: could not record %s#%s attempt %s yet", row.run_id, row.seq, row.attempt,
+                        exc_info=True)
+            connections[db].close()
+    return None
+
+
+def _wake_if_closed(run_id: str, fan: int, settings: conf.Settings) -> str | None:
+    if not Checkpoint.objects.using(settings.DATABASE).fan_closed(run_id, fan):
+        return None
+    now = clock.now()
+    return Run.objects.using(settings.DATABASE).wake(run_id, now, now + settings.LEASE)
+
+
+def _record_once(
+    row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
+    beats: Beats | None,
+) -> tuple[str | None, str | None, bool]:
+    """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later)."""
+    try:
+        return _write_result(row, step, output, error, retryable, beats)
+    except DataError as exc:
+        log.warning("durable: the result of %s#%s attempt %s cannot be stored: %s",
+                    row.run_id, row.seq, row.attempt, exc)
+        unstorable = {
+            "message": f"the result of step {row.name!r} could not be stored: {str(exc).strip()[:300]}",
+            "type": "UnstorableResult",
+            "code": "unstorable_result",
+            "details": None,
+        }
+        return _write_result(row, step, None, unstorable, False, None)
+
+
+def _write_result(
+    row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
+    beats: Beats | None,
+) -> tuple[str | None, str | None, bool]:
     settings = conf.get()
     db = settings.DATABASE
     run_id, seq, attempt = row.run_id, row.seq, row.attempt
@@ -91,13 +230,13 @@ def record(
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
-            recorded = checkpoints.complete(run_id, seq, attempt, output, now)
+            recorded = checkpoints.complete(run_id, seq, attempt, output, now) and COMPLETED
         elif recorded_retry(step, retryable, attempt):
             # A worker without the step's code retries after the reconcile interval.
             delay = step.retry.delay(attempt) if step is not None else settings.RECONCILE_INTERVAL
-            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + delay)
+            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + delay) and FAILED
         else:
-            recorded = checkpoints.fail(run_id, seq, attempt, error, now)
+            recorded = checkpoints.fail(run_id, seq, attempt, error, now) and FAILED
         if recorded and beats is not None:
             beats.keep_last(checkpoints)
         if recorded:
@@ -105,15 +244,7 @@ def record(
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
             if not joins_later:
                 woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
-    if not recorded:
-        return "stale"
-    # A fan member wakes the run only once the fan is closed. Asked after this result committed,
-    # so the last member always sees it closed (two may: the second turn is a harmless replay).
-    if joins_later and Checkpoint.objects.using(db).fan_closed(run_id, row.fan):
-        woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
-    if woken:
-        next_turn(run_id, woken, settings, began)
-    return "completed" if error is None else "failed"
+    return recorded or None, woken, joins_later
 
 
 def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:

@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import transaction
 
 from .. import clock, conf, dispatch
-from ..models import Run, Status
+from ..models import Checkpoint, Run, Status
 from . import lifecycle, singletons
 from .turn import recovery_exhausted
 
@@ -40,9 +40,10 @@ def sweep_timers() -> int:
 
 
 def sweep_orphans() -> int:
-    """Re-drive runs whose turn died holding its lease; past the budget they go ``dead``."""
+    """Re-drive runs whose turn died holding its lease (past the budget they go ``dead``), and
+    runs with a step attempt whose process stopped holding it (the turn counts it as lost)."""
     settings = conf.get()
-    recovered = 0
+    recovered = lapsed_attempts()
     for _ in range(MAX_BATCHES):
         now = clock.now()
         batch = Run.objects.using(settings.DATABASE).orphans(now, settings.TIMER_BATCH_SIZE)
@@ -50,6 +51,28 @@ def sweep_orphans() -> int:
         if len(batch) < settings.TIMER_BATCH_SIZE:
             break
     return recovered
+
+
+def lapsed_attempts() -> int:
+    """Wake the runs whose started step attempts lost their holder, a batch at a time."""
+    settings = conf.get()
+    woken = 0
+    for _ in range(MAX_BATCHES):
+        now = clock.now()
+        with transaction.atomic(using=settings.DATABASE):
+            run_ids = Checkpoint.objects.using(settings.DATABASE).lapsed(now, settings.TIMER_BATCH_SIZE)
+            _wake(run_ids, now, settings)
+        woken += len(run_ids)
+        if len(run_ids) < settings.TIMER_BATCH_SIZE:
+            break
+    return woken
+
+
+def _wake(run_ids: list[str], now: datetime, settings: conf.Settings) -> None:
+    for run_id in run_ids:
+        queue = Run.objects.using(settings.DATABASE).wake(run_id, now, now + settings.LEASE)
+        if queue:
+            dispatch.advance(run_id, queue)
 
 
 def reclaim(instance_id: str, booted_at: datetime) -> int:
@@ -60,8 +83,12 @@ def reclaim(instance_id: str, booted_at: datetime) -> int:
     """
     settings = conf.get()
     prefix = f"{instance_id}/"
+    now, stale_before = clock.now(), booted_at + settings.LEASE
+    with transaction.atomic(using=settings.DATABASE):
+        attempts = Checkpoint.objects.using(settings.DATABASE).let_go(prefix, stale_before, now, settings.TIMER_BATCH_SIZE)
+        _wake(attempts, now, settings)
     held = Run.objects.using(settings.DATABASE).held_by(prefix, settings.TIMER_BATCH_SIZE)
-    return recover(held, clock.now(), stale_before=booted_at + settings.LEASE, owner_prefix=prefix)
+    return len(attempts) + recover(held, now, stale_before=stale_before, owner_prefix=prefix)
 
 
 def recover(

@@ -259,6 +259,8 @@ def _load_records(run_id: str, db: str) -> dict[int, Record]:
             queue=row.queue,
             fan=row.fan,
             fail_fast=row.fail_fast,
+            token=row.token,
+            held_until=row.held_until,
             stored_as=(row.status, row.attempt),
         )
     return records
@@ -271,7 +273,7 @@ def _load_signals(run_id: str, db: str) -> list[BufferedSignal]:
 
 _WRITTEN = (
     "status", "attempt", "output", "error", "wake_at", "enqueued_at", "started_at",
-    "finished_at", "last_heartbeat_at",
+    "finished_at", "last_heartbeat_at", "token", "held_until",
 )
 
 
@@ -309,11 +311,13 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     for rec in state.dispatch:
         if (rec.input or {}).get("task"):
             dispatch.celery_task(
-                run_id, rec.seq, rec.attempt, rec.name, rec.input, rec.queue, settings.DEFAULT_QUEUE
+                run_id, rec.seq, rec.attempt, rec.token, rec.name, rec.input, rec.queue, settings.DEFAULT_QUEUE
             )
             continue
         step = registry.step(rec.name)
-        dispatch.run_step(run_id, rec.seq, rec.attempt, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE)
+        dispatch.run_step(
+            run_id, rec.seq, rec.attempt, rec.token, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE
+        )
     state.dispatch.clear()
 
 

@@ -154,12 +154,13 @@ def test_worker_killed_mid_eager_step_runs_it_again_and_records_once(durable_wor
     durable_worker.restart()
     assert durable.result(run.id, timeout=90) == ["before", "slept", "after"]
     events = ledger(run.id)
-    # The step recorded before the kill did not run again; the killed one ran again, as the same
-    # attempt, to its end once; every position is recorded once.
+    # The step recorded before the kill did not run again; the killed attempt counts as lost and
+    # the next one ran to its end once; every position is recorded once.
     assert events.count("quick:0:1") == 1 and events.count("quick:2:1") == 1
-    assert events.count("start:1:1") == 2 and events.count("end:1:1") == 1
+    assert events.count("start:1:1") == 1 and "end:1:1" not in events
+    assert events.count("start:1:2") == 1 and events.count("end:1:2") == 1
     rows = list(Checkpoint.objects.filter(run_id=run.id).values_list("seq", "status", "attempt"))
-    assert rows == [(0, "completed", 1), (1, "completed", 1), (2, "completed", 1)]
+    assert rows == [(0, "completed", 1), (1, "completed", 2), (2, "completed", 1)]
     print(f"ledger of the eager run: {events}")
 
 

@@ -60,8 +60,11 @@ def test_step_result_records_once_and_ignores_duplicates(durable_env):
     run = durable.start(celery_flow, 1)
     durable_env.run_next()
     durable_env.drop()
-    assert steps.step_result(run.id, 0, 1, output=2) == "completed"
-    assert steps.step_result(run.id, 0, 1, output=999) == "stale"
+    token = Checkpoint.objects.get(run_id=run.id, seq=0).token
+    assert steps.step_result(run.id, 0, 1, output=666) == "stale"  # no token: not the link durable sent
+    assert steps.step_result(run.id, 0, 1, output=666, token="guessed") == "stale"
+    assert steps.step_result(run.id, 0, 1, output=2, token=token) == "completed"
+    assert steps.step_result(run.id, 0, 1, output=999, token=token) == "stale"
     assert Checkpoint.objects.get(run_id=run.id, seq=0).output == 2
 
 
@@ -69,6 +72,8 @@ def test_heartbeat_task_records_progress(durable_env):
     run = durable.start(celery_flow, 1)
     durable_env.run_next()
     durable_env.drop()
-    assert steps.heartbeat(run.id, 0, 1, {"done": 3}) is True
+    token = Checkpoint.objects.get(run_id=run.id, seq=0).token
+    assert steps.heartbeat(run.id, 0, 1, {"done": 666}) is False  # no token
+    assert steps.heartbeat(run.id, 0, 1, {"done": 3}, token=token) is True
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert row.progress == {"done": 3} and row.last_heartbeat_at is not None

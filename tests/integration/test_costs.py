@@ -74,7 +74,7 @@ def test_a_dispatched_step_costs_three_statements_before_its_turn(durable_env):
     assert len(sql) == 3, sql
 
 
-def test_a_dispatched_step_run_in_place_costs_one_insert(durable_env):
+def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_env):
     one, ten = durable.start(remote_flow, 1), durable.start(remote_flow, 10)
     durable_env.drop()
     served, attempts.served_queues = attempts.served_queues, {"durable"}  # a worker of the steps' queue
@@ -83,7 +83,9 @@ def test_a_dispatched_step_run_in_place_costs_one_insert(durable_env):
         cost_ten = statements(lambda: turn.advance(ten.id))
     finally:
         attempts.served_queues = served
-    assert len(cost_one) == 4, cost_one  # claim, history, the step's fenced INSERT, settle
-    assert len(cost_ten) - len(cost_one) == 9
+    # claim, history, the step's fenced INSERT as started (so a death is known as the attempt's),
+    # its result's UPDATE, settle.
+    assert len(cost_one) == 5, cost_one
+    assert len(cost_ten) - len(cost_one) == 18
     assert durable.result(ten.id) == list(range(10))
     assert durable_env.pending() == []

@@ -12,6 +12,7 @@ from django.test import override_settings
 import durable
 from durable import dispatch
 from durable.engine import attempts, steps, turn
+from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -19,8 +20,9 @@ pytestmark = pytest.mark.django_db
 RAN: list[str] = []
 
 
-class WorkerDied(BaseException):
-    """Stands for the process dying mid-step: nothing after it runs, the lease stays held."""
+class WorkerDied(_ControlFlow):
+    """Stands for the process dying mid-step: nothing after it runs, the lease stays held (as
+    control flow, which nothing in durable turns into a failed attempt)."""
 
 
 @pytest.fixture
@@ -48,7 +50,7 @@ def flaky(name):
 @durable.step(name="tests.in_place.dies_once")
 def dies_once(name):
     RAN.append(name)
-    durable.heartbeat({"attempt": RAN.count(name)})  # writes the attempt's row, as started
+    durable.heartbeat({"attempt": RAN.count(name)})
     if RAN.count(name) == 1:
         raise WorkerDied()
     return name
@@ -149,30 +151,38 @@ def test_a_turn_that_dies_mid_step_is_recovered_and_the_step_runs_again(env):
     with pytest.raises(WorkerDied):
         turn.advance(run.id)
     row = _rows(run.id)[1]
+    # Written as started before it ran, so its death is known to be this attempt's.
     assert (row.status, row.attempt) == ("pending", 1)
     assert row.started_at is not None and row.enqueued_at is None
     assert durable.get_run(run.id).status == "running"  # the dead turn's lease, until it expires
     env.advance_time("31s")  # past the lease: the orphan sweep takes the run back
+    lost = _rows(run.id)[1]
+    assert (lost.status, lost.attempt, lost.error["code"]) == ("pending", 2, "worker_lost")
+    assert durable.get_run(run.id).recovery_attempts == 0  # the step's death, not the run's crash
+    env.advance_time("2s")  # the retry's backoff
     assert durable.result(run.id) == ["before", "x"]
-    # The step before was recorded and not run again; the one that died ran once more.
+    # The step before was recorded and not run again; the one that died ran again as attempt 2.
     assert RAN == ["before", "x", "x"]
     done = _rows(run.id)[1]
-    assert (done.status, done.attempt, done.progress) == ("completed", 1, {"attempt": 2})
-    assert durable.get_run(run.id).recovery_attempts == 0
+    assert (done.status, done.attempt, done.progress) == ("completed", 2, {"attempt": 2})
 
 
 def test_a_step_run_in_place_by_a_turn_that_lost_its_lease_records_nothing(env):
     run = durable.start(zombie)
     assert turn.advance(run.id) == "lost"
     assert RAN == ["ran"]
-    assert _rows(run.id) == {}  # its one write, fenced by the lease it no longer held, was refused
+    # Its result, fenced by the lease it no longer held, was refused: the attempt stays as it
+    # was written before it ran, for the next holder of the lease to count as lost.
+    (row,) = _rows(run.id).values()
+    assert (row.status, row.output, row.attempt) == ("pending", None, 1)
 
 
 def test_a_cancel_during_an_in_place_step_wins(env):
     run = durable.start(cancelled)
     env.run_until_idle()
     assert durable.get_run(run.id).status == "cancelled"
-    assert _rows(run.id) == {}  # its result came after the cancel, which had taken the lease
+    (row,) = _rows(run.id).values()
+    assert (row.status, row.output) == ("pending", None)  # its result came after the cancel
     assert RAN == []
 
 
@@ -220,13 +230,13 @@ def test_the_time_limit_of_the_running_celery_task_is_seen():
 
 
 @shared_task(name="tests.in_place.step_with_long_limit", time_limit=120)
-def step_with_long_limit(run_id, seq, attempt):
-    return steps.run_step(run_id, seq, attempt)
+def step_with_long_limit(run_id, seq, attempt, token):
+    return steps.run_step(run_id, seq, attempt, token)
 
 
 @shared_task(name="tests.in_place.step_with_short_limit", time_limit=20)
-def step_with_short_limit(run_id, seq, attempt):
-    return steps.run_step(run_id, seq, attempt)
+def step_with_short_limit(run_id, seq, attempt, token):
+    return steps.run_step(run_id, seq, attempt, token)
 
 
 @pytest.mark.parametrize(("task", "inline"), [(step_with_long_limit, True), (step_with_short_limit, False)])

@@ -194,11 +194,15 @@ def test_persisted_heartbeats_from_another_process_keep_a_step_alive(durable_env
 
     run = durable.start(flow)
     durable_env.run_next()
-    durable_env.drop()  # the step runs on another worker, which only beats
-    Checkpoint.objects.begin(run.id, 0, 1, durable_env.now())
+    durable_env.drop()  # the step runs on another worker, which holds it and only beats
+    token = Checkpoint.objects.get(run_id=run.id, seq=0).token
+    now = durable_env.now()
+    assert Checkpoint.objects.take(run.id, 0, 1, token, "elsewhere", now, now + timedelta(seconds=30))
     for _ in range(6):
         durable_env.advance_time("15s")
-        Checkpoint.objects.beat(run.id, 0, 1, durable_env.now(), None, False)
+        now = durable_env.now()
+        Checkpoint.objects.renew_hold(run.id, 0, 1, "elsewhere", now + timedelta(seconds=30))
+        Checkpoint.objects.beat(run.id, 0, 1, now, None, False)
     assert durable.get_run(run.id).status == "suspended"
     durable_env.advance_time("31s")  # silent past heartbeat_timeout + persist throttle
     assert durable.get_run(run.id).status == "failed"

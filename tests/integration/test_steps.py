@@ -115,7 +115,9 @@ def test_dispatched_step_is_a_celery_message_on_its_queue(durable_env):
     assert [(m.task, m.args, m.queue) for m in pending] == [("durable.advance", (run.id,), "durable")]
     durable_env.run_next()
     step_messages = [m for m in durable_env.pending() if m.task == "durable.run_step"]
-    assert [(m.args, m.queue) for m in step_messages] == [((run.id, 0, 1), "durable")]
+    token = Checkpoint.objects.get(run_id=run.id, seq=0).token
+    assert len(token) >= 32  # unguessable: only this message may start the attempt
+    assert [(m.args, m.queue) for m in step_messages] == [((run.id, 0, 1, token), "durable")]
 
 
 def test_local_step_runs_inside_the_turn_and_returns_json(durable_env):

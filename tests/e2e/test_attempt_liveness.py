@@ -1,0 +1,155 @@
+"""Every step attempt is held by a live process: real workers, steps whose process dies, results
+that fail to record, interrupts inside steps. Each run must end, with the real cause on record.
+
+Steps end their process with ``os._exit`` (what the kernel's OOM killer leaves behind: no
+exception, no ``finally``). A ledger file per run, written before each step's work, counts how
+many times each attempt ran.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+import durable
+from durable.models import Checkpoint
+from durable.testing import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+LEDGER = Path(tempfile.gettempdir()) / "durable-liveness-ledger"
+# A short lease, so a dead holder is known in seconds; the same in the workers and beat.
+SETTINGS = {"LEASE": "3s", "ORPHAN_SWEEP_INTERVAL": "1s"}
+TWICE = durable.Retry(max_attempts=2, initial="100ms")
+
+
+@pytest.fixture
+def durable_worker_options():
+    return {"env": {f"DURABLE_{key}": value for key, value in SETTINGS.items()}}
+
+
+@pytest.fixture(autouse=True)
+def short_lease():
+    with override_settings(DURABLE=SETTINGS):
+        yield
+
+
+def ran(run_id: str) -> list[str]:
+    path = LEDGER / run_id
+    return path.read_text().split() if path.exists() else []
+
+
+def _note(event: str) -> None:
+    LEDGER.mkdir(exist_ok=True)
+    info = durable.step_info()
+    with open(LEDGER / info.run_id, "a") as f:
+        f.write(f"{event}:{info.attempt}\n")
+
+
+@durable.step(timeout="5s", retry=TWICE)
+def dies_dispatched():
+    """A timeout keeps it off the turn: it always crosses the broker."""
+    _note("dies")
+    os._exit(1)
+
+
+@durable.step(retry=TWICE)
+def dies_in_place():
+    """No timeout: a worker of its queue runs it inside the turn."""
+    _note("dies")
+    os._exit(1)
+
+
+@durable.step(timeout="30s")
+def cuts_its_connection():
+    _note("cuts")
+    from django.db import connection as own
+
+    with own.cursor() as cursor:  # the database drops this worker's connection mid-step
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    return "kept"
+
+
+@durable.step(timeout="30s", retry=durable.Retry(max_attempts=1))
+def interrupted():
+    _note("interrupted")
+    raise KeyboardInterrupt("stop right there")
+
+
+@durable.step(timeout="30s")
+def fine():
+    return "fine"
+
+
+@durable.workflow(name="tests.liveness.fine")
+def fine_flow(ctx, _):
+    return ctx.step(fine)
+
+
+@durable.workflow(name="tests.liveness.dispatched")
+def dispatched_flow(ctx, _):
+    return ctx.step(dies_dispatched)
+
+
+@durable.workflow(name="tests.liveness.in_place")
+def in_place_flow(ctx, _):
+    return ctx.step(dies_in_place)
+
+
+@durable.workflow(name="tests.liveness.cut")
+def cut_flow(ctx, _):
+    return ctx.step(cuts_its_connection)
+
+
+@durable.workflow(name="tests.liveness.interrupted")
+def interrupted_flow(ctx, _):
+    return ctx.step(interrupted)
+
+
+def _ended(run_id: str, timeout: float):
+    return wait_for(
+        lambda: (r := durable.get_run(run_id)).status in ("completed", "failed", "dead", "cancelled") and r,
+        timeout, what=f"run {run_id} to end",
+    )
+
+
+@pytest.mark.parametrize("flow", [dispatched_flow, in_place_flow], ids=["dispatched", "in place"])
+def test_a_step_whose_process_dies_counts_as_a_lost_attempt_and_the_run_ends(durable_worker, flow):
+    durable_worker.start_beat()
+    began = time.monotonic()
+    run = durable.start(flow, None)
+    ended = _ended(run.id, 90)
+    print(f"{flow.name}: ended {ended.status} in {time.monotonic() - began:.1f}s, ledger {ran(run.id)}")
+    assert ended.status == "failed", ended.error  # not dead: the step's death is the step's
+    assert ended.error["code"] == "worker_lost"
+    # Each attempt ran once: a redelivered message never runs a dead attempt again as itself.
+    assert ran(run.id) == ["dies:1", "dies:2"]
+    row = Checkpoint.objects.get(run_id=run.id, seq=0)
+    assert (row.status, row.attempt, row.error["type"]) == ("failed", 2, "WorkerLost")
+
+
+def test_a_result_whose_connection_was_cut_is_still_recorded_once(durable_worker, postgres):
+    run = durable.start(cut_flow, None)
+    assert durable.result(run.id, timeout=60) == "kept"
+    assert ran(run.id) == ["cuts:1"]
+    row = Checkpoint.objects.get(run_id=run.id, seq=0)
+    assert (row.status, row.attempt) == ("completed", 1)
+    assert "could not record" in durable_worker.logs()  # the first try met the cut
+
+
+def test_keyboard_interrupt_in_a_step_fails_the_attempt_with_its_cause(durable_worker):
+    run = durable.start(interrupted_flow, None)
+    ended = _ended(run.id, 60)
+    assert ended.status == "failed"
+    row = Checkpoint.objects.get(run_id=run.id, seq=0)
+    assert (row.status, row.error["type"], row.error["message"]) == (
+        "failed", "KeyboardInterrupt", "stop right there"
+    )
+    assert ran(run.id) == ["interrupted:1"]
+    # The worker lives on and serves the next run.
+    assert durable.result(durable.start(fine_flow, None).id, timeout=60) == "fine"
