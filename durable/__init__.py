@@ -33,6 +33,7 @@ from .errors import (
     StepFailed,
     UpdateRejected,
     WaitTimeout,
+    WorkerLost,
     WorkflowNotRegistered,
 )
 from .inputs import DeadLetter, Failure
@@ -65,6 +66,7 @@ __all__ = [
     "StepInfo",
     "UpdateRejected",
     "WaitTimeout",
+    "WorkerLost",
     "Workflow",
     "WorkflowNotRegistered",
     "cancel",

@@ -67,11 +67,20 @@ def dies_in_place():
 
 @durable.step(timeout="30s")
 def cuts_its_connection():
-    _note("cuts")
-    from django.db import connection as own
+    """The database drops this worker's connection while the step runs, as a restart would."""
+    from django.db import DEFAULT_DB_ALIAS, connections
 
-    with own.cursor() as cursor:  # the database drops this worker's connection mid-step
-        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    _note("cuts")
+    own = connections[DEFAULT_DB_ALIAS]
+    with own.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    other = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
     return "kept"
 
 

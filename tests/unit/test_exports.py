@@ -32,6 +32,7 @@ PUBLIC = [
     "StepInfo",
     "UpdateRejected",
     "WaitTimeout",
+    "WorkerLost",
     "Workflow",
     "WorkflowNotRegistered",
     "cancel",
