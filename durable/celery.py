@@ -67,6 +67,18 @@ def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
     attempts.served_queues = set(instance.app.amqp.queues.consume_from)
 
 
+# Connected before durable's other task handlers (receivers run in the order they connect):
+# they query through the connection this one checks.
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _close_old_connection(task: Any = None, **_: Any) -> None:
+    """Before and after each durable task, drop its connection if broken or past ``CONN_MAX_AGE``."""
+    from . import connections
+
+    if connections.concerns_durable(task):
+        connections.close_if_unusable_or_obsolete(task)
+
+
 @signals.worker_ready.connect
 def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
     """A worker restarted under the same INSTANCE_ID takes its predecessor's leases back at once."""

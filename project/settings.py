@@ -69,7 +69,8 @@ def database_from_url(url: str) -> dict:
             "PASSWORD": unquote(parsed.password or ""),
             "HOST": parsed.hostname or "",
             "PORT": str(parsed.port or ""),
-            # One connection per worker process, kept across tasks (Celery closes idle ones).
+            # One connection per worker process, kept across tasks; durable drops it when it
+            # broke or outlived this age, and health checks ping it before a task uses it.
             "CONN_MAX_AGE": int(os.environ.get("DATABASE_CONN_MAX_AGE", "60")),
             "CONN_HEALTH_CHECKS": True,
             "TEST": {"NAME": os.environ.get("DATABASE_TEST_NAME") or None},
