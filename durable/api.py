@@ -5,6 +5,7 @@ Every call writes in the caller's transaction; the Celery messages it causes go 
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from datetime import timedelta
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 
-from . import clock, conf, dispatch
+from . import clock, conf, dispatch, guards
 from .definitions import Workflow, registry
 from .durations import parse_duration
 from .errors import (
@@ -26,7 +27,6 @@ from .errors import (
     WaitTimeout,
     error_dict,
 )
-from .history import check_size, roundtrip
 
 if TYPE_CHECKING:
     from .models import Run
@@ -73,16 +73,26 @@ def _runs() -> Any:
     return Run.objects.using(conf.get().DATABASE)
 
 
+@functools.cache
+def column_length(model: str, field: str) -> int:
+    """The ``max_length`` of a durable model's column: what a string stored there may hold."""
+    from django.apps import apps
+
+    length: int = apps.get_model("durable", model)._meta.get_field(field).max_length
+    return length
+
+
 def _payload(value: Any, what: str) -> Any:
-    value = roundtrip(value, what=what)
-    check_size(value, conf.get().MAX_PAYLOAD_BYTES, what=what)
-    return value
+    return guards.json_value(value, what, max_bytes=conf.get().MAX_PAYLOAD_BYTES)
 
 
-def _check_run_id(run_id: Any) -> str:
-    if not isinstance(run_id, str) or not run_id or len(run_id) > 255:
-        raise InvalidInput(f"run_id must be a non-empty string of at most 255 characters, got {run_id!r}")
-    return run_id
+def _run_id(run_id: Any, *, reserved_ok: bool = True) -> str:
+    """A run id to look up (any existing id) or, with ``reserved_ok=False``, one a caller picks."""
+    return guards.run_id(run_id, max_length=column_length("Run", "id"), reserved_ok=reserved_ok)
+
+
+def _name(value: Any, field: str, model: str) -> str:
+    return guards.text(value, field, max_length=column_length(model, "name"), kind="name")
 
 
 def _resolve(workflow: Workflow | str, version: str | None) -> Workflow:
@@ -104,8 +114,31 @@ def start(
     delay: Any = None,
 ) -> RunHandle:
     """Create a run (or return the existing one with this ``run_id``); its first turn is sent on commit."""
+    if run_id is not None:
+        _run_id(run_id, reserved_ok=False)
+    return start_on_behalf(workflow, input, run_id=run_id, version=version, namespace=namespace, tags=tags, delay=delay)
+
+
+def start_on_behalf(
+    workflow: Workflow | str,
+    input: Any = None,
+    *,
+    run_id: str | None = None,
+    version: str | None = None,
+    namespace: str | None = None,
+    tags: Any = (),
+    delay: Any = None,
+) -> RunHandle:
+    """``start()`` for the runs durable starts itself (dead letters, failure handlers, schedule
+    ticks), whose ids carry the prefixes a caller may not use."""
     settings = conf.get()
+    if isinstance(workflow, str):
+        guards.text(workflow, "workflow", max_length=column_length("Run", "workflow"))
     definition = _resolve(workflow, version)
+    if len(definition.name) > column_length("Run", "workflow"):
+        raise guards.refuse("workflow", f"the name {guards.shown(definition.name)} is longer than "
+                            f"{column_length('Run', 'workflow')} characters; give the workflow a shorter name=")
+    run_id = _run_id(run_id) if run_id is not None else None
     stored_input = _payload(input, f"the input of workflow {definition.name!r}")
     if definition.input_schema is not None:
         try:
@@ -117,15 +150,13 @@ def start(
             definition.validate_input(stored_input)
         except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
             raise InvalidInput(f"workflow {definition.name!r} refused its input: {exc}") from exc
-    run_id = _check_run_id(run_id) if run_id is not None else None
-    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
-        raise InvalidInput(f"tags must be a list of strings, got {tags!r}")
+    tags = guards.tags(tags, max_bytes=settings.MAX_PAYLOAD_BYTES)
     try:
         wait = timedelta(0) if delay is None else parse_duration(delay, what="delay")
     except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-    if namespace is not None and not isinstance(namespace, str):
-        raise InvalidInput(f"namespace must be a string, got {namespace!r}")
+        raise guards.refuse("delay", str(exc).removeprefix("delay: ")) from None
+    if namespace is not None:
+        guards.text(namespace, "namespace", max_length=column_length("Run", "namespace"), allow_empty=True)
 
     if run_id is not None:
         existing = _runs().filter(id=run_id).first()
@@ -195,7 +226,7 @@ def _same_workflow(existing: Run, name: str) -> RunHandle:
 
 def get_run(run_id: str) -> Run:
     """Return the run row, or raise RunNotFound."""
-    run = _runs().filter(id=run_id).first()
+    run = _runs().filter(id=_run_id(run_id)).first()
     if run is None:
         raise RunNotFound(f"no run has id {run_id!r}")
     return run
@@ -203,7 +234,7 @@ def get_run(run_id: str) -> Run:
 
 def signal(run_id: str, name: str, payload: Any = None) -> None:
     """Deliver ``payload`` to the run's wait for ``name``, or keep it until the run waits."""
-    _deliver(run_id, name, _signal_payload(name, payload))
+    _deliver(_run_id(run_id), name, _signal_payload(name, payload))
 
 
 def signal_with_start(
@@ -213,6 +244,7 @@ def signal_with_start(
     concurrent start of the same id is the same run, and every signal sent this way is kept."""
     if run_id is None:
         raise InvalidInput("signal_with_start() needs the run_id of the run to start or signal")
+    _run_id(run_id, reserved_ok=False)
     stored = _signal_payload(signal, payload)
     with transaction.atomic(using=conf.get().DATABASE):
         handle = start(workflow, input, run_id=run_id)
@@ -224,7 +256,7 @@ def update(run_id: str, name: str, payload: Any = None) -> None:
     """Ask the run's workflow validator for ``name`` first (``@workflow.validator(name)``); if it
     accepts, deliver ``payload`` as signal ``name``. A refusal raises UpdateRejected, storing nothing."""
     stored = _signal_payload(name, payload)
-    run = get_run(run_id)
+    run = get_run(run_id)  # checks run_id
     if run.status in TERMINAL:
         raise RunFinished(f"run {run_id!r} has already finished ({run.status}); nothing was sent")
     validator = registry.workflow(run.workflow, run.version).validators.get(name)
@@ -243,16 +275,14 @@ def publish_event(name: str, payload: Any = None) -> None:
     and it is kept for EVENT_BUFFER_TTL for waits that come later (each run gets it at most once)."""
     from .engine import events
 
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"an event needs a non-empty name, got {name!r}")
+    _name(name, "event name", "Event")
     payload = _payload(payload, f"the payload of event {name!r}")
     with transaction.atomic(using=conf.get().DATABASE):
         events.publish(name, payload)
 
 
 def _signal_payload(name: Any, payload: Any) -> Any:
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"a signal needs a non-empty name, got {name!r}")
+    _name(name, "signal name", "Signal")
     return _payload(payload, f"the payload of signal {name!r}")
 
 
@@ -270,8 +300,10 @@ def _deliver(run_id: str, name: str, payload: Any) -> None:
 def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) -> bool:
     """Cancel an unfinished run; False if it had already finished."""
     settings = conf.get()
-    if reason is not None and not isinstance(reason, str):
-        raise InvalidInput(f"reason must be a string, got {reason!r}")
+    _run_id(run_id)
+    if not isinstance(compensate, bool):
+        raise guards.refuse("compensate", f"must be True or False, got {guards.shown(compensate)}")
+    guards.free_text(reason, "reason", max_bytes=settings.MAX_PAYLOAD_BYTES)
     error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
@@ -325,6 +357,7 @@ def _fresh_attempt(run: Run, seqs: list[int]) -> None:
 
 def result(run_id: str, timeout: Any = None) -> Any:
     """Wait for the run to finish; return its output or raise RunFailed / RunCancelled / WaitTimeout."""
+    _run_id(run_id)
     try:
         limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
     except ValueError as exc:

@@ -232,19 +232,32 @@ class Schedule:
     def __post_init__(self) -> None:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-        from croniter import croniter
-
         from .history import roundtrip
 
-        if not isinstance(self.cron, str) or not croniter.is_valid(self.cron):
-            raise InvalidInput(f'cron must be a cron expression such as "*/5 * * * *", got {self.cron!r}')
+        _check_cron(self.cron)
         try:
             ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
+        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
             raise InvalidInput(f'timezone must be an IANA name such as "Europe/Paris", got {self.timezone!r}') from None
         if self.overlap not in OVERLAPS:
             raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
         object.__setattr__(self, "input", roundtrip(self.input, what="the schedule's input"))
+
+
+def _check_cron(cron: Any) -> None:
+    """A cron expression that has a next time: one that never fires ("0 0 30 2 *") is a mistake."""
+    from datetime import datetime
+
+    from croniter import CroniterError, croniter
+
+    if not isinstance(cron, str) or "\x00" in cron or not croniter.is_valid(cron):
+        raise InvalidInput(f'cron must be a cron expression such as "*/5 * * * *", got {cron!r}')
+    try:
+        croniter(cron, datetime(2000, 1, 1)).get_next(datetime)
+    except CroniterError:
+        raise InvalidInput(
+            f"cron {cron!r} never fires: no date matches it (e.g. February 30th); fix the day or month"
+        ) from None
 
 
 def _search_schema_option(schema: Any) -> dict[str, Any] | None:

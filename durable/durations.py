@@ -11,6 +11,11 @@ _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 
 Duration = "timedelta | int | float | str"
 
+#: The longest duration accepted. Durable adds durations to the current time (delays, deadlines,
+#: timers, backoffs); anything near timedelta's own limit would overflow the date, and a wait of
+#: more than a century is a mistake, not a plan.
+MAX_DURATION = timedelta(days=36500)
+
 
 def parse_duration(value: object, *, what: str = "duration") -> timedelta:
     """Return ``value`` as a timedelta, or raise ValueError saying what forms are accepted."""
@@ -32,6 +37,8 @@ def parse_duration(value: object, *, what: str = "duration") -> timedelta:
         raise ValueError(f"{what}: expected a duration, got {type(value).__name__}")
     if result < timedelta(0):
         raise ValueError(f"{what}: must not be negative, got {value!r}")
+    if result > MAX_DURATION:
+        raise ValueError(f"{what}: {value!r} is too long; at most {MAX_DURATION.days} days (100 years)")
     return result
 
 
@@ -41,7 +48,7 @@ def _seconds(seconds: float, what: str) -> timedelta:
     try:
         return timedelta(seconds=seconds)
     except OverflowError:
-        raise ValueError(f"{what}: {seconds!r} seconds is too long (at most 999999999 days)") from None
+        raise ValueError(f"{what}: {seconds!r} seconds is too long; at most {MAX_DURATION.days} days (100 years)") from None
 
 
 def optional_duration(value: object, *, what: str = "duration") -> timedelta | None:

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import InvalidInput
+from .guards import json_value
 
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
 
@@ -94,13 +95,9 @@ class ChildStart:
 
 
 def roundtrip(value: Any, *, what: str) -> Any:
-    """Return ``value`` as it reads back from JSON, or raise InvalidInput naming ``what``."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(
-            f"{what} must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
-        ) from None
+    """Return ``value`` as it reads back from JSON, or raise InvalidInput naming ``what``
+    (not JSON, NUL characters, lone surrogates, nested too deep: see ``guards.json_value``)."""
+    return json_value(value, what)
 
 
 def check_size(value: Any, limit: int, *, what: str) -> None:

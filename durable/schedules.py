@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import clock, conf
-from .api import RunHandle, _resolve, start
+from . import clock, conf, guards
+from .api import RunHandle, _resolve, column_length, start_on_behalf
 from .definitions import Schedule as Spec
 from .definitions import Workflow
 from .errors import InvalidInput
@@ -19,7 +19,10 @@ def schedule(
     from .engine import schedules
 
     _check_key(key)
+    if isinstance(workflow, str):
+        guards.text(workflow, "workflow", max_length=column_length("Schedule", "workflow"))
     definition = _resolve(workflow, None)
+    guards.text(cron, "cron", max_length=column_length("Schedule", "cron"))
     spec = Spec(cron=cron, input=input, timezone=timezone, overlap=overlap)
     schedules.save(key, definition.name, spec, clock.now(), declared=False)
 
@@ -34,7 +37,13 @@ def resume_schedule(key: str) -> bool:
     from .engine import schedules
 
     row = _rows(key).get(key=key)
-    return _rows(key).resume(key, schedules.next_tick(row.cron, row.timezone, clock.now()), clock.now())
+    try:
+        next_at = schedules.next_tick(row.cron, row.timezone, clock.now())
+    except ValueError:  # a cron stored before crons that never fire were refused
+        raise InvalidInput(
+            f"schedule {key!r} has cron {row.cron!r}, which never fires; redefine it with durable.schedule()"
+        ) from None
+    return _rows(key).resume(key, next_at, clock.now())
 
 
 def trigger_schedule(key: str) -> RunHandle:
@@ -42,12 +51,11 @@ def trigger_schedule(key: str) -> RunHandle:
     from .engine import schedules
 
     row = _rows(key).get(key=key)
-    return start(row.workflow, row.input, run_id=schedules.run_id(key, clock.now()))
+    return start_on_behalf(row.workflow, row.input, run_id=schedules.run_id(key, clock.now()))
 
 
 def _check_key(key: Any) -> None:
-    if not isinstance(key, str) or not key or len(key) > 200:
-        raise InvalidInput(f"a schedule key must be a non-empty string of at most 200 characters, got {key!r}")
+    guards.text(key, "schedule key", max_length=column_length("Schedule", "key"))
 
 
 def _rows(key: str) -> Any:

@@ -367,14 +367,41 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
 
     @admin.action(description="Resume selected schedules", permissions=["steer"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        done = sum(durable.resume_schedule(key) for key in queryset.values_list("pk", flat=True))
+        resumed, failed = _each(queryset, durable.resume_schedule)
+        done = sum(resumed)
         self.message_user(request, ngettext("Resumed %d schedule.", "Resumed %d schedules.", done) % done)
+        _tell_failures(self, request, failed, "resume")
 
     @admin.action(description="Start a run of selected schedules now", permissions=["steer"])
     def trigger(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        started = [durable.trigger_schedule(key).id for key in queryset.values_list("pk", flat=True)]
-        self.message_user(request, ngettext("Started %d run: %s", "Started %d runs: %s", len(started))
-                          % (len(started), _reasons(started)))
+        handles, failed = _each(queryset, durable.trigger_schedule)
+        started = [handle.id for handle in handles]
+        if started:
+            self.message_user(request, ngettext("Started %d run: %s", "Started %d runs: %s", len(started))
+                              % (len(started), _reasons(started)))
+        _tell_failures(self, request, failed, "start a run of")
+
+
+def _each(queryset: QuerySet[Schedule], call: Any) -> tuple[list[Any], list[str]]:
+    """Call ``call(key)`` for each schedule; a refusal (its workflow gone, a cron that never fires)
+    becomes a reason to show, not a server error."""
+    results, failed = [], []
+    for key in queryset.order_by("pk").values_list("pk", flat=True):
+        try:
+            results.append(call(key))
+        except durable.DurableError as exc:
+            failed.append(f"{key}: {exc}")
+    return results, failed
+
+
+def _tell_failures(model_admin: admin.ModelAdmin[Any], request: HttpRequest, failed: list[str], verb: str) -> None:
+    if failed:
+        model_admin.message_user(
+            request,
+            ngettext("Could not %s %d schedule: %s", "Could not %s %d schedules: %s", len(failed))
+            % (verb, len(failed), _reasons(failed)),
+            messages.ERROR,
+        )
 
 
 @admin.register(Event)

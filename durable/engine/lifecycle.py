@@ -13,13 +13,11 @@ from django.db import transaction
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import DurableError
+from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import UNFINISHED, Checkpoint, Run, Status
 
 log = logging.getLogger("durable.engine")
-
-DLQ_PREFIX = "dlq:"
-ON_ERROR_PREFIX = "on_error:"
 
 
 def finished(run: Run) -> None:
@@ -140,9 +138,9 @@ def _hand_over(run: Run, handler: Workflow | str | None, payload: dict[str, Any]
     """Start ``handler`` for ``run`` under a derived id, so a repeated hand-over starts nothing new."""
     if handler is None:
         return
-    from ..api import start
+    from ..api import start_on_behalf
 
     try:
-        start(handler, payload, run_id=run_id, namespace=run.namespace or None)
+        start_on_behalf(handler, payload, run_id=run_id, namespace=run.namespace or None)
     except DurableError as exc:
         log.warning("durable: could not hand run %s over to %r: %s", run.id, handler, exc)

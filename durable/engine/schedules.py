@@ -2,7 +2,9 @@
 
 A tick is taken by a guarded UPDATE of the schedule's ``next_at`` in the same transaction that
 starts its run, whose id names the tick: two sweeps at once start it once. Ticks missed while no
-beat ran are not replayed; the latest of them runs.
+beat ran are not replayed; the latest of them runs. A schedule that fails, whatever the cause (a
+cron stored before it was refused, a workflow gone, a database error), is logged and skipped: the
+others still fire.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 from django.db import transaction
 
-from .. import api, clock, conf
+from .. import api, clock, conf, guards
 from ..definitions import Schedule as Spec
 from ..definitions import registry
 from ..errors import DurableError
@@ -38,7 +40,7 @@ def latest_tick(cron: str, tz: str, due: datetime, now: datetime) -> datetime:
 
 
 def run_id(key: str, tick: datetime) -> str:
-    return f"schedule:{key}:{tick.astimezone(UTC).isoformat()}"
+    return f"{guards.SCHEDULE_PREFIX}{key}:{tick.astimezone(UTC).isoformat()}"
 
 
 def sweep_schedules() -> int:
@@ -46,14 +48,30 @@ def sweep_schedules() -> int:
     settings = conf.get()
     sync_declared()
     started = 0
+    broken: set[str] = set()  # failed this sweep: still due, but not taken again until the next
     for _ in range(MAX_BATCHES):
         with transaction.atomic(using=settings.DATABASE):
             now = clock.now()
-            due = Schedule.objects.using(settings.DATABASE).due(now, BATCH)
-            started += sum(_fire(row, now) for row in due)
+            due = Schedule.objects.using(settings.DATABASE).exclude(key__in=broken).due(now, BATCH)
+            for row in due:
+                fired = _fire_alone(row, now)
+                if fired is None:
+                    broken.add(row.key)
+                started += bool(fired)
         if len(due) < BATCH:
             break
     return started
+
+
+def _fire_alone(row: Schedule, now: datetime) -> bool | None:
+    """``_fire`` in a savepoint of its own: None (logged, rolled back) when it failed."""
+    try:
+        with transaction.atomic(using=conf.get().DATABASE):
+            return _fire(row, now)
+    except Exception:  # noqa: BLE001 - one schedule's failure must never stop the others
+        log.exception("durable: schedule %s (cron %r, workflow %s) failed and was skipped", row.key, row.cron,
+                      row.workflow)
+        return None
 
 
 def _fire(row: Schedule, now: datetime) -> bool:
@@ -71,7 +89,7 @@ def _fire(row: Schedule, now: datetime) -> bool:
         log.info("durable: schedule %s skipped its %s tick: run %s is still going", row.key, tick, row.last_run_id)
         return False
     try:
-        api.start(row.workflow, row.input, run_id=new_id)
+        api.start_on_behalf(row.workflow, row.input, run_id=new_id)
     except DurableError as exc:
         # Not registered here, an input its workflow now refuses, a full singleton line: this
         # tick is lost, the next ones are not, and the sweep goes on with the other schedules.
@@ -86,15 +104,24 @@ def sync_declared() -> None:
     schedules = Schedule.objects.using(conf.get().DATABASE)
     now = clock.now()
     stored = {row.key: row for row in schedules.filter(declared=True)}
-    for name in registry.workflows:
-        spec = registry.workflow(name).schedule
+    for name in list(registry.workflows):
         row = stored.pop(name, None)
-        if spec is None:
-            if row is not None:
-                schedules.filter(key=name, declared=True).delete()
-            continue
-        if row is None or _changed(row, spec):
-            save(name, name, spec, now, declared=True)
+        try:
+            with transaction.atomic(using=conf.get().DATABASE):
+                _sync_one(name, row, now)
+        except Exception:  # noqa: BLE001 - one workflow's schedule must never stop the others
+            log.exception("durable: the schedule declared on workflow %s could not be saved; skipped", name)
+
+
+def _sync_one(name: str, row: Schedule | None, now: datetime) -> None:
+    spec = registry.workflow(name).schedule
+    schedules = Schedule.objects.using(conf.get().DATABASE)
+    if spec is None:
+        if row is not None:
+            schedules.filter(key=name, declared=True).delete()
+        return
+    if row is None or _changed(row, spec):
+        save(name, name, spec, now, declared=True)
 
 
 def _changed(row: Schedule, spec: Spec) -> bool:
@@ -103,7 +130,9 @@ def _changed(row: Schedule, spec: Spec) -> bool:
 
 def save(key: str, workflow: str, spec: Spec, now: datetime, *, declared: bool) -> None:
     """Create or redefine schedule ``key``; a new cron or timezone counts its next tick from now."""
-    schedules = Schedule.objects.using(conf.get().DATABASE)
+    settings = conf.get()
+    guards.json_value(spec.input, "the schedule's input", max_bytes=settings.MAX_PAYLOAD_BYTES)
+    schedules = Schedule.objects.using(settings.DATABASE)
     row = schedules.filter(key=key).first()
     timing_changed = row is None or (row.cron, row.timezone) != (spec.cron, spec.timezone)
     fields = {

@@ -308,3 +308,24 @@ def test_published_events_are_listed(admin_client: Client, durable_env: Any) -> 
     durable.publish_event("admin.paid", {"order": 7})
     page = admin_client.get(reverse("admin:durable_event_changelist")).content.decode()
     assert "admin.paid" in page
+
+
+def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(admin_client: Client, durable_env: Any) -> None:
+    from durable import clock
+    from durable.models import Schedule
+
+    durable.schedule("adds", add_flow, cron="0 * * * *", input=1)
+    now = clock.now()
+    Schedule.objects.create(key="gone", workflow="tests.admin_no_longer_here", cron="0 * * * *", next_at=now,
+                            created_at=now, updated_at=now)
+    response = admin_client.post(
+        reverse("admin:durable_schedule_changelist"),
+        {"action": "trigger", "_selected_action": ["adds", "gone"]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    shown = [str(message) for message in response.context["messages"]]
+    assert any(text.startswith("Started 1 run: schedule:adds:") for text in shown), shown
+    assert any("Could not start a run of 1 schedule: gone:" in text and "tests.admin_no_longer_here" in text
+               for text in shown), shown
+    assert list(Run.objects.values_list("workflow", flat=True)) == ["tests.admin_add"]

@@ -145,3 +145,51 @@ def test_a_tick_whose_run_cannot_start_is_skipped_and_the_others_still_fire(at_n
     at_noon.advance_time("5m")
     assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
     assert Schedule.objects.get(key="picky").next_at == datetime(2026, 12, 1, 12, 10, tzinfo=UTC)
+
+
+def test_a_cron_that_never_fires_is_refused_at_declaration(durable_env):
+    with pytest.raises(durable.InvalidInput, match="never fires"):
+        durable.schedule("feb30", report, cron="0 0 30 2 *")
+    with pytest.raises(durable.InvalidInput, match="never fires"):
+        durable.Schedule("0 0 30 2 *")
+    with pytest.raises(durable.InvalidInput, match="never fires"):
+        durable.workflow(lambda ctx, _: None, name="tests.sched_feb30", schedule="0 0 30 2 *")
+    assert "tests.sched_feb30" not in registry.workflows
+    assert not Schedule.objects.exists()
+
+
+def _stored(key, cron, workflow="tests.sched_report", declared=False):
+    """A row as an older version (or a hand edit) left it, past today's checks."""
+    now = clock.now()
+    Schedule.objects.create(key=key, workflow=workflow, cron=cron, next_at=now, declared=declared,
+                            created_at=now, updated_at=now)
+
+
+def test_a_stored_cron_that_never_fires_does_not_stop_the_other_schedules(at_noon, caplog):
+    _stored("feb30", "0 0 30 2 *")
+    durable.schedule("report", report, cron="*/5 * * * *")
+    at_noon.advance_time("5m")
+    assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
+    assert "feb30" in caplog.text
+    at_noon.advance_time("5m")
+    assert len(_runs()) == 2  # every sweep still fires the good one
+    assert durable.pause_schedule("feb30") is True
+    with pytest.raises(durable.InvalidInput, match="never fires"):
+        durable.resume_schedule("feb30")
+
+
+def test_a_schedule_whose_workflow_is_gone_does_not_stop_the_others(at_noon):
+    _stored("gone", "*/5 * * * *", workflow="tests.sched_no_longer_here")
+    durable.schedule("report", report, cron="*/5 * * * *")
+    at_noon.advance_time("5m")
+    assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
+
+
+def test_a_declared_schedule_that_cannot_be_saved_does_not_stop_the_sweep(at_noon, nightly, monkeypatch):
+    broken = durable.Schedule("0 3 * * *")
+    object.__setattr__(broken, "cron", "0 0 30 2 *")  # as if declared before such crons were refused
+    monkeypatch.setattr(nightly, "schedule", broken)
+    durable.schedule("report", report, cron="*/5 * * * *")
+    at_noon.advance_time("5m")
+    assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
+    assert not Schedule.objects.filter(key="tests.sched_nightly").exists()

@@ -1,0 +1,140 @@
+"""The checks every public call applies to what it is given, before anything is stored.
+
+One vocabulary so each call refuses bad values the same way: ``InvalidInput`` whose message
+starts with the field and says what to fix, and whose ``details["field"]`` names it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import InvalidInput
+
+#: Deepest nesting of lists and dicts a stored JSON value may have. Far below Python's recursion
+#: limit, so a stored value can always be read back, even by code already deep in its stack.
+MAX_DEPTH = 100
+
+#: Run ids durable gives the runs it starts on a run's behalf; a caller may not take them.
+DLQ_PREFIX = "dlq:"
+ON_ERROR_PREFIX = "on_error:"
+SCHEDULE_PREFIX = "schedule:"
+RESERVED_PREFIXES = (DLQ_PREFIX, ON_ERROR_PREFIX, SCHEDULE_PREFIX)
+
+# A JSON "\u0000" escape, not a literal backslash before "u0000" (an escaped backslash is "\\").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def refuse(field: str, problem: str) -> InvalidInput:
+    """The error for a bad ``field``: raise what this returns."""
+    return InvalidInput(f"{field} {problem}", details={"field": field})
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut short: an error message never carries a whole oversized value."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def text(value: Any, field: str, *, max_length: int, allow_empty: bool = False, kind: str = "string") -> str:
+    """A string (non-empty unless ``allow_empty``) that fits a column of ``max_length``."""
+    if not isinstance(value, str) or not (value or allow_empty):
+        raise refuse(field, f"must be a {'' if allow_empty else 'non-empty '}{kind}, got {shown(value)}")
+    if len(value) > max_length:
+        raise refuse(field, f"is {len(value)} characters long; at most {max_length} fit")
+    _storable(value, field)
+    return value
+
+
+def _storable(value: str, field: str) -> None:
+    if "\x00" in value:
+        raise refuse(field, "must not contain NUL characters (\\x00); PostgreSQL cannot store them")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise refuse(field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8") from None
+
+
+def free_text(value: Any, field: str, *, max_bytes: int) -> str | None:
+    """An optional string of any length up to ``max_bytes`` (UTF-8), storable in JSON."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise refuse(field, f"must be a string, got {shown(value)}")
+    _storable(value, field)
+    size = len(value.encode("utf-8"))
+    if size > max_bytes:
+        raise refuse(field, f"is {size} bytes, over DURABLE['MAX_PAYLOAD_BYTES'] ({max_bytes})")
+    return value
+
+
+def run_id(value: Any, *, max_length: int, reserved_ok: bool = False) -> str:
+    """A run id; one a caller picks may not start with a prefix durable keeps for itself."""
+    value = text(value, "run_id", max_length=max_length)
+    if not reserved_ok and value.startswith(RESERVED_PREFIXES):
+        raise refuse(
+            "run_id",
+            f"{shown(value)} starts with a prefix durable keeps for the runs it starts itself "
+            f"({', '.join(RESERVED_PREFIXES)}); pick another run_id",
+        )
+    return value
+
+
+def tags(value: Any, *, max_bytes: int) -> list[str]:
+    """A list (or tuple, set) of strings; None and a bare string are refused."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise refuse("tags", f'must be a list of strings such as ["vip"], got {shown(value)}')
+    for tag in value:
+        if not isinstance(tag, str):
+            raise refuse("tags", f"must hold only strings, got {shown(tag)}")
+        _storable(tag, "tags")
+    json_value(list(value), "tags", max_bytes=max_bytes)
+    return list(value)
+
+
+def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
+    """Return ``value`` as it reads back from JSON once stored, or refuse it naming ``field``.
+
+    Refused: what JSON cannot hold, NUL characters and lone surrogates anywhere (keys included),
+    nesting deeper than MAX_DEPTH, and more than ``max_bytes`` bytes of UTF-8 when given.
+    """
+    try:
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except RecursionError:
+        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
+    except (TypeError, ValueError) as exc:
+        raise refuse(
+            field, f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
+        ) from None
+    try:
+        size = len(encoded.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise refuse(field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8") from None
+    if "\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
+        raise refuse(field, "must not contain NUL characters (\\x00); PostgreSQL cannot store them")
+    if max_bytes is not None and size > max_bytes:
+        raise refuse(
+            field,
+            f"is {size} bytes, over DURABLE['MAX_PAYLOAD_BYTES'] ({max_bytes}); store large data "
+            "elsewhere and pass a reference",
+        )
+    loaded = json.loads(encoded)
+    # Cheap first: fewer brackets than MAX_DEPTH cannot nest deeper than it.
+    if encoded.count("[") + encoded.count("{") > MAX_DEPTH and _depth(loaded) > MAX_DEPTH:
+        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts")
+    return loaded
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in node if isinstance(child, (dict, list)))
+    return deepest
