@@ -28,8 +28,9 @@ def _clear():
     RAN.clear()
 
 
-@durable.step(timeout="1m", retry=durable.Retry(max_attempts=2, initial="1s"))
+@durable.step(retry=durable.Retry(max_attempts=2, initial="1s"))
 def work(name):
+    """No timeout, no heartbeat_timeout: its liveness is its hold alone."""
     RAN.append(name)
     return name
 
