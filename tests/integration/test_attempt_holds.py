@@ -113,6 +113,7 @@ def test_a_redelivered_message_never_runs_a_started_attempt_again(durable_env):
     durable_env.advance_time("10s")
     assert steps.run_step(*message.args) == "stale"  # and after: still never as itself
     assert RAN == []
+    assert _row(run.id).error["code"] == "worker_lost"  # the lapsed hold counted as the attempt's end
 
 
 def test_an_attempt_whose_holder_died_is_lost_and_retried_within_a_lease(durable_env):
