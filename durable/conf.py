@@ -258,3 +258,31 @@ def check_definitions(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
         for option in NOT_ENFORCED
         if getattr(step, option, None) is not None
     ]
+
+
+@checks.register("durable")
+def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Refuse, before any run is stored, step and workflow names and queues longer than the
+    columns that hold them (the database would refuse the first run that reached them)."""
+    from .definitions import registry
+    from .models import Checkpoint, Run
+
+    def length(model: Any, field: str) -> int:
+        return int(model._meta.get_field(field).max_length)
+
+    workflows = [w for versions in registry.workflows.values() for w in versions.values()]
+    declared = [
+        *(("step", s.name, "name", s.name, length(Checkpoint, "name")) for s in registry.steps.values()),
+        *(("step", s.name, "queue", s.queue or "", length(Checkpoint, "queue")) for s in registry.steps.values()),
+        *(("workflow", w.name, "name", w.name, length(Run, "workflow")) for w in workflows),
+        *(("workflow", w.name, "queue", w.queue or "", length(Run, "queue")) for w in workflows),
+    ]
+    return [
+        checks.Error(
+            f"{kind} {name[:60]!r}…: its {what} is {len(value)} characters long; at most {limit} fit.",
+            hint=f"Give the {kind} a shorter {what}.",
+            id="durable.E003",
+        )
+        for kind, name, what, value, limit in declared
+        if len(value) > limit
+    ]

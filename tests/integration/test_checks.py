@@ -171,3 +171,21 @@ def test_step_options_not_enforced_yet_are_reported() -> None:
     finally:
         registry.steps.pop("tests.checks_limited")
     assert warning.id == "durable.W002" and "concurrency=" in warning.msg
+
+
+def test_a_step_or_workflow_name_longer_than_its_column_is_e003() -> None:
+    import durable
+    from durable.definitions import registry
+
+    long = "tests.checks." + "x" * 300
+    step = durable.step(name=long)(lambda: None)
+    flow = durable.workflow(name="tests.checks.long_queue", queue="q" * 201)(lambda ctx, _: None)
+    try:
+        found = [m.msg for m in conf.check_name_lengths() if m.id == "durable.E003"]
+        assert len(found) == 2, found
+        assert "its name is 313 characters long; at most 255 fit" in found[0]
+        assert "its queue is 201 characters long; at most 200 fit" in found[1]
+    finally:
+        del registry.steps[step.name]
+        del registry.workflows[flow.name]
+    assert conf.check_name_lengths() == []
