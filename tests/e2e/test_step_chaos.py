@@ -73,8 +73,8 @@ def _die_on_first_execution() -> None:
     """End this process, as the OOM killer would, the first time this run's step gets here."""
     info = durable.step_info()
     try:
-        with open(_ledger() / "died" / info.run_id, "x") as f:
-            f.write(str(info.attempt))
+        # A symlink is created with its content in one call: a kill cannot leave it empty.
+        os.symlink(str(info.attempt), _ledger() / "died" / info.run_id)
     except FileExistsError:
         return
     os._exit(1)
@@ -287,7 +287,7 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
             "run_id", "seq", "kind", "status", "attempt", "output"
         )
     }
-    died = {path.name: int(path.read_text()) for path in (ledger_dir / "died").iterdir()}
+    died = {path.name: int(os.readlink(path)) for path in (ledger_dir / "died").iterdir()}
     per_attempt = Counter((run_id, seq, attempt) for run_id, done in executions.items() for seq, attempt in done)
     per_position = Counter((run_id, seq) for run_id, seq, _ in per_attempt.elements())
     statuses = Counter(run.status for run in runs.values())
