@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random as _random
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from .errors import (
     StepFailed,
     Suspend,
     WaitTimeout,
+    _ControlFlow,
     error_dict,
 )
 from .eventwaits import EventWaits
@@ -132,14 +134,21 @@ class Context(Composition, EventWaits, SearchAttributes):
         flush: Callable[[TurnState], None],
         renew: Callable[[], None],
         in_place: InPlaceRunner | None = None,
+        stopped: Callable[[], BaseException | None] | None = None,
     ) -> None:
         self._run = run
         self._in_place = in_place
         self._state = state
         self._clock = clock
         self._limits = limits
-        self._flush = flush
-        self._renew = renew
+        self._flush = self._sticky(flush)
+        self._renew = self._sticky(renew)
+        #: The engine's word that the turn must stop (its lease is gone, it ran too long): the
+        #: exception to raise at the next primitive, or None. In-memory, so cheap to ask often.
+        self._stopped = stopped
+        #: Why this turn stopped, once it has: nothing the body does afterwards records anything.
+        self._stopping: BaseException | None = None
+        self._thread = threading.get_ident()
         self._seq = 0
         self._at = 0  # the position of the primitive being answered
         self._replay_until = max(state.records, default=-1)
@@ -266,6 +275,10 @@ class Context(Composition, EventWaits, SearchAttributes):
 
     def _position(self, kind: str, name: str) -> Record | None:
         """Return the record at the next position, checking it is what the body asks for."""
+        self._guard()
+        stop = self._stopped() if self._stopped is not None else None
+        if stop is not None:
+            raise self._stop(stop)
         seq = self._at = self._seq
         self._seq += 1
         rec = self._state.records.get(seq)
@@ -278,10 +291,11 @@ class Context(Composition, EventWaits, SearchAttributes):
                 details={"seq": seq, "recorded": [rec.kind, rec.name], "requested": [kind, name]},
             )
             self._nondeterminism = error
-            raise error
+            raise self._stop(error)
         return rec
 
     def _new(self, kind: str, name: str, *, status: str = PENDING, **fields: Any) -> Record:
+        self._guard()
         rec = Record(seq=self._at, kind=kind, name=name, status=status, **fields)
         self._state.records[rec.seq] = rec
         return rec
@@ -305,10 +319,50 @@ class Context(Composition, EventWaits, SearchAttributes):
         if isinstance(answer, _Pending):
             if answer.wake_at is not None:
                 self._state.wakes.append(answer.wake_at)
-            raise Suspend()
+            raise self._stop(Suspend())
         if isinstance(answer, BaseException):
             raise answer
         return answer
+
+    # -- stopping --------------------------------------------------------------------------
+    #
+    # Suspension is sticky: once the turn decided to stop (a primitive that cannot answer yet,
+    # continue_as_new, a lost lease, a flush that lost a race, a primitive misused), a body that
+    # catches the exception, returns from ``finally`` or calls more primitives changes nothing:
+    # every later primitive raises again before it records, runs, sends or flushes anything, and
+    # replay() reports the first stop whatever the body did after it.
+
+    def _stop(self, reason: BaseException) -> BaseException:
+        """Note why the turn stops (the first reason wins); return the exception to raise."""
+        if self._stopping is None:
+            self._stopping = reason
+        return reason
+
+    def _guard(self) -> None:
+        """Refuse a primitive once the turn stopped, or from a thread other than the turn's."""
+        if threading.get_ident() != self._thread:
+            # Positions are handed out in call order, so a primitive racing from another thread
+            # would make the history depend on scheduling: refused, and the run fails with it.
+            raise self._stop(DurableError(
+                f"a workflow primitive of run {self._run.id} was called from thread "
+                f"{threading.current_thread().name!r}, not the thread running the workflow body: call "
+                "ctx methods only from the body itself (use ctx.all / ctx.map for parallel steps)",
+                code="wrong_thread",
+            ))
+        if self._stopping is not None:
+            raise Suspend() if isinstance(self._stopping, Suspend) else self._stopping
+
+    def _sticky(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """Wrap an engine callback so the control flow it raises (lease lost, stale) sticks."""
+
+        def call(*args: Any) -> None:
+            try:
+                callback(*args)
+            except _ControlFlow as stop:
+                self._stop(stop)
+                raise
+
+        return call
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -420,7 +474,9 @@ class Context(Composition, EventWaits, SearchAttributes):
             with step_scope(info, lambda progress: self._renew()):
                 output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
             output = roundtrip(output, what=f"the output of step {step.name!r}")
-        except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
+        except _ControlFlow:
+            raise  # the turn stops (lease lost, time limit): the attempt is not over
+        except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt
             retryable = step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
             return self._attempt_ended(rec, step, None, error_dict(exc), retryable)
         return self._attempt_ended(rec, step, output, None, True)
@@ -514,9 +570,16 @@ def replay(
     flush: Callable[[TurnState], None],
     renew: Callable[[], None],
     in_place: InPlaceRunner | None = None,
+    stopped: Callable[[], BaseException | None] | None = None,
 ) -> Outcome:
-    """Run the body from the top against ``state`` and say how the run stands."""
-    ctx = Context(run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place)
+    """Run the body from the top against ``state`` and say how the run stands.
+
+    ``stopped`` is the engine's in-memory word that the turn must stop (see ``Context``): what it
+    returns is raised at the next primitive and, whatever the body made of it, out of replay().
+    """
+    ctx = Context(
+        run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
+    )
     if run.cancel_request is not None:
         return saga.unwind(ctx, Outcome("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
     if run.deadline is not None and clock() >= run.deadline:
@@ -526,29 +589,51 @@ def replay(
             "code": "timeout",
             "details": {"deadline": run.deadline.isoformat()},
         })
+    escaped: BaseException | None = None
     try:
         value = workflow.fn(ctx, run.input)
-    except Suspend:
-        if ctx._nondeterminism is not None:
-            return _failed(ctx._nondeterminism, state)
-        now = clock()
-        wake_at = min([*state.wakes, now + limits.reconcile_interval, *filter(None, [run.deadline])])
-        return Outcome("suspended", wake_at=wake_at)
-    except ContinueAsNew as request:
-        if ctx._nondeterminism is not None:
-            return _failed(ctx._nondeterminism, state)
-        return Outcome("continued", next_input=request.input)
-    except Exception as exc:  # noqa: BLE001 - an error escaping the body fails the run
-        failed = _failed(ctx._nondeterminism or exc, state)
+    except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
+        escaped = exc
+    ended = _ended(ctx, escaped)
+    if ended is not None:
+        return ended
+    # A change of code, or a primitive misused, fails the run even when the body caught it.
+    error = ctx._nondeterminism or ctx._stopping
+    if escaped is not None:
+        # So does an error escaping the body, KeyboardInterrupt and SystemExit included: they
+        # must not take the worker process down with them.
+        failed = _failed(error or escaped, state)
         return saga.unwind(ctx, failed) if saga.needs_unwind(ctx) else failed
-    if ctx._nondeterminism is not None:
-        return _failed(ctx._nondeterminism, state)
+    if error is not None:
+        return _failed(error, state)
     try:
         output = roundtrip(value, what=f"the output of workflow {run.workflow!r}")
     except InvalidInput as exc:
         exc.code = "invalid_output"
         return _failed(exc, state)
     return Outcome("completed", output=output)
+
+
+def _ended(ctx: Context, escaped: BaseException | None) -> Outcome | None:
+    """How a turn that stopped at a primitive ends, whatever the body did after; None if the
+    body did not stop there (it returned, or raised an error of its own).
+
+    The engine's stops (lease gone, time limit, a write that lost a race) are raised on to it.
+    """
+    engine_stop = ctx._stopped() if ctx._stopped is not None else None
+    for stop in (engine_stop, ctx._stopping, escaped):
+        if isinstance(stop, _ControlFlow) and not isinstance(stop, (Suspend, ContinueAsNew)):
+            raise stop
+    stop = ctx._stopping or escaped
+    if not isinstance(stop, (Suspend, ContinueAsNew)):
+        return None
+    if ctx._nondeterminism is not None:
+        return _failed(ctx._nondeterminism, ctx._state)
+    if isinstance(stop, ContinueAsNew):
+        return Outcome("continued", next_input=stop.input)
+    now = ctx._clock()
+    wake_at = min([*ctx._state.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._run.deadline])])
+    return Outcome("suspended", wake_at=wake_at)
 
 
 def _failed(exc: BaseException, state: TurnState) -> Outcome:

@@ -12,6 +12,7 @@ from django.test import override_settings
 import durable
 from durable import dispatch
 from durable.engine import attempts, steps, turn
+from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -19,8 +20,9 @@ pytestmark = pytest.mark.django_db
 RAN: list[str] = []
 
 
-class WorkerDied(BaseException):
-    """Stands for the process dying mid-step: nothing after it runs, the lease stays held."""
+class WorkerDied(_ControlFlow):
+    """Stands for the process dying mid-step: nothing after it runs, the lease stays held
+    (control flow, as no step or body handler may turn a dying process into a failure)."""
 
 
 @pytest.fixture
