@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import saga
-from .composition import Composition, ContinueAsNew
+from . import saga, stopping
+from .composition import Composition
 from .definitions import Step, Workflow, celery_task_step, registry
 from .durations import parse_duration
 from .errors import (
@@ -44,6 +44,7 @@ from .history import (
 )
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo, step_scope
+from .stopping import Stopping
 
 log = logging.getLogger("durable.workflow")
 
@@ -121,7 +122,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, EventWaits, SearchAttributes):
+class Context(Composition, EventWaits, SearchAttributes, Stopping):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -323,46 +324,6 @@ class Context(Composition, EventWaits, SearchAttributes):
         if isinstance(answer, BaseException):
             raise answer
         return answer
-
-    # -- stopping --------------------------------------------------------------------------
-    #
-    # Suspension is sticky: once the turn decided to stop (a primitive that cannot answer yet,
-    # continue_as_new, a lost lease, a flush that lost a race, a primitive misused), a body that
-    # catches the exception, returns from ``finally`` or calls more primitives changes nothing:
-    # every later primitive raises again before it records, runs, sends or flushes anything, and
-    # replay() reports the first stop whatever the body did after it.
-
-    def _stop(self, reason: BaseException) -> BaseException:
-        """Note why the turn stops (the first reason wins); return the exception to raise."""
-        if self._stopping is None:
-            self._stopping = reason
-        return reason
-
-    def _guard(self) -> None:
-        """Refuse a primitive once the turn stopped, or from a thread other than the turn's."""
-        if threading.get_ident() != self._thread:
-            # Positions are handed out in call order, so a primitive racing from another thread
-            # would make the history depend on scheduling: refused, and the run fails with it.
-            raise self._stop(DurableError(
-                f"a workflow primitive of run {self._run.id} was called from thread "
-                f"{threading.current_thread().name!r}, not the thread running the workflow body: call "
-                "ctx methods only from the body itself (use ctx.all / ctx.map for parallel steps)",
-                code="wrong_thread",
-            ))
-        if self._stopping is not None:
-            raise Suspend() if isinstance(self._stopping, Suspend) else self._stopping
-
-    def _sticky(self, callback: Callable[..., None]) -> Callable[..., None]:
-        """Wrap an engine callback so the control flow it raises (lease lost, stale) sticks."""
-
-        def call(*args: Any) -> None:
-            try:
-                callback(*args)
-            except _ControlFlow as stop:
-                self._stop(stop)
-                raise
-
-        return call
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -594,9 +555,9 @@ def replay(
         value = workflow.fn(ctx, run.input)
     except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
         escaped = exc
-    ended = _ended(ctx, escaped)
+    ended = stopping.ended(ctx, escaped)
     if ended is not None:
-        return ended
+        return ended if ctx._nondeterminism is None else _failed(ctx._nondeterminism, state)
     # A change of code, or a primitive misused, fails the run even when the body caught it.
     error = ctx._nondeterminism or ctx._stopping
     if escaped is not None:
@@ -612,28 +573,6 @@ def replay(
         exc.code = "invalid_output"
         return _failed(exc, state)
     return Outcome("completed", output=output)
-
-
-def _ended(ctx: Context, escaped: BaseException | None) -> Outcome | None:
-    """How a turn that stopped at a primitive ends, whatever the body did after; None if the
-    body did not stop there (it returned, or raised an error of its own).
-
-    The engine's stops (lease gone, time limit, a write that lost a race) are raised on to it.
-    """
-    engine_stop = ctx._stopped() if ctx._stopped is not None else None
-    for stop in (engine_stop, ctx._stopping, escaped):
-        if isinstance(stop, _ControlFlow) and not isinstance(stop, (Suspend, ContinueAsNew)):
-            raise stop
-    stop = ctx._stopping or escaped
-    if not isinstance(stop, (Suspend, ContinueAsNew)):
-        return None
-    if ctx._nondeterminism is not None:
-        return _failed(ctx._nondeterminism, ctx._state)
-    if isinstance(stop, ContinueAsNew):
-        return Outcome("continued", next_input=stop.input)
-    now = ctx._clock()
-    wake_at = min([*ctx._state.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._run.deadline])])
-    return Outcome("suspended", wake_at=wake_at)
 
 
 def _failed(exc: BaseException, state: TurnState) -> Outcome:
