@@ -153,3 +153,11 @@ def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[che
             id="durable.W001",
         )
     ]
+
+
+@signals.worker_process_init.connect
+def _pool_child(**_: Any) -> None:
+    """A prefork pool child may end itself to free a turn stuck in a body (see engine.leases)."""
+    from .engine import leases
+
+    leases.may_exit = True

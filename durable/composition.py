@@ -97,7 +97,8 @@ class Composition:
 
     def continue_as_new(self: Context, input: Any = None) -> None:
         """Finish this run and start a fresh one of the same workflow with ``input``."""
-        raise ContinueAsNew(roundtrip(input, what="the input of continue_as_new()"))
+        self._guard()
+        raise self._stop(ContinueAsNew(roundtrip(input, what="the input of continue_as_new()")))
 
     # -- internals --------------------------------------------------------------------------
 

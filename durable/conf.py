@@ -26,6 +26,7 @@ _DURATIONS = {
     "STEP_REDISPATCH_AFTER": "5m",
     "STEP_TIMEOUT_GRACE": "5s",
     "RETENTION_SWEEP_INTERVAL": "1m",
+    "TURN_TIME_LIMIT": "15m",
 }
 _POSITIVE_INTS = {
     "MAX_RECOVERY_ATTEMPTS": 5,
@@ -44,7 +45,7 @@ _OTHERS: dict[str, Any] = {
 }
 _MUST_BE_POSITIVE = {
     "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
-    "RETENTION_SWEEP_INTERVAL",
+    "RETENTION_SWEEP_INTERVAL", "TURN_TIME_LIMIT",
 }
 #: Run statuses a retention policy may name (spelled here: settings load before the models).
 FINISHED = ("completed", "failed", "cancelled", "dead")
@@ -95,6 +96,10 @@ class Settings:
     #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
     #: the step's queue and the step has no timeout (see README, "Eager steps").
     EAGER_STEPS: bool = True
+    #: A turn still running after this is stopped, its run handed back and counted as crashed
+    #: (towards MAX_RECOVERY_ATTEMPTS): a body that never reaches a primitive cannot hold a
+    #: worker process forever.
+    TURN_TIME_LIMIT: timedelta = timedelta(minutes=15)
 
 
 def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import random as _random
 import secrets
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import saga
-from .composition import Composition, ContinueAsNew
+from . import saga, stopping
+from .composition import Composition
 from .definitions import Step, Workflow, celery_task_step, registry
 from .durations import parse_duration
 from .errors import (
@@ -28,6 +29,7 @@ from .errors import (
     Suspend,
     WaitTimeout,
     WorkerLost,
+    _ControlFlow,
     error_dict,
 )
 from .eventwaits import EventWaits
@@ -44,6 +46,7 @@ from .history import (
 )
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo, step_scope
+from .stopping import Stopping
 
 log = logging.getLogger("durable.workflow")
 
@@ -119,7 +122,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, EventWaits, SearchAttributes):
+class Context(Composition, EventWaits, SearchAttributes, Stopping):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -132,14 +135,21 @@ class Context(Composition, EventWaits, SearchAttributes):
         flush: Callable[[TurnState], None],
         renew: Callable[[], None],
         in_place: InPlaceRunner | None = None,
+        stopped: Callable[[], BaseException | None] | None = None,
     ) -> None:
         self._run = run
         self._in_place = in_place
         self._state = state
         self._clock = clock
         self._limits = limits
-        self._flush = flush
-        self._renew = renew
+        self._flush = self._sticky(flush)
+        self._renew = self._sticky(renew)
+        #: The engine's word that the turn must stop (its lease is gone, it ran too long): the
+        #: exception to raise at the next primitive, or None. In-memory, so cheap to ask often.
+        self._stopped = stopped
+        #: Why this turn stopped, once it has: nothing the body does afterwards records anything.
+        self._stopping: BaseException | None = None
+        self._thread = threading.get_ident()
         self._seq = 0
         self._at = 0  # the position of the primitive being answered
         self._replay_until = max(state.records, default=-1)
@@ -266,6 +276,10 @@ class Context(Composition, EventWaits, SearchAttributes):
 
     def _position(self, kind: str, name: str) -> Record | None:
         """Return the record at the next position, checking it is what the body asks for."""
+        self._guard()
+        stop = self._stopped() if self._stopped is not None else None
+        if stop is not None:
+            raise self._stop(stop)
         seq = self._at = self._seq
         self._seq += 1
         rec = self._state.records.get(seq)
@@ -278,10 +292,11 @@ class Context(Composition, EventWaits, SearchAttributes):
                 details={"seq": seq, "recorded": [rec.kind, rec.name], "requested": [kind, name]},
             )
             self._nondeterminism = error
-            raise error
+            raise self._stop(error)
         return rec
 
     def _new(self, kind: str, name: str, *, status: str = PENDING, **fields: Any) -> Record:
+        self._guard()
         rec = Record(seq=self._at, kind=kind, name=name, status=status, **fields)
         self._state.records[rec.seq] = rec
         return rec
@@ -305,7 +320,7 @@ class Context(Composition, EventWaits, SearchAttributes):
         if isinstance(answer, _Pending):
             if answer.wake_at is not None:
                 self._state.wakes.append(answer.wake_at)
-            raise Suspend()
+            raise self._stop(Suspend())
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -439,7 +454,9 @@ class Context(Composition, EventWaits, SearchAttributes):
             with step_scope(info, lambda progress: self._renew()):
                 output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
             output = roundtrip(output, what=f"the output of step {step.name!r}")
-        except Exception as exc:  # noqa: BLE001 - any step error is a failed attempt
+        except _ControlFlow:
+            raise  # the turn stops (lease lost, time limit): the attempt is not over
+        except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt
             retryable = step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
             return self._attempt_ended(rec, step, None, error_dict(exc), retryable)
         return self._attempt_ended(rec, step, output, None, True)
@@ -533,9 +550,16 @@ def replay(
     flush: Callable[[TurnState], None],
     renew: Callable[[], None],
     in_place: InPlaceRunner | None = None,
+    stopped: Callable[[], BaseException | None] | None = None,
 ) -> Outcome:
-    """Run the body from the top against ``state`` and say how the run stands."""
-    ctx = Context(run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place)
+    """Run the body from the top against ``state`` and say how the run stands.
+
+    ``stopped`` is the engine's in-memory word that the turn must stop (see ``Context``): what it
+    returns is raised at the next primitive and, whatever the body made of it, out of replay().
+    """
+    ctx = Context(
+        run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
+    )
     if run.cancel_request is not None:
         return saga.unwind(ctx, Outcome("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
     if run.deadline is not None and clock() >= run.deadline:
@@ -545,23 +569,23 @@ def replay(
             "code": "timeout",
             "details": {"deadline": run.deadline.isoformat()},
         })
+    escaped: BaseException | None = None
     try:
         value = workflow.fn(ctx, run.input)
-    except Suspend:
-        if ctx._nondeterminism is not None:
-            return _failed(ctx._nondeterminism, state)
-        now = clock()
-        wake_at = min([*state.wakes, now + limits.reconcile_interval, *filter(None, [run.deadline])])
-        return Outcome("suspended", wake_at=wake_at)
-    except ContinueAsNew as request:
-        if ctx._nondeterminism is not None:
-            return _failed(ctx._nondeterminism, state)
-        return Outcome("continued", next_input=request.input)
-    except Exception as exc:  # noqa: BLE001 - an error escaping the body fails the run
-        failed = _failed(ctx._nondeterminism or exc, state)
+    except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
+        escaped = exc
+    ended = stopping.ended(ctx, escaped)
+    if ended is not None:
+        return ended if ctx._nondeterminism is None else _failed(ctx._nondeterminism, state)
+    # A change of code, or a primitive misused, fails the run even when the body caught it.
+    error = ctx._nondeterminism or ctx._stopping
+    if escaped is not None:
+        # So does an error escaping the body, KeyboardInterrupt and SystemExit included: they
+        # must not take the worker process down with them.
+        failed = _failed(error or escaped, state)
         return saga.unwind(ctx, failed) if saga.needs_unwind(ctx) else failed
-    if ctx._nondeterminism is not None:
-        return _failed(ctx._nondeterminism, state)
+    if error is not None:
+        return _failed(error, state)
     try:
         output = roundtrip(value, what=f"the output of workflow {run.workflow!r}")
     except InvalidInput as exc:

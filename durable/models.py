@@ -222,6 +222,23 @@ class RunQuerySet(models.QuerySet["Run"]):
         qs = self.filter(status=Status.RUNNING, locked_by__startswith=owner_prefix)
         return list(qs.values_list("id", "queue")[:limit])
 
+    def give_back(
+        self, run_id: str, owner: str, now: datetime, max_attempts: int, error: dict[str, Any]
+    ) -> str | None:
+        """Hand back a run whose turn this owner abandons (it ran past its time limit), counted
+        as a crashed turn: ``dead`` with ``error`` once the recovery budget is spent (as
+        ``recover`` decides), else ``suspended`` and due at once. None if the lease is not held.
+        """
+        held = self.filter(id=run_id, locked_by=owner, status=Status.RUNNING)
+        released = {"locked_by": None, "locked_until": None, "updated_at": now}
+        if held.filter(recovery_attempts__gte=max_attempts).update(
+            status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
+        ):
+            return Status.DEAD
+        if held.update(status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released):
+            return Status.SUSPENDED
+        return None
+
 
 def _skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:
     # SKIP LOCKED only spreads concurrent sweeps on PostgreSQL; guarded UPDATEs keep correctness.

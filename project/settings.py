@@ -184,6 +184,7 @@ _DURABLE_FROM_ENV = {
     "ORPHAN_SWEEP_INTERVAL": str,
     "STEP_REDISPATCH_AFTER": str,
     "STEP_TIMEOUT_GRACE": str,
+    "TURN_TIME_LIMIT": str,
     "INSTANCE_ID": str,
 }
 DURABLE = {

@@ -14,6 +14,7 @@ from ..errors import InvalidInput, _ControlFlow, error_dict
 from ..history import Record, check_size, roundtrip
 from ..models import Checkpoint
 from ..stepscope import StepInfo, step_scope
+from . import leases
 
 log = logging.getLogger("durable.engine")
 
@@ -65,7 +66,8 @@ class InPlace:
 
     def __call__(self, rec: Record, step: Step) -> Result:
         beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings)
-        result = execute(step, StepInfo(self.run_id, rec.seq, rec.attempt, step.name), rec.input, beats)
+        with leases.unwatched(self.run_id):
+            result = execute(step, StepInfo(self.run_id, rec.seq, rec.attempt, step.name), rec.input, beats)
         beats.keep_last(Checkpoint.objects.using(self.settings.DATABASE))
         return result
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -77,6 +79,9 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings) -> str:
             outcome = _turn(run, owner, settings)
         except LeaseLost:
             return "lost"
+        except leases.Interrupted:
+            # Stopped: its lease is gone (nothing to write), or it ran past TURN_TIME_LIMIT.
+            return give_back(run, owner, settings)
         except _Stale:
             # A wake landed during the turn: read the run again and replay.
             run = runs.filter(id=run_id, locked_by=owner).first()
@@ -94,6 +99,38 @@ def _die(run: Run, settings: conf.Settings) -> None:
         if Run.objects.using(settings.DATABASE).end(run.id, Status.DEAD, error, clock.now()):
             run.status, run.error = Status.DEAD, error
             lifecycle.finished(run)
+
+
+def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
+    """Hand back a run whose turn ran past TURN_TIME_LIMIT, counted as a crashed turn; say what
+    became of it (``lost`` if this turn no longer held it)."""
+    db = settings.DATABASE
+    error = turn_time_limit_exhausted(run.recovery_attempts + 1, settings.TURN_TIME_LIMIT)
+    with transaction.atomic(using=db):
+        became = Run.objects.using(db).give_back(run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error)
+        if became == Status.DEAD:
+            run.status, run.error = Status.DEAD, error
+            lifecycle.finished(run)
+        elif became == Status.SUSPENDED:
+            dispatch.advance(run.id, run.queue or settings.DEFAULT_QUEUE)
+    if became is None:
+        return "lost"
+    log.warning("durable: the turn of run %s ran past TURN_TIME_LIMIT (%s); the run is %s",
+                run.id, settings.TURN_TIME_LIMIT, became)
+    return became
+
+
+def turn_time_limit_exhausted(attempts: int, limit: timedelta) -> dict[str, Any]:
+    return {
+        "message": (
+            f"the run's turns crashed {attempts} times in a row, the last one because it ran past "
+            f"TURN_TIME_LIMIT ({limit}): a workflow body must reach its next primitive (ctx.step, "
+            "ctx.sleep, ...) or end within the limit; move long work into a step"
+        ),
+        "type": "RecoveryExhausted",
+        "code": "max_recovery_attempts",
+        "details": {"recovery_attempts": attempts, "cause": "turn_time_limit", "turn_time_limit": limit.total_seconds()},
+    }
 
 
 def recovery_exhausted(attempts: int) -> dict[str, Any]:
@@ -143,19 +180,11 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
         with transaction.atomic(using=db):
             _settle(run, owner, outcome, settings)
         return outcome
-    outcome = replay(
-        workflow,
-        RunFacts(
-            run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline,
-            run.cancel_request,
-        ),
-        state,
-        clock=clock.now,
-        limits=limits(settings),
-        flush=flush,
-        renew=renew,
-        in_place=attempts.InPlace.offered(run.id, settings),
-    )
+    leases.watch(run.id, owner, settings.TURN_TIME_LIMIT, lambda: give_back(run, owner, settings))
+    try:
+        outcome = _replay(run, workflow, body_input, state, settings, flush, renew)
+    finally:
+        leases.unwatch(run.id)
     if _settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
@@ -169,6 +198,27 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     if outcome.status == "suspended" and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return outcome
+
+
+def _replay(
+    run: Run, workflow: Workflow, body_input: Any, state: TurnState, settings: conf.Settings,
+    flush: Callable[[TurnState], None], renew: Callable[[], None],
+) -> Outcome:
+    return replay(
+        workflow,
+        RunFacts(
+            run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline,
+            run.cancel_request,
+        ),
+        state,
+        clock=clock.now,
+        limits=limits(settings),
+        flush=flush,
+        renew=renew,
+        in_place=attempts.InPlace.offered(run.id, settings),
+        # Lease gone or time limit passed: in memory, so every primitive may ask.
+        stopped=lambda: leases.stopping(run.id),
+    )
 
 
 def _settles_alone(run: Run, state: TurnState, outcome: Outcome) -> bool:

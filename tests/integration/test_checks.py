@@ -45,6 +45,18 @@ def test_zero_lease_is_refused() -> None:
     assert "LEASE" in error.msg and "longer than zero" in error.msg
 
 
+@pytest.mark.parametrize(("value", "message"), [("0s", "longer than zero"), ("forever", "is not a duration")])
+def test_turn_time_limit_must_be_a_positive_duration(value: str, message: str) -> None:
+    [error] = _errors({"TURN_TIME_LIMIT": value})
+    assert "TURN_TIME_LIMIT" in error.msg and message in error.msg
+
+
+def test_turn_time_limit_defaults_to_fifteen_minutes_and_is_read_from_durable() -> None:
+    assert conf.load().TURN_TIME_LIMIT.total_seconds() == 15 * 60
+    with override_settings(DURABLE={"TURN_TIME_LIMIT": "90s"}):
+        assert conf.get().TURN_TIME_LIMIT.total_seconds() == 90
+
+
 def test_unknown_key_is_reported_by_name() -> None:
     [error] = _errors({"LEASEE": "30s"})
     assert "LEASEE" in error.msg

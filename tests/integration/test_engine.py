@@ -12,6 +12,7 @@ from django.test import override_settings
 import durable
 from durable import clock
 from durable.engine import attempts, steps, sweeps, turn
+from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -100,8 +101,9 @@ def test_orphaned_turn_is_recovered_and_counted(durable_env):
     assert RAN == ["a", "b"]
 
 
-class WorkerDied(BaseException):
-    """Stands for the process dying mid-turn: it escapes the engine, leaving the lease held."""
+class WorkerDied(_ControlFlow):
+    """Stands for the process dying mid-turn: it escapes the engine, leaving the lease held
+    (control flow, as no step or body handler may turn a dying process into a failure)."""
 
 
 CRASH = {"on": True}

@@ -21,8 +21,8 @@ RAN: list[str] = []
 
 
 class WorkerDied(_ControlFlow):
-    """Stands for the process dying mid-step: nothing after it runs, the lease stays held (as
-    control flow, which nothing in durable turns into a failed attempt)."""
+    """Stands for the process dying mid-step: nothing after it runs, the lease stays held
+    (control flow, as no step or body handler may turn a dying process into a failure)."""
 
 
 @pytest.fixture

@@ -70,6 +70,7 @@ def turn(
     signals: Sequence[BufferedSignal] = (),
     *,
     now: datetime = T0,
+    stopped: Callable[[], BaseException | None] | None = None,
 ) -> Turn:
     """Replay ``body`` once at ``now`` over ``records`` and ``signals``."""
     recs = records if isinstance(records, dict) else {r.seq: r for r in records}
@@ -84,6 +85,7 @@ def turn(
         limits=LIMITS,
         flush=flushes.append,
         renew=lambda: renews.append(None),
+        stopped=stopped,
     )
     return Turn(outcome, state, flushes, renews)
 

@@ -10,7 +10,7 @@ import pytest
 import durable
 from durable.context import TurnState, replay
 from durable.definitions import Workflow
-from durable.errors import ApplicationError, NonDeterminismError, StepFailed
+from durable.errors import ApplicationError, NonDeterminismError, StepFailed, _ControlFlow
 from durable.history import COMPLETED, FAILED, PENDING, Record
 
 from .replaykit import LIMITS, RUN, T0, beating, calls, done, flaky, once, other, pair, remote, turn
@@ -284,7 +284,7 @@ def test_return_value_is_json_round_tripped() -> None:
 
 
 def test_control_flow_exception_from_flush_propagates_out_of_replay() -> None:
-    class LeaseGone(BaseException):
+    class LeaseGone(_ControlFlow):
         pass
 
     def flush(state: TurnState) -> None:
