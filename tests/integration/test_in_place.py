@@ -5,6 +5,8 @@ The harness sends every step as a message; these tests make it a worker of the "
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from celery import shared_task
 from django.test import override_settings
@@ -259,3 +261,28 @@ def test_no_step_runs_in_place_outside_a_worker(env, monkeypatch):
     env.run_next()
     assert [m.task for m in env.pending()] == [dispatch.RUN_STEP]
     assert Checkpoint.objects.get(run_id=run.id).enqueued_at is not None
+
+
+LONG: dict[str, object] = {}
+
+
+@durable.step(name="tests.in_place.long")
+def long_step():
+    LONG["tick"](timedelta(minutes=20))  # twenty minutes of work, on the frozen clock
+    return "done"
+
+
+@durable.workflow(name="tests.in_place.long_flow")
+def long_flow(ctx, _):
+    first = ctx.step(long_step)
+    ctx.now()  # a primitive after the step: where a turn past its limit would be stopped
+    return first
+
+
+@override_settings(DURABLE={"TURN_TIME_LIMIT": "15m"})
+def test_a_step_run_in_place_does_not_count_against_the_turn_time_limit(env):
+    LONG["tick"] = env._freezer.tick
+    run = durable.start(long_flow)
+    env.drop()
+    assert turn.advance(run.id) == "completed"  # in one turn, not stopped after the step
+    assert durable.result(run.id) == "done"
