@@ -291,3 +291,24 @@ def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
         for kind, name, what, value, limit in declared
         if len(value) > limit
     ]
+
+
+@checks.register("durable")
+def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Celery keeps connections across tasks but Django never pings them: after a
+    database restart, each worker process's first durable task would fail on a dead connection."""
+    from celery import current_app
+
+    if not current_app.conf.get("CELERY_DB_REUSE_MAX"):
+        return []
+    database = django_settings.DATABASES.get(get().DATABASE, {})
+    if database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
+        return []
+    return [
+        checks.Warning(
+            f"CELERY_DB_REUSE_MAX keeps database connections across tasks, but DATABASES[{get().DATABASE!r}] "
+            "has no CONN_HEALTH_CHECKS: after a database restart each worker process fails its first task.",
+            hint="Set CONN_HEALTH_CHECKS = True on that database.",
+            id="durable.W003",
+        )
+    ]
