@@ -299,15 +299,17 @@ def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[check
     database restart, each worker process's first durable task would fail on a dead connection."""
     from celery import current_app
 
-    if not current_app.conf.get("CELERY_DB_REUSE_MAX"):
-        return []
-    database = django_settings.DATABASES.get(get().DATABASE, {})
-    if database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
+    alias = get().DATABASE
+    return connection_reuse_problems(current_app.conf.get("CELERY_DB_REUSE_MAX"), alias, django_settings.DATABASES[alias])
+
+
+def connection_reuse_problems(reuse_max: Any, alias: str, database: dict[str, Any]) -> list[checks.CheckMessage]:
+    if not reuse_max or database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
         return []
     return [
         checks.Warning(
-            f"CELERY_DB_REUSE_MAX keeps database connections across tasks, but DATABASES[{get().DATABASE!r}] "
-            "has no CONN_HEALTH_CHECKS: after a database restart each worker process fails its first task.",
+            f"CELERY_DB_REUSE_MAX keeps database connections across tasks, but DATABASES[{alias!r}] has "
+            "no CONN_HEALTH_CHECKS: after a database restart each worker process fails its first task.",
             hint="Set CONN_HEALTH_CHECKS = True on that database.",
             id="durable.W003",
         )

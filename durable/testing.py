@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -177,6 +178,38 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
         freezer.stop()
 
 
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended while we looked
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after it.
+        if int(stat.rpartition(")")[2].split()[1]) == pid:
+            children.append(int(entry.name))
+    return children
+
+
+def cut_database_connections() -> int:
+    """Terminate every other connection to the test database (PostgreSQL), as a database
+    restart would for its clients; return how many. Refuses any database not named test_*."""
+    from django.db import connections
+
+    with connections[conf.get().DATABASE].cursor() as cursor:
+        cursor.execute("SELECT current_database()")
+        (database,) = cursor.fetchone()
+        if not database.startswith("test_"):
+            raise DurableError(f"refusing to cut the connections of {database!r}: not a test database")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return sum(1 for (ok,) in cursor.fetchall() if ok)
+
+
 class WorkerHandle:
     """One ``celery worker`` process of a DurableWorker: its own ``-n`` name, env and log file.
 
@@ -209,6 +242,23 @@ class WorkerHandle:
         """SIGKILL the worker and its pool children, as an OOM kill or a lost node would."""
         self.kills += 1
         self.process.kill()
+
+    def pool_pids(self) -> list[int]:
+        """The worker's prefork pool children (read from /proc, so Linux only)."""
+        proc = self.process.proc
+        return _children(proc.pid) if proc is not None and self.alive else []
+
+    def kill_pool_child(self, pid: int | None = None) -> int | None:
+        """SIGKILL one pool child (``pid``, else the first), as the OOM killer would; the worker's
+        main process lives on, replaces the child and requeues its message. The pid, or None if
+        the worker had no child right then."""
+        children = self.pool_pids()
+        victim = pid if pid is not None else (children[0] if children else None)
+        if victim is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+        return victim
 
     def stop(self) -> None:
         self.process.stop()

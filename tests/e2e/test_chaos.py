@@ -25,13 +25,12 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import wait_for
+from durable.testing import cut_database_connections, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -149,15 +148,6 @@ def wipe_broker(queues: list[str]) -> str:
     if keys:
         client.delete(*keys)
     return f"deleted {len(keys)} kombu keys of db 0"
-
-
-def cut_database_connections() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return sum(1 for (ok,) in cursor.fetchall() if ok)
 
 
 def send_late_signals(late: dict[str, int]) -> None:

@@ -12,11 +12,10 @@ import time
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 import durable
 from durable.models import TERMINAL, Run
-from durable.testing import wait_for
+from durable.testing import cut_database_connections, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -34,15 +33,6 @@ def restart_flow(ctx, n):
     return ctx.step(double, n) + 1
 
 
-def terminate_other_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return sum(1 for (ok,) in cursor.fetchall() if ok)
-
-
 def start(n: int) -> dict[str, int]:
     return {durable.start(restart_flow, i).id: i for i in range(n)}
 
@@ -57,7 +47,7 @@ def test_worker_that_reuses_connections_runs_new_work_at_once_after_the_database
     assert settings.CELERY_DB_REUSE_MAX, "the case under test: Celery keeps connections across tasks"
     warm = start(WARM_UP)
     wait_for(lambda: not unfinished(warm), 60, what="the warm-up runs to finish")  # a connection per pool process
-    cut = terminate_other_backends()
+    cut = cut_database_connections()
     assert cut, "no worker connection to cut"
     began = time.monotonic()
     ids = start(AFTER_CUT)

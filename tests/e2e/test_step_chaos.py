@@ -19,11 +19,9 @@ Set DURABLE_CHAOS_SEED to replay the same choices of victims and intervals.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -32,13 +30,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import WorkerHandle, wait_for
+from durable.testing import WorkerHandle, cut_database_connections, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -153,22 +150,6 @@ def durable_worker_options(ledger_dir):
     return {"start": False, "env": {**env, LEDGER_ENV: str(ledger_dir), "DURABLE_LOG_LEVEL": "INFO"}}
 
 
-def pool_children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``: a prefork worker's pool children (from /proc)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended while we looked
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after it.
-        if int(stat.rpartition(")")[2].split()[1]) == pid:
-            children.append(int(entry.name))
-    return children
-
-
 class Faults:
     """The chaos: SIGKILL one pool child of a random worker; terminate the workers' connections."""
 
@@ -180,25 +161,14 @@ class Faults:
 
     def kill_pool_child(self) -> None:
         worker = self.rng.choice(self.workers)
-        assert worker.process.proc is not None
-        children = pool_children(worker.process.proc.pid)
-        if not children:
+        children = worker.pool_pids()
+        if not children or worker.kill_pool_child(self.rng.choice(children)) is None:
             self.kill_misses += 1
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.rng.choice(children), signal.SIGKILL)
-            self.kills += 1
+        self.kills += 1
 
     def cut_connections(self) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT current_database()")
-            (database,) = cursor.fetchone()
-            assert database.startswith("test_"), f"refusing to cut connections of {database!r}"
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            self.cuts.append(sum(1 for (ok,) in cursor.fetchall() if ok))
+        self.cuts.append(cut_database_connections())
 
 
 def read_ledger(path: Path, run_ids: list[str]) -> dict[str, list[tuple[int, int]]]:

@@ -204,10 +204,9 @@ def test_a_step_or_workflow_name_longer_than_its_column_is_e003() -> None:
 
 
 def test_connection_reuse_without_health_checks_is_w003() -> None:
-    from django.conf import settings
-
-    database = {**settings.DATABASES["default"], "ENGINE": "django.db.backends.postgresql"}
-    with override_settings(DATABASES={"default": {**database, "CONN_HEALTH_CHECKS": False}}):
-        assert [m.id for m in conf.check_connection_reuse()] == ["durable.W003"]
-    with override_settings(DATABASES={"default": {**database, "CONN_HEALTH_CHECKS": True}}):
-        assert conf.check_connection_reuse() == []
+    postgres = {"ENGINE": "django.db.backends.postgresql"}
+    problems = conf.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": False})
+    assert [m.id for m in problems] == ["durable.W003"]
+    assert conf.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": True}) == []
+    assert conf.connection_reuse_problems(None, "default", postgres) == []
+    assert conf.check_connection_reuse() == []  # the example project's settings
