@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import secrets
 import subprocess
 import sys
 import time
@@ -24,12 +25,13 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 QUEUES = "durable,celery"
 
 #: The environment of this process and of the worker: the example project on PostgreSQL + Redis,
-#: DEBUG off (Django keeps no query log), warnings only.
+#: DEBUG off (Django keeps no query log; with it off the project wants a key of its own), warnings only.
 ENV = {
     "DJANGO_SETTINGS_MODULE": os.environ.get("BENCH_SETTINGS", "project.settings"),
     "DATABASE_URL": f"{PG}/{DURABLE_DB}",
     "CELERY_BROKER_URL": REDIS,
     "DJANGO_DEBUG": "0",
+    "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(50),
     "DURABLE_LOG_LEVEL": "WARNING",
 }
 
