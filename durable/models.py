@@ -420,10 +420,23 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         """Write a turn's new view of a position, if it is still in the state the turn read
         (and, given ``owner``, only while that turn still holds the run's lease)."""
         status, attempt = expected
-        rows = self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt)
-        if owner is not None:
-            rows = rows.filter(Exists(Run.objects.filter(id=run_id, locked_by=owner)))
-        return bool(rows.update(**fields))
+        if owner is None:
+            return bool(self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt).update(**fields))
+        # Mid-turn (a step run in place ends, say): one plain statement, the ORM's compiling of
+        # an UPDATE with an EXISTS costs more than the statement itself on this path.
+        connection = connections[self.db]
+        ops = connection.ops
+        columns = [Checkpoint._meta.get_field(name) for name in fields]
+        assignments = ", ".join(f"{ops.quote_name(f.column)} = %s" for f in columns)
+        values = [f.get_db_prep_save(fields[f.name], connection) for f in columns]
+        sql = (
+            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET {assignments} "
+            "WHERE run_id = %s AND seq = %s AND status = %s AND attempt = %s AND EXISTS ("
+            f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND locked_by = %s)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*values, run_id, seq, status, attempt, run_id, owner])
+            return cursor.rowcount == 1
 
     def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
         """Insert ``row`` in one statement, only while ``owner`` holds its run's lease."""
