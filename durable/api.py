@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 COMPLETED, FAILED, CANCELLED, DEAD = "completed", "failed", "cancelled", "dead"
 TERMINAL = (COMPLETED, FAILED, CANCELLED, DEAD)
 
-#: True while durable.testing captures messages: result() must not wait for work nobody runs.
-never_wait = False
-
 
 class RunHandle:
     """A reference to a run, returned by ``start``."""
@@ -373,7 +370,7 @@ def result(run_id: str, timeout: Any = None) -> Any:
                 continue
         if run.status in TERMINAL:
             return _outcome(run)
-        if never_wait:
+        if not dispatch.transport.may_wait:
             raise WaitTimeout(
                 f"run {run_id!r} is {run.status}, not finished; under durable_env call "
                 "durable_env.run_until_idle() or advance_time() first",

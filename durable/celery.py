@@ -61,10 +61,8 @@ def _prefetch_one(sender: Any = None, conf: Any = None, **_: Any) -> None:
 
 @signals.celeryd_after_setup.connect
 def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    from .engine import attempts
-
     # The worker runs a run's next turn itself only when it consumes that run's queue.
-    attempts.served_queues = set(instance.app.amqp.queues.consume_from)
+    dispatch.install(dispatch.Transport(served_queues=set(instance.app.amqp.queues.consume_from)))
 
 
 # Connected before durable's other task handlers (receivers run in the order they connect):

@@ -11,7 +11,7 @@ from django.test import override_settings
 
 import durable
 from durable import clock
-from durable.engine import attempts, steps, sweeps, turn
+from durable.engine import steps, sweeps, turn
 from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
@@ -266,11 +266,12 @@ def test_manage_py_durable_sweep_wakes_due_runs(durable_env):
 
 
 def test_worker_that_does_not_serve_the_runs_queue_sends_the_next_turn_there(durable_env):
-    served, attempts.served_queues = attempts.served_queues, {"other-queue"}
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"other-queue"}
     try:
         run = durable.start(simple_flow)
         durable_env.run_next()  # the turn dispatches step a
         durable_env.run_next()  # step a is recorded; the next turn is sent, not run here
     finally:
-        attempts.served_queues = served
+        transport.served_queues = served
     assert [(m.task, m.args) for m in durable_env.pending()] == [("durable.advance", (run.id,))]
