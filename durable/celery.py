@@ -1,13 +1,11 @@
-"""Celery wiring: the sweeps' beat schedule, a worker's start-up and shutdown, and broker checks."""
+"""Celery wiring: the sweeps' beat schedule, a worker's start-up and shutdown."""
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from celery import signals
-from django.core import checks
 
 from . import clock, conf, dispatch
 
@@ -20,7 +18,6 @@ SWEEPS = {
     "durable.sweep_schedules": "TIMER_SWEEP_INTERVAL",
 }
 CELERY_DEFAULT_PREFETCH = 4
-REDIS_DEFAULT_VISIBILITY = timedelta(hours=1)
 
 #: When this worker process started: leases its instance id holds that were not renewed since
 #: belong to a predecessor.
@@ -122,35 +119,6 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
 
     run_id, seq, attempt, *token = where
     Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, token[0] if token else None, clock.now())
-
-
-@checks.register("durable")
-def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn when Redis would redeliver a step that is still running within its timeout."""
-    from celery import current_app
-
-    from .definitions import registry
-
-    broker = str(current_app.conf.broker_url or "")
-    if not broker.startswith(("redis://", "rediss://")):
-        return []
-    options = current_app.conf.broker_transport_options or {}
-    visibility = timedelta(seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds()))
-    longest = max(
-        (step for step in registry.steps.values() if step.timeout is not None),
-        key=lambda step: step.timeout,
-        default=None,
-    )
-    if longest is None or longest.timeout < visibility:
-        return []
-    return [
-        checks.Warning(
-            f"Redis visibility_timeout ({visibility}) is not longer than step {longest.name!r}'s "
-            f"timeout ({longest.timeout}): Redis would hand the running step to a second worker.",
-            hint="Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above the longest step timeout.",
-            id="durable.W001",
-        )
-    ]
 
 
 @signals.worker_process_init.connect

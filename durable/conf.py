@@ -1,6 +1,7 @@
-"""Durable's settings: one typed object built from ``settings.DURABLE``, plus its system checks.
+"""Durable's settings: one typed object built from ``settings.DURABLE``.
 
-Nothing else in durable reads Django settings for durable's keys.
+Nothing else in durable reads Django settings for durable's keys; ``durable.checks`` reports
+the values this module refuses.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.core import checks
 
 from .durations import parse_duration
 
@@ -102,7 +102,7 @@ class Settings:
     TURN_TIME_LIMIT: timedelta = timedelta(minutes=15)
 
 
-def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     """Return (key, message) for each bad value in ``raw``."""
     found: list[tuple[str, str]] = []
     declared = getattr(django_settings, "DURABLE", None)
@@ -183,7 +183,8 @@ def _policies(raw: list[dict[str, Any]]) -> list[RetentionPolicy]:
     ]
 
 
-def _raw() -> dict[str, Any]:
+def declared() -> dict[str, Any]:
+    """The DURABLE setting as declared (empty when unset or not a dict)."""
     raw = getattr(django_settings, "DURABLE", None) or {}
     return dict(raw) if isinstance(raw, dict) else {}
 
@@ -194,8 +195,8 @@ def default_instance_id() -> str:
 
 def load() -> Settings:
     """Build the settings; bad values fall back to defaults (the system checks report them)."""
-    raw = _raw()
-    bad = {key for key, _ in _problems(raw)}
+    raw = declared()
+    bad = {key for key, _ in problems(raw)}
     values: dict[str, Any] = {}
     for key, default in _DURATIONS.items():
         values[key] = parse_duration(raw[key] if key in raw and key not in bad else default)
@@ -222,95 +223,3 @@ def get() -> Settings:
 def reset(**_: Any) -> None:
     global _cached
     _cached = None
-
-
-@checks.register("durable")
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    messages: list[checks.CheckMessage] = [
-        checks.Error(
-            f"DURABLE[{key!r}]: {message}",
-            hint="Fix this key in the DURABLE setting.",
-            id="durable.E001",
-        )
-        for key, message in _problems(_raw())
-    ]
-    if not getattr(django_settings, "USE_TZ", False):
-        messages.append(
-            checks.Error(
-                "durable needs USE_TZ = True: timers and leases compare aware datetimes.",
-                id="durable.E002",
-            )
-        )
-    return messages
-
-
-#: Step options API.md names that this version accepts but does not act on yet.
-NOT_ENFORCED = ("concurrency", "rate_limit", "input_schema", "output_schema")
-
-
-@checks.register("durable")
-def check_definitions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn about step options that are declared but not enforced yet, rather than ignore them."""
-    from .definitions import registry
-
-    return [
-        checks.Warning(
-            f"step {step.name!r} sets {option}=, which this version of durable does not enforce yet.",
-            hint="Remove it, or enforce it in the step itself, until durable does.",
-            id="durable.W002",
-        )
-        for step in registry.steps.values()
-        for option in NOT_ENFORCED
-        if getattr(step, option, None) is not None
-    ]
-
-
-@checks.register("durable")
-def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Refuse, before any run is stored, step and workflow names and queues longer than the
-    columns that hold them (the database would refuse the first run that reached them)."""
-    from .definitions import registry
-    from .models import Checkpoint, Run
-
-    def length(model: Any, field: str) -> int:
-        return int(model._meta.get_field(field).max_length)
-
-    workflows = [w for versions in registry.workflows.values() for w in versions.values()]
-    declared = [
-        *(("step", s.name, "name", s.name, length(Checkpoint, "name")) for s in registry.steps.values()),
-        *(("step", s.name, "queue", s.queue or "", length(Checkpoint, "queue")) for s in registry.steps.values()),
-        *(("workflow", w.name, "name", w.name, length(Run, "workflow")) for w in workflows),
-        *(("workflow", w.name, "queue", w.queue or "", length(Run, "queue")) for w in workflows),
-    ]
-    return [
-        checks.Error(
-            f"{kind} {name[:60]!r}…: its {what} is {len(value)} characters long; at most {limit} fit.",
-            hint=f"Give the {kind} a shorter {what}.",
-            id="durable.E003",
-        )
-        for kind, name, what, value, limit in declared
-        if len(value) > limit
-    ]
-
-
-@checks.register("durable")
-def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn when Celery keeps connections across tasks but Django never pings them: after a
-    database restart, each worker process's first durable task would fail on a dead connection."""
-    from celery import current_app
-
-    alias = get().DATABASE
-    return connection_reuse_problems(current_app.conf.get("CELERY_DB_REUSE_MAX"), alias, django_settings.DATABASES[alias])
-
-
-def connection_reuse_problems(reuse_max: Any, alias: str, database: dict[str, Any]) -> list[checks.CheckMessage]:
-    if not reuse_max or database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
-        return []
-    return [
-        checks.Warning(
-            f"CELERY_DB_REUSE_MAX keeps database connections across tasks, but DATABASES[{alias!r}] has "
-            "no CONN_HEALTH_CHECKS: after a database restart each worker process fails its first task.",
-            hint="Set CONN_HEALTH_CHECKS = True on that database.",
-            id="durable.W003",
-        )
-    ]
