@@ -10,39 +10,12 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_type_hints
 
 from django.conf import settings as django_settings
 
 from .durations import parse_duration
 
-_DURATIONS = {
-    "LEASE": "30s",
-    "RECONCILE_INTERVAL": "5m",
-    "HEARTBEAT_PERSIST_THROTTLE": "10s",
-    "EVENT_BUFFER_TTL": "7d",
-    "TIMER_SWEEP_INTERVAL": "1s",
-    "ORPHAN_SWEEP_INTERVAL": "5s",
-    "STEP_REDISPATCH_AFTER": "5m",
-    "STEP_TIMEOUT_GRACE": "5s",
-    "RETENTION_SWEEP_INTERVAL": "1m",
-    "TURN_TIME_LIMIT": "15m",
-}
-_POSITIVE_INTS = {
-    "MAX_RECOVERY_ATTEMPTS": 5,
-    "TIMER_BATCH_SIZE": 500,
-    "MAX_PAYLOAD_BYTES": 1024 * 1024,
-}
-_OTHERS: dict[str, Any] = {
-    "DEFAULT_QUEUE": "durable",
-    "RETENTION": [],
-    "DEAD_LETTER_WORKFLOW": None,
-    "INSTANCE_ID": None,
-    "NAMESPACE": None,
-    "DATABASE": "default",
-    "INLINE_NEXT_TURN": True,
-    "EAGER_STEPS": True,
-}
 _MUST_BE_POSITIVE = {
     "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
     "RETENTION_SWEEP_INTERVAL", "TURN_TIME_LIMIT",
@@ -61,7 +34,6 @@ class RetentionPolicy:
     max_age: timedelta | None = None
     max_count: int | None = None
     workflows: tuple[str, ...] = ()
-KNOWN_KEYS = set(_DURATIONS) | set(_POSITIVE_INTS) | set(_OTHERS)
 
 
 @dataclass(frozen=True)
@@ -102,12 +74,20 @@ class Settings:
     TURN_TIME_LIMIT: timedelta = timedelta(minutes=15)
 
 
+# The dataclass is the one place the keys and their defaults are written; a key's type says how
+# its value is checked (a timedelta key takes a duration, an int key a whole number of at least 1).
+_TYPES = get_type_hints(Settings)
+KNOWN_KEYS = frozenset(_TYPES)
+_DURATIONS = tuple(key for key, kind in _TYPES.items() if kind is timedelta)
+_POSITIVE_INTS = tuple(key for key, kind in _TYPES.items() if kind is int)
+
+
 def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     """Return (key, message) for each bad value in ``raw``."""
     found: list[tuple[str, str]] = []
-    declared = getattr(django_settings, "DURABLE", None)
-    if declared is not None and not isinstance(declared, dict):
-        return [("DURABLE", f"must be a dict of settings, got {type(declared).__name__}")]
+    setting = getattr(django_settings, "DURABLE", None)
+    if setting is not None and not isinstance(setting, dict):
+        return [("DURABLE", f"must be a dict of settings, got {type(setting).__name__}")]
     for key in sorted(set(raw) - KNOWN_KEYS):
         found.append((key, f"unknown key; known keys are {', '.join(sorted(KNOWN_KEYS))}"))
     for key in _DURATIONS:
@@ -197,15 +177,13 @@ def load() -> Settings:
     """Build the settings; bad values fall back to defaults (the system checks report them)."""
     raw = declared()
     bad = {key for key, _ in problems(raw)}
-    values: dict[str, Any] = {}
-    for key, default in _DURATIONS.items():
-        values[key] = parse_duration(raw[key] if key in raw and key not in bad else default)
-    for key, default in _POSITIVE_INTS.items():
-        values[key] = raw[key] if key in raw and key not in bad else default
-    for key, default in _OTHERS.items():
-        values[key] = raw[key] if key in raw and key not in bad else default
-    values["RETENTION"] = _policies(values["RETENTION"])
-    values["INSTANCE_ID"] = values["INSTANCE_ID"] or default_instance_id()
+    values = {key: value for key, value in raw.items() if key in KNOWN_KEYS and key not in bad}
+    for key in _DURATIONS:
+        if key in values:
+            values[key] = parse_duration(values[key])
+    if "RETENTION" in values:
+        values["RETENTION"] = _policies(values["RETENTION"])
+    values["INSTANCE_ID"] = values.get("INSTANCE_ID") or default_instance_id()
     return Settings(**values)
 
 
