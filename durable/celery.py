@@ -11,12 +11,6 @@ from . import clock, conf, dispatch
 
 log = logging.getLogger("durable.celery")
 
-SWEEPS = {
-    "durable.sweep_timers": "TIMER_SWEEP_INTERVAL",
-    "durable.sweep_orphans": "ORPHAN_SWEEP_INTERVAL",
-    "durable.sweep_retention": "RETENTION_SWEEP_INTERVAL",
-    "durable.sweep_schedules": "TIMER_SWEEP_INTERVAL",
-}
 CELERY_DEFAULT_PREFETCH = 4
 
 #: When this worker process started: leases its instance id holds that were not renewed since
@@ -26,15 +20,15 @@ booted_at = clock.now()
 
 def beat_schedule() -> dict[str, dict[str, Any]]:
     """The sweeps as beat entries, for projects that build their schedule by hand."""
+    from .engine.sweeps import SWEEPS
+
     settings = conf.get()
-    return {
-        task: {
-            "task": task,
-            "schedule": getattr(settings, interval).total_seconds(),
-            "options": {"queue": settings.DEFAULT_QUEUE, "expires": getattr(settings, interval).total_seconds() * 5},
-        }
-        for task, interval in SWEEPS.items()
-    }
+    entries = {}
+    for sweep in SWEEPS:
+        every = getattr(settings, sweep.interval).total_seconds()
+        options = {"queue": settings.DEFAULT_QUEUE, "expires": every * 5}
+        entries[sweep.task] = {"task": sweep.task, "schedule": every, "options": options}
+    return entries
 
 
 @signals.beat_init.connect

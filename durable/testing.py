@@ -78,13 +78,13 @@ class DurableEnv:
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
-            from .engine import steps, sweeps, turn
+            from .engine import steps, turn
+            from .engine.sweeps import SWEEPS
 
             self._handlers = {
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
-                "durable.sweep_timers": sweeps.sweep_timers,
-                "durable.sweep_orphans": sweeps.sweep_orphans,
+                **{sweep.task: sweep.run for sweep in SWEEPS},
             }
         return self._handlers[task]
 
@@ -138,12 +138,9 @@ class DurableEnv:
 
     def sweep(self) -> int:
         """Run the beat sweeps once, then everything they send."""
-        from .engine import retention, schedules, sweeps
+        from .engine.sweeps import SWEEPS
 
-        found = (
-            sweeps.sweep_orphans() + sweeps.sweep_timers() + schedules.sweep_schedules() + retention.sweep_retention()
-        )
-        return found + self.run_until_idle()
+        return sum(sweep.run() for sweep in SWEEPS) + self.run_until_idle()
 
     def advance_time(self, duration: Any) -> int:
         """Move the frozen clock forward in one jump, then fire what became due until idle."""
