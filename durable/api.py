@@ -25,6 +25,7 @@ from .errors import (
     RunNotFound,
     UpdateRejected,
     WaitTimeout,
+    cancelled_error,
     error_dict,
 )
 
@@ -301,7 +302,7 @@ def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) 
     if not isinstance(compensate, bool):
         raise guards.refuse("compensate", f"must be True or False, got {guards.shown(compensate)}")
     guards.free_text(reason, "reason", max_bytes=settings.MAX_PAYLOAD_BYTES)
-    error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
+    error = cancelled_error(reason)
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
         if compensate:
