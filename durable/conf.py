@@ -15,13 +15,12 @@ from typing import Any, get_type_hints
 from django.conf import settings as django_settings
 
 from .durations import parse_duration
+from .statuses import TERMINAL
 
 _MUST_BE_POSITIVE = {
     "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
     "RETENTION_SWEEP_INTERVAL", "TURN_TIME_LIMIT",
 }
-#: Run statuses a retention policy may name (spelled here: settings load before the models).
-FINISHED = ("completed", "failed", "cancelled", "dead")
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
 
 
@@ -30,7 +29,7 @@ class RetentionPolicy:
     """One RETENTION entry: finished root runs of ``statuses`` (and ``workflows``, if given)
     are deleted once older than ``max_age`` or beyond the newest ``max_count``."""
 
-    statuses: tuple[str, ...] = FINISHED
+    statuses: tuple[str, ...] = TERMINAL
     max_age: timedelta | None = None
     max_count: int | None = None
     workflows: tuple[str, ...] = ()
@@ -133,9 +132,9 @@ def _retention_problems(policies: Any) -> list[str]:
             found.append(f"{where} has unknown keys {sorted(set(policy) - _POLICY_KEYS)}; known: {sorted(_POLICY_KEYS)}")
         if policy.get("max_age") is None and policy.get("max_count") is None:
             found.append(f"{where} needs max_age, max_count or both")
-        statuses = policy.get("statuses", FINISHED)
-        if isinstance(statuses, str) or not isinstance(statuses, (list, tuple)) or not set(statuses) <= set(FINISHED):
-            found.append(f"{where}: statuses must be a list of {', '.join(FINISHED)}, got {statuses!r}")
+        statuses = policy.get("statuses", TERMINAL)
+        if isinstance(statuses, str) or not isinstance(statuses, (list, tuple)) or not set(statuses) <= set(TERMINAL):
+            found.append(f"{where}: statuses must be a list of {', '.join(TERMINAL)}, got {statuses!r}")
         if policy.get("max_age") is not None:
             try:
                 if not parse_duration(policy["max_age"], what="max_age"):
@@ -154,7 +153,7 @@ def _retention_problems(policies: Any) -> list[str]:
 def _policies(raw: list[dict[str, Any]]) -> list[RetentionPolicy]:
     return [
         RetentionPolicy(
-            statuses=tuple(policy.get("statuses", FINISHED)),
+            statuses=tuple(policy.get("statuses", TERMINAL)),
             max_age=None if policy.get("max_age") is None else parse_duration(policy["max_age"]),
             max_count=policy.get("max_count"),
             workflows=tuple(policy.get("workflows", ())),

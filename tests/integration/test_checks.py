@@ -13,6 +13,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from durable import checks, conf
+from durable.statuses import TERMINAL
 
 
 def _errors(durable_setting: Any) -> list[Error]:
@@ -170,7 +171,7 @@ def test_good_retention_policies_pass_and_load() -> None:
     with override_settings(DURABLE={"RETENTION": good}):
         first, second = conf.get().RETENTION
     assert (first.statuses, first.max_age, first.max_count) == (("completed",), timedelta(days=30), None)
-    assert (second.statuses, second.max_count, second.workflows) == (conf.FINISHED, 1000, ("shop.fulfil",))
+    assert (second.statuses, second.max_count, second.workflows) == (TERMINAL, 1000, ("shop.fulfil",))
 
 
 def test_step_options_not_enforced_yet_are_reported() -> None:
