@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import durable
 from bench import dispatched
@@ -48,7 +49,7 @@ def in_process(n: int, planned: int, latency_reps: int, threads: int, budget: fl
 
     from durable import dispatch
 
-    saved, dispatch.sender = dispatch.sender, lambda message: None
+    saved = dispatch.install(replace(dispatch.transport, send=lambda message: None))
     try:
         truncate()
         for _ in range(5):
@@ -58,7 +59,7 @@ def in_process(n: int, planned: int, latency_reps: int, threads: int, budget: fl
         reps = Reps(planned, budget)
         many = [_in_process_many(n, threads) for _ in reps]
     finally:
-        dispatch.sender = saved
+        dispatch.install(saved)
         connections.close_all()
     return {"sequential_s": summary(seq), "throughput": _throughput(n, many, reps.info()), "threads": threads}
 

@@ -119,11 +119,11 @@ def in_process(runs: int, out: Path) -> list[str]:
 
     import durable
     from durable import dispatch
-    from durable.engine import attempts, steps, turn
+    from durable.engine import steps, turn
 
     queue: list = []
-    saved = dispatch.sender, attempts.served_queues, turn.advance
-    dispatch.sender, attempts.served_queues = queue.append, None  # None: run the next turn inline
+    transport = dispatch.Transport(send=queue.append, served_queues=None)  # None: run the next turn inline
+    saved = dispatch.install(transport), turn.advance
     timer = QueryTimer()
     # steps.run_step calls turn.advance through the module, so the wrapped one times inline turns.
     turn.advance = timer.timed("turn", saved[2])
@@ -159,7 +159,7 @@ def in_process(runs: int, out: Path) -> list[str]:
     lines: list[str] = []
     try:
         # A worker of the steps' queue runs them in place, inside the turn (EAGER_STEPS).
-        attempts.served_queues = {"durable", "celery"}
+        transport.served_queues = {"durable", "celery"}
         per_run = measure("bench.dispatched10")
         lines += [
             f"### Dispatched steps run in place (a worker of their queue): `bench.dispatched10`, {runs} runs",
@@ -172,7 +172,7 @@ def in_process(runs: int, out: Path) -> list[str]:
             "",
         ]
         profile("bench.dispatched10", "in-place")
-        attempts.served_queues = None  # every step through a message, the next turn inline
+        transport.served_queues = None  # every step through a message, the next turn inline
         per_run = measure("bench.dispatched10")
         lines += [
             f"### Dispatched steps through the broker: `bench.dispatched10`, {runs} runs, messages handed over in-process",
@@ -211,7 +211,8 @@ def in_process(runs: int, out: Path) -> list[str]:
         ]
         profile("bench.local10", "local")
     finally:
-        dispatch.sender, attempts.served_queues, turn.advance = saved
+        dispatch.install(saved[0])
+        turn.advance = saved[1]
     return lines
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 from bench.env import truncate
@@ -43,7 +44,7 @@ def _time(sweep, count: int) -> dict[str, float]:
     from durable import dispatch
 
     sent: list[object] = []
-    saved, dispatch.sender = dispatch.sender, sent.append
+    saved = dispatch.install(replace(dispatch.transport, send=sent.append))
     try:
         found, passes, t0 = 0, 0, time.perf_counter()
         while len(sent) < count:
@@ -53,7 +54,7 @@ def _time(sweep, count: int) -> dict[str, float]:
                 raise RuntimeError(f"{sweep.__name__} found {found} of {count}")
         elapsed = time.perf_counter() - t0
     finally:
-        dispatch.sender = saved
+        dispatch.install(saved)
     return {"seconds": elapsed, "passes": passes, "sent": len(sent)}
 
 

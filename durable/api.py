@@ -25,6 +25,7 @@ from .errors import (
     RunNotFound,
     UpdateRejected,
     WaitTimeout,
+    cancelled_error,
     error_dict,
 )
 
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 # Run statuses, spelled here so importing durable does not import its models before Django is ready.
 COMPLETED, FAILED, CANCELLED, DEAD = "completed", "failed", "cancelled", "dead"
 TERMINAL = (COMPLETED, FAILED, CANCELLED, DEAD)
-
-#: True while durable.testing captures messages: result() must not wait for work nobody runs.
-never_wait = False
 
 
 class RunHandle:
@@ -304,7 +302,7 @@ def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) 
     if not isinstance(compensate, bool):
         raise guards.refuse("compensate", f"must be True or False, got {guards.shown(compensate)}")
     guards.free_text(reason, "reason", max_bytes=settings.MAX_PAYLOAD_BYTES)
-    error = {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
+    error = cancelled_error(reason)
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
         if compensate:
@@ -373,7 +371,7 @@ def result(run_id: str, timeout: Any = None) -> Any:
                 continue
         if run.status in TERMINAL:
             return _outcome(run)
-        if never_wait:
+        if not dispatch.transport.may_wait:
             raise WaitTimeout(
                 f"run {run_id!r} is {run.status}, not finished; under durable_env call "
                 "durable_env.run_until_idle() or advance_time() first",

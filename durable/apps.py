@@ -13,7 +13,7 @@ class DurableConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from . import celery, conf, definitions, tasks  # noqa: F401 - registers tasks and signals
+        from . import celery, checks, conf, definitions, tasks  # noqa: F401 - registers tasks, signals and checks
 
         setting_changed.connect(conf.reset)
         _use_test_database()

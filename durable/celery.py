@@ -1,26 +1,17 @@
-"""Celery wiring: the sweeps' beat schedule, a worker's start-up and shutdown, and broker checks."""
+"""Celery wiring: the sweeps' beat schedule, a worker's start-up and shutdown."""
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from celery import signals
-from django.core import checks
 
 from . import clock, conf, dispatch
 
 log = logging.getLogger("durable.celery")
 
-SWEEPS = {
-    "durable.sweep_timers": "TIMER_SWEEP_INTERVAL",
-    "durable.sweep_orphans": "ORPHAN_SWEEP_INTERVAL",
-    "durable.sweep_retention": "RETENTION_SWEEP_INTERVAL",
-    "durable.sweep_schedules": "TIMER_SWEEP_INTERVAL",
-}
 CELERY_DEFAULT_PREFETCH = 4
-REDIS_DEFAULT_VISIBILITY = timedelta(hours=1)
 
 #: When this worker process started: leases its instance id holds that were not renewed since
 #: belong to a predecessor.
@@ -29,15 +20,15 @@ booted_at = clock.now()
 
 def beat_schedule() -> dict[str, dict[str, Any]]:
     """The sweeps as beat entries, for projects that build their schedule by hand."""
+    from .engine.sweeps import SWEEPS
+
     settings = conf.get()
-    return {
-        task: {
-            "task": task,
-            "schedule": getattr(settings, interval).total_seconds(),
-            "options": {"queue": settings.DEFAULT_QUEUE, "expires": getattr(settings, interval).total_seconds() * 5},
-        }
-        for task, interval in SWEEPS.items()
-    }
+    entries = {}
+    for sweep in SWEEPS:
+        every = getattr(settings, sweep.interval).total_seconds()
+        options = {"queue": settings.DEFAULT_QUEUE, "expires": every * 5}
+        entries[sweep.task] = {"task": sweep.task, "schedule": every, "options": options}
+    return entries
 
 
 @signals.beat_init.connect
@@ -61,10 +52,8 @@ def _prefetch_one(sender: Any = None, conf: Any = None, **_: Any) -> None:
 
 @signals.celeryd_after_setup.connect
 def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    from .engine import attempts
-
     # The worker runs a run's next turn itself only when it consumes that run's queue.
-    attempts.served_queues = set(instance.app.amqp.queues.consume_from)
+    dispatch.install(dispatch.Transport(served_queues=set(instance.app.amqp.queues.consume_from)))
 
 
 # Connected before durable's other task handlers (receivers run in the order they connect):
@@ -124,35 +113,6 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
 
     run_id, seq, attempt, *token = where
     Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, token[0] if token else None, clock.now())
-
-
-@checks.register("durable")
-def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn when Redis would redeliver a step that is still running within its timeout."""
-    from celery import current_app
-
-    from .definitions import registry
-
-    broker = str(current_app.conf.broker_url or "")
-    if not broker.startswith(("redis://", "rediss://")):
-        return []
-    options = current_app.conf.broker_transport_options or {}
-    visibility = timedelta(seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds()))
-    longest = max(
-        (step for step in registry.steps.values() if step.timeout is not None),
-        key=lambda step: step.timeout,
-        default=None,
-    )
-    if longest is None or longest.timeout < visibility:
-        return []
-    return [
-        checks.Warning(
-            f"Redis visibility_timeout ({visibility}) is not longer than step {longest.name!r}'s "
-            f"timeout ({longest.timeout}): Redis would hand the running step to a second worker.",
-            hint="Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above the longest step timeout.",
-            id="durable.W001",
-        )
-    ]
 
 
 @signals.worker_process_init.connect

@@ -1,6 +1,7 @@
-"""Durable's settings: one typed object built from ``settings.DURABLE``, plus its system checks.
+"""Durable's settings: one typed object built from ``settings.DURABLE``.
 
-Nothing else in durable reads Django settings for durable's keys.
+Nothing else in durable reads Django settings for durable's keys; ``durable.checks`` reports
+the values this module refuses.
 """
 
 from __future__ import annotations
@@ -9,46 +10,17 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_type_hints
 
 from django.conf import settings as django_settings
-from django.core import checks
 
 from .durations import parse_duration
+from .statuses import TERMINAL
 
-_DURATIONS = {
-    "LEASE": "30s",
-    "RECONCILE_INTERVAL": "5m",
-    "HEARTBEAT_PERSIST_THROTTLE": "10s",
-    "EVENT_BUFFER_TTL": "7d",
-    "TIMER_SWEEP_INTERVAL": "1s",
-    "ORPHAN_SWEEP_INTERVAL": "5s",
-    "STEP_REDISPATCH_AFTER": "5m",
-    "STEP_TIMEOUT_GRACE": "5s",
-    "RETENTION_SWEEP_INTERVAL": "1m",
-    "TURN_TIME_LIMIT": "15m",
-}
-_POSITIVE_INTS = {
-    "MAX_RECOVERY_ATTEMPTS": 5,
-    "TIMER_BATCH_SIZE": 500,
-    "MAX_PAYLOAD_BYTES": 1024 * 1024,
-}
-_OTHERS: dict[str, Any] = {
-    "DEFAULT_QUEUE": "durable",
-    "RETENTION": [],
-    "DEAD_LETTER_WORKFLOW": None,
-    "INSTANCE_ID": None,
-    "NAMESPACE": None,
-    "DATABASE": "default",
-    "INLINE_NEXT_TURN": True,
-    "EAGER_STEPS": True,
-}
 _MUST_BE_POSITIVE = {
     "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
     "RETENTION_SWEEP_INTERVAL", "TURN_TIME_LIMIT",
 }
-#: Run statuses a retention policy may name (spelled here: settings load before the models).
-FINISHED = ("completed", "failed", "cancelled", "dead")
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
 
 
@@ -57,11 +29,10 @@ class RetentionPolicy:
     """One RETENTION entry: finished root runs of ``statuses`` (and ``workflows``, if given)
     are deleted once older than ``max_age`` or beyond the newest ``max_count``."""
 
-    statuses: tuple[str, ...] = FINISHED
+    statuses: tuple[str, ...] = TERMINAL
     max_age: timedelta | None = None
     max_count: int | None = None
     workflows: tuple[str, ...] = ()
-KNOWN_KEYS = set(_DURATIONS) | set(_POSITIVE_INTS) | set(_OTHERS)
 
 
 @dataclass(frozen=True)
@@ -102,12 +73,20 @@ class Settings:
     TURN_TIME_LIMIT: timedelta = timedelta(minutes=15)
 
 
-def _problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+# The dataclass is the one place the keys and their defaults are written; a key's type says how
+# its value is checked (a timedelta key takes a duration, an int key a whole number of at least 1).
+_TYPES = get_type_hints(Settings)
+KNOWN_KEYS = frozenset(_TYPES)
+_DURATIONS = tuple(key for key, kind in _TYPES.items() if kind is timedelta)
+_POSITIVE_INTS = tuple(key for key, kind in _TYPES.items() if kind is int)
+
+
+def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     """Return (key, message) for each bad value in ``raw``."""
     found: list[tuple[str, str]] = []
-    declared = getattr(django_settings, "DURABLE", None)
-    if declared is not None and not isinstance(declared, dict):
-        return [("DURABLE", f"must be a dict of settings, got {type(declared).__name__}")]
+    setting = getattr(django_settings, "DURABLE", None)
+    if setting is not None and not isinstance(setting, dict):
+        return [("DURABLE", f"must be a dict of settings, got {type(setting).__name__}")]
     for key in sorted(set(raw) - KNOWN_KEYS):
         found.append((key, f"unknown key; known keys are {', '.join(sorted(KNOWN_KEYS))}"))
     for key in _DURATIONS:
@@ -153,9 +132,9 @@ def _retention_problems(policies: Any) -> list[str]:
             found.append(f"{where} has unknown keys {sorted(set(policy) - _POLICY_KEYS)}; known: {sorted(_POLICY_KEYS)}")
         if policy.get("max_age") is None and policy.get("max_count") is None:
             found.append(f"{where} needs max_age, max_count or both")
-        statuses = policy.get("statuses", FINISHED)
-        if isinstance(statuses, str) or not isinstance(statuses, (list, tuple)) or not set(statuses) <= set(FINISHED):
-            found.append(f"{where}: statuses must be a list of {', '.join(FINISHED)}, got {statuses!r}")
+        statuses = policy.get("statuses", TERMINAL)
+        if isinstance(statuses, str) or not isinstance(statuses, (list, tuple)) or not set(statuses) <= set(TERMINAL):
+            found.append(f"{where}: statuses must be a list of {', '.join(TERMINAL)}, got {statuses!r}")
         if policy.get("max_age") is not None:
             try:
                 if not parse_duration(policy["max_age"], what="max_age"):
@@ -174,7 +153,7 @@ def _retention_problems(policies: Any) -> list[str]:
 def _policies(raw: list[dict[str, Any]]) -> list[RetentionPolicy]:
     return [
         RetentionPolicy(
-            statuses=tuple(policy.get("statuses", FINISHED)),
+            statuses=tuple(policy.get("statuses", TERMINAL)),
             max_age=None if policy.get("max_age") is None else parse_duration(policy["max_age"]),
             max_count=policy.get("max_count"),
             workflows=tuple(policy.get("workflows", ())),
@@ -183,7 +162,8 @@ def _policies(raw: list[dict[str, Any]]) -> list[RetentionPolicy]:
     ]
 
 
-def _raw() -> dict[str, Any]:
+def declared() -> dict[str, Any]:
+    """The DURABLE setting as declared (empty when unset or not a dict)."""
     raw = getattr(django_settings, "DURABLE", None) or {}
     return dict(raw) if isinstance(raw, dict) else {}
 
@@ -194,17 +174,15 @@ def default_instance_id() -> str:
 
 def load() -> Settings:
     """Build the settings; bad values fall back to defaults (the system checks report them)."""
-    raw = _raw()
-    bad = {key for key, _ in _problems(raw)}
-    values: dict[str, Any] = {}
-    for key, default in _DURATIONS.items():
-        values[key] = parse_duration(raw[key] if key in raw and key not in bad else default)
-    for key, default in _POSITIVE_INTS.items():
-        values[key] = raw[key] if key in raw and key not in bad else default
-    for key, default in _OTHERS.items():
-        values[key] = raw[key] if key in raw and key not in bad else default
-    values["RETENTION"] = _policies(values["RETENTION"])
-    values["INSTANCE_ID"] = values["INSTANCE_ID"] or default_instance_id()
+    raw = declared()
+    bad = {key for key, _ in problems(raw)}
+    values = {key: value for key, value in raw.items() if key in KNOWN_KEYS and key not in bad}
+    for key in _DURATIONS:
+        if key in values:
+            values[key] = parse_duration(values[key])
+    if "RETENTION" in values:
+        values["RETENTION"] = _policies(values["RETENTION"])
+    values["INSTANCE_ID"] = values.get("INSTANCE_ID") or default_instance_id()
     return Settings(**values)
 
 
@@ -222,95 +200,3 @@ def get() -> Settings:
 def reset(**_: Any) -> None:
     global _cached
     _cached = None
-
-
-@checks.register("durable")
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    messages: list[checks.CheckMessage] = [
-        checks.Error(
-            f"DURABLE[{key!r}]: {message}",
-            hint="Fix this key in the DURABLE setting.",
-            id="durable.E001",
-        )
-        for key, message in _problems(_raw())
-    ]
-    if not getattr(django_settings, "USE_TZ", False):
-        messages.append(
-            checks.Error(
-                "durable needs USE_TZ = True: timers and leases compare aware datetimes.",
-                id="durable.E002",
-            )
-        )
-    return messages
-
-
-#: Step options API.md names that this version accepts but does not act on yet.
-NOT_ENFORCED = ("concurrency", "rate_limit", "input_schema", "output_schema")
-
-
-@checks.register("durable")
-def check_definitions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn about step options that are declared but not enforced yet, rather than ignore them."""
-    from .definitions import registry
-
-    return [
-        checks.Warning(
-            f"step {step.name!r} sets {option}=, which this version of durable does not enforce yet.",
-            hint="Remove it, or enforce it in the step itself, until durable does.",
-            id="durable.W002",
-        )
-        for step in registry.steps.values()
-        for option in NOT_ENFORCED
-        if getattr(step, option, None) is not None
-    ]
-
-
-@checks.register("durable")
-def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Refuse, before any run is stored, step and workflow names and queues longer than the
-    columns that hold them (the database would refuse the first run that reached them)."""
-    from .definitions import registry
-    from .models import Checkpoint, Run
-
-    def length(model: Any, field: str) -> int:
-        return int(model._meta.get_field(field).max_length)
-
-    workflows = [w for versions in registry.workflows.values() for w in versions.values()]
-    declared = [
-        *(("step", s.name, "name", s.name, length(Checkpoint, "name")) for s in registry.steps.values()),
-        *(("step", s.name, "queue", s.queue or "", length(Checkpoint, "queue")) for s in registry.steps.values()),
-        *(("workflow", w.name, "name", w.name, length(Run, "workflow")) for w in workflows),
-        *(("workflow", w.name, "queue", w.queue or "", length(Run, "queue")) for w in workflows),
-    ]
-    return [
-        checks.Error(
-            f"{kind} {name[:60]!r}…: its {what} is {len(value)} characters long; at most {limit} fit.",
-            hint=f"Give the {kind} a shorter {what}.",
-            id="durable.E003",
-        )
-        for kind, name, what, value, limit in declared
-        if len(value) > limit
-    ]
-
-
-@checks.register("durable")
-def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn when Celery keeps connections across tasks but Django never pings them: after a
-    database restart, each worker process's first durable task would fail on a dead connection."""
-    from celery import current_app
-
-    alias = get().DATABASE
-    return connection_reuse_problems(current_app.conf.get("CELERY_DB_REUSE_MAX"), alias, django_settings.DATABASES[alias])
-
-
-def connection_reuse_problems(reuse_max: Any, alias: str, database: dict[str, Any]) -> list[checks.CheckMessage]:
-    if not reuse_max or database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
-        return []
-    return [
-        checks.Warning(
-            f"CELERY_DB_REUSE_MAX keeps database connections across tasks, but DATABASES[{alias!r}] has "
-            "no CONN_HEALTH_CHECKS: after a database restart each worker process fails its first task.",
-            hint="Set CONN_HEALTH_CHECKS = True on that database.",
-            id="durable.W003",
-        )
-    ]

@@ -1,13 +1,14 @@
 """The one place that sends durable's Celery messages, always after the surrounding commit.
 
-Messages are hints: a failed publish is logged and left to the sweeps. Tests swap ``sender``
-(see ``durable.testing``) to capture messages instead of publishing them.
+Messages are hints: a failed publish is logged and left to the sweeps. How this process reaches
+workers is one ``Transport``: the test harness installs its own (see ``durable.testing``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -39,12 +40,53 @@ def celery_sender(message: Message) -> None:
     current_app.send_task(message.task, args=message.args, queue=message.queue or None, **message.options)
 
 
-sender: Callable[[Message], None] = celery_sender
+@dataclass
+class Transport:
+    """How this process reaches workers, and which work it may do itself.
+
+    Every process starts with the default one, which serves no queue (not a worker); a Celery
+    worker installs its own at start-up (see ``durable.celery``), the test harness one per test.
+    """
+
+    #: Publishes one message; raises when the broker cannot take it (the sweeps re-send).
+    send: Callable[[Message], None] = celery_sender
+    #: Queues this process consumes: a run's next turn, or a step, runs here only for those.
+    #: None means every queue (the test harness runs all messages); empty means not a worker.
+    served_queues: set[str] | None = field(default_factory=set)
+    #: Whether ``durable.result()`` may wait for a run to finish: not when nothing runs the
+    #: run's messages meanwhile (the harness runs them only when the test asks).
+    may_wait: bool = True
+    #: Whether one thread per process renews its leases and holds (not under a frozen clock).
+    keep_alive: bool = True
+
+    def serves(self, queue: str) -> bool:
+        """Whether this process consumes ``queue``."""
+        return self.served_queues is None or queue in self.served_queues
+
+
+transport = Transport()
+
+
+def install(new: Transport) -> Transport:
+    """Make ``new`` this process's transport; return the one it replaces."""
+    global transport
+    previous, transport = transport, new
+    return previous
+
+
+@contextlib.contextmanager
+def using(new: Transport) -> Iterator[Transport]:
+    """Use ``new`` as this process's transport inside the block."""
+    previous = install(new)
+    try:
+        yield new
+    finally:
+        install(previous)
 
 
 def _publish(message: Message) -> None:
     try:
-        sender(message)
+        transport.send(message)
     except Exception:  # noqa: BLE001 - the sweeps re-drive whatever a lost message left
         log.warning("durable: could not send %s%s; a sweep will retry", message.task, message.args, exc_info=True)
 

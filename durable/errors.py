@@ -211,3 +211,14 @@ def error_dict(exc: BaseException) -> dict[str, Any]:
         "code": getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None,
         "details": None,
     }
+
+
+def cancelled_error(reason: str | None = None) -> dict[str, Any]:
+    """The error stored on a run cancelled for ``reason`` (and, naming it, on its children)."""
+    return {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
+
+
+def step_timeout_error(message: str) -> dict[str, Any]:
+    """The error of a step attempt that overran its timeout or gave no sign of life in time
+    (retryable, as any failed attempt, under the step's retry policy)."""
+    return {"message": message, "type": "StepTimeout", "code": "timeout", "details": None}

@@ -12,19 +12,10 @@ from typing import Any
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Exists, F, OuterRef
 
+from .statuses import TERMINAL, UNFINISHED, RunStatus
 
-class Status(models.TextChoices):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUSPENDED = "suspended"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    DEAD = "dead"
-
-
-UNFINISHED = (Status.PENDING, Status.RUNNING, Status.SUSPENDED)
-TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD)
+#: The run statuses as Django choices, built from the one spelling (its members equal RunStatus's).
+Status = models.TextChoices("Status", [(status.name, status.value) for status in RunStatus])
 
 
 class RunQuerySet(models.QuerySet["Run"]):

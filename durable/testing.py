@@ -1,7 +1,8 @@
 """Pytest fixtures for projects that use durable (registered as a pytest plugin).
 
-- ``durable_env``: durable's Celery messages are captured in-process; ``run_until_idle()`` runs
-  them, ``advance_time()`` moves a frozen clock and runs the sweeps, so timers fire at once.
+- ``durable_env``: durable's Celery messages are captured in-process (the env's ``transport``
+  is installed for the test); ``run_until_idle()`` runs them, ``advance_time()`` moves a frozen
+  clock and runs the sweeps, so timers fire at once.
 - ``durable_worker``: a real ``celery worker`` subprocess on the configured broker and the test
   database, for end-to-end tests (with ``start_beat()``, ``kill()`` and ``restart()``), and
   ``add_worker()`` for more workers, each killable and restartable on its own; a test module
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from . import api, conf, dispatch
+from . import conf, dispatch
 from .durations import parse_duration
 from .errors import DurableError
 from .processes import CeleryProcess
@@ -33,6 +34,11 @@ class DurableEnv:
 
     def __init__(self, freezer: Any) -> None:
         self.messages: list[dispatch.Message] = []
+        #: The test process as durable sees it: a worker of every queue (a recorded result runs
+        #: the next turn inline) that runs no step in place (each step's message stays visible),
+        #: whose result() never waits for work nobody runs, with no thread renewing leases under
+        #: the frozen clock.
+        self.transport = dispatch.Transport(send=self.capture, served_queues=None, may_wait=False, keep_alive=False)
         self._freezer = freezer
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._broker_down = False
@@ -72,13 +78,13 @@ class DurableEnv:
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
-            from .engine import steps, sweeps, turn
+            from .engine import steps, turn
+            from .engine.sweeps import SWEEPS
 
             self._handlers = {
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
-                "durable.sweep_timers": sweeps.sweep_timers,
-                "durable.sweep_orphans": sweeps.sweep_orphans,
+                **{sweep.task: sweep.run for sweep in SWEEPS},
             }
         return self._handlers[task]
 
@@ -132,12 +138,9 @@ class DurableEnv:
 
     def sweep(self) -> int:
         """Run the beat sweeps once, then everything they send."""
-        from .engine import retention, schedules, sweeps
+        from .engine.sweeps import SWEEPS
 
-        found = (
-            sweeps.sweep_orphans() + sweeps.sweep_timers() + schedules.sweep_schedules() + retention.sweep_retention()
-        )
-        return found + self.run_until_idle()
+        return sum(sweep.run() for sweep in SWEEPS) + self.run_until_idle()
 
     def advance_time(self, duration: Any) -> int:
         """Move the frozen clock forward in one jump, then fire what became due until idle."""
@@ -162,19 +165,15 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
     import freezegun
     from django.utils import timezone
 
-    from .engine import attempts, leases
-
     if not any(name in request.fixturenames for name in ("db", "transactional_db", "django_db_setup")):
         request.getfixturevalue("db")
     freezer = freezegun.freeze_time(timezone.now(), tick=False)
     frozen = freezer.start()
     env = DurableEnv(frozen)
-    saved = (dispatch.sender, api.never_wait, attempts.served_queues, leases.keep_alive)
-    dispatch.sender, api.never_wait, attempts.served_queues, leases.keep_alive = env.capture, True, None, False
     try:
-        yield env
+        with dispatch.using(env.transport):
+            yield env
     finally:
-        dispatch.sender, api.never_wait, attempts.served_queues, leases.keep_alive = saved
         freezer.stop()
 
 

@@ -27,6 +27,7 @@ from django.utils.translation import ngettext
 import durable
 from durable import conf
 from durable.models import Checkpoint, Event, Run, Schedule, Signal
+from durable.statuses import CheckpointStatus
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
@@ -34,7 +35,7 @@ MAX_REASONS_SHOWN = 5
 #: Checkpoint kinds and statuses (API.md section 2), fixed so the filters need no DISTINCT scan
 #: over what can be the largest table in the project.
 CHECKPOINT_KINDS = ("step", "sleep", "signal", "event", "child", "entity", "value", "patch", "compensation")
-CHECKPOINT_STATUSES = ("pending", "completed", "failed")
+CHECKPOINT_STATUSES = tuple(CheckpointStatus)
 
 
 def json_display(field: str) -> Any:

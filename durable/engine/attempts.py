@@ -8,7 +8,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from .. import clock, conf
+from .. import clock, conf, dispatch
 from ..definitions import Step
 from ..errors import InvalidInput, _ControlFlow, error_dict
 from ..history import Record, check_size, roundtrip
@@ -18,16 +18,12 @@ from . import leases
 
 log = logging.getLogger("durable.engine")
 
-#: Queues this process consumes, set when a Celery worker starts; None means "all of them"
-#: (the test harness), an empty set means "not a worker".
-served_queues: set[str] | None = set()
-
 Result = tuple[Any, "dict[str, Any] | None", bool]
 
 
 def serves(queue: str) -> bool:
     """Whether this process consumes ``queue`` (the harness consumes every queue)."""
-    return served_queues is None or queue in served_queues
+    return dispatch.transport.serves(queue)
 
 
 def time_limit() -> float | None:
@@ -57,12 +53,12 @@ class InPlace:
 
     @classmethod
     def offered(cls, run_id: str, settings: conf.Settings) -> InPlace | None:
-        if not settings.EAGER_STEPS or not served_queues or time_limit() is not None:
+        if not settings.EAGER_STEPS or not dispatch.transport.served_queues or time_limit() is not None:
             return None
         return cls(run_id, settings)
 
     def accepts(self, queue: str) -> bool:
-        return queue in (served_queues or ())
+        return queue in (dispatch.transport.served_queues or ())
 
     def __call__(self, rec: Record, step: Step) -> Result:
         beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings)

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import connections
 
-from .. import clock, conf
+from .. import clock, conf, dispatch
 from ..errors import _ControlFlow
 from ..models import Checkpoint, Run
 
@@ -33,8 +33,6 @@ log = logging.getLogger("durable.engine")
 active: dict[str, str] = {}
 #: Runs whose lease was taken over while their turn ran here.
 lost: set[str] = set()
-#: durable_env turns renewal off: one thread, a frozen clock.
-keep_alive = True
 
 _lock = threading.Lock()
 _renewer_pid: int | None = None
@@ -59,7 +57,7 @@ def process_holder() -> str:
 def hold_attempt(key: tuple[str, int, int], holder: str) -> None:
     with _lock:
         attempts[key] = [holder, time.monotonic()]
-    if keep_alive:
+    if dispatch.transport.keep_alive:
         _ensure_renewer()
 
 
@@ -73,7 +71,7 @@ def hold(run_id: str, owner: str) -> None:
         active[run_id] = owner
         _renewed[run_id] = time.monotonic()
         lost.discard(run_id)
-    if keep_alive:
+    if dispatch.transport.keep_alive:
         _ensure_renewer()
 
 

@@ -12,7 +12,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
-from ..errors import DurableError
+from ..errors import DurableError, cancelled_error
 from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import UNFINISHED, Checkpoint, Run, Status
@@ -49,7 +49,7 @@ def _cancel_children(run: Run) -> None:
     # Policy: a cancelled run's unfinished children (started with ctx.child, ctx.defer_child or
     # ctx.start_child) are cancelled too, depth first, with the reason naming the ancestor.
     runs = Run.objects.using(conf.get().DATABASE)
-    error = dict(run.error or {"message": "cancelled", "type": "Cancelled", "code": "cancelled", "details": None})
+    error = dict(run.error or cancelled_error())
     error["message"] = f"{error.get('message')} (its parent {run.id} was cancelled)"
     for child_id in runs.filter(parent_id=run.id, status__in=UNFINISHED).values_list("id", flat=True):
         cancel_tree(child_id, error)

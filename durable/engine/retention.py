@@ -15,7 +15,8 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from .. import clock, conf
-from ..models import TERMINAL, UNFINISHED, Event, Run
+from ..models import Event, Run
+from ..statuses import TERMINAL, UNFINISHED
 
 log = logging.getLogger("durable.engine")
 

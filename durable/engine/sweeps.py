@@ -1,17 +1,20 @@
-"""Beat sweeps: the repairs that make every run converge whatever messages were lost.
+"""Beat sweeps: the repairs that make every run converge whatever messages were lost, and the
+one list of every sweep that beat, ``manage.py durable sweep`` and the test harness run.
 
 Each pass is bounded and idempotent; two beats running them at once only duplicate hints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..models import Checkpoint, Run, Status
-from . import lifecycle, singletons
+from . import lifecycle, retention, schedules, singletons
 from .turn import recovery_exhausted
 
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
@@ -115,3 +118,23 @@ def recover(
         for run_id in [*outcome["parked"], *outcome[Status.SUSPENDED]]:
             dispatch.advance(run_id, queues[run_id])
     return sum(len(ids) for ids in outcome.values())
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep: its Celery task, the setting that says how often beat sends it, and how
+    ``manage.py durable sweep`` reports what a pass did."""
+
+    task: str
+    run: Callable[[], int]
+    interval: str
+    reports: str
+
+
+#: Every sweep, in the order ``manage.py durable sweep`` and ``durable_env.sweep()`` run them.
+SWEEPS = (
+    Sweep("durable.sweep_orphans", sweep_orphans, "ORPHAN_SWEEP_INTERVAL", "recovered {} orphaned run(s)"),
+    Sweep("durable.sweep_timers", sweep_timers, "TIMER_SWEEP_INTERVAL", "woke {} due run(s)"),
+    Sweep("durable.sweep_schedules", schedules.sweep_schedules, "TIMER_SWEEP_INTERVAL", "started {} scheduled run(s)"),
+    Sweep("durable.sweep_retention", retention.sweep_retention, "RETENTION_SWEEP_INTERVAL", "deleted {} finished run(s)"),
+)

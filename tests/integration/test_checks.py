@@ -12,12 +12,13 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from durable import conf
+from durable import checks, conf
+from durable.statuses import TERMINAL
 
 
 def _errors(durable_setting: Any) -> list[Error]:
     with override_settings(DURABLE=durable_setting):
-        return [m for m in conf.check_settings() if m.id == "durable.E001"]
+        return [m for m in checks.check_settings() if m.id == "durable.E001"]
 
 
 def test_check_command_passes_with_the_default_settings() -> None:
@@ -25,7 +26,7 @@ def test_check_command_passes_with_the_default_settings() -> None:
 
 
 def test_default_settings_raise_no_durable_check() -> None:
-    assert conf.check_settings() == []
+    assert checks.check_settings() == []
 
 
 def test_check_command_fails_on_a_bad_durable_value() -> None:
@@ -92,7 +93,7 @@ def test_every_bad_key_is_reported() -> None:
 
 def test_use_tz_false_is_reported_as_e002() -> None:
     with override_settings(USE_TZ=False):
-        ids = [m.id for m in conf.check_settings()]
+        ids = [m.id for m in checks.check_settings()]
     assert "durable.E002" in ids
 
 
@@ -170,7 +171,7 @@ def test_good_retention_policies_pass_and_load() -> None:
     with override_settings(DURABLE={"RETENTION": good}):
         first, second = conf.get().RETENTION
     assert (first.statuses, first.max_age, first.max_count) == (("completed",), timedelta(days=30), None)
-    assert (second.statuses, second.max_count, second.workflows) == (conf.FINISHED, 1000, ("shop.fulfil",))
+    assert (second.statuses, second.max_count, second.workflows) == (TERMINAL, 1000, ("shop.fulfil",))
 
 
 def test_step_options_not_enforced_yet_are_reported() -> None:
@@ -179,7 +180,7 @@ def test_step_options_not_enforced_yet_are_reported() -> None:
 
     durable.step(lambda: None, name="tests.checks_limited", concurrency=2)
     try:
-        [warning] = [m for m in conf.check_definitions() if "tests.checks_limited" in m.msg]
+        [warning] = [m for m in checks.check_definitions() if "tests.checks_limited" in m.msg]
     finally:
         registry.steps.pop("tests.checks_limited")
     assert warning.id == "durable.W002" and "concurrency=" in warning.msg
@@ -193,20 +194,20 @@ def test_a_step_or_workflow_name_longer_than_its_column_is_e003() -> None:
     step = durable.step(name=long)(lambda: None)
     flow = durable.workflow(name="tests.checks.long_queue", queue="q" * 201)(lambda ctx, _: None)
     try:
-        found = [m.msg for m in conf.check_name_lengths() if m.id == "durable.E003"]
+        found = [m.msg for m in checks.check_name_lengths() if m.id == "durable.E003"]
         assert len(found) == 2, found
         assert "its name is 313 characters long; at most 255 fit" in found[0]
         assert "its queue is 201 characters long; at most 200 fit" in found[1]
     finally:
         del registry.steps[step.name]
         del registry.workflows[flow.name]
-    assert conf.check_name_lengths() == []
+    assert checks.check_name_lengths() == []
 
 
 def test_connection_reuse_without_health_checks_is_w003() -> None:
     postgres = {"ENGINE": "django.db.backends.postgresql"}
-    problems = conf.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": False})
+    problems = checks.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": False})
     assert [m.id for m in problems] == ["durable.W003"]
-    assert conf.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": True}) == []
-    assert conf.connection_reuse_problems(None, "default", postgres) == []
-    assert conf.check_connection_reuse() == []  # the example project's settings
+    assert checks.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": True}) == []
+    assert checks.connection_reuse_problems(None, "default", postgres) == []
+    assert checks.check_connection_reuse() == []  # the example project's settings

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import durable
-from durable.engine import attempts, steps, turn
+from durable.engine import steps, turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,11 +65,12 @@ def test_a_dispatched_step_costs_three_statements_before_its_turn(durable_env):
     durable_env.drop()
     turn.advance(run.id)
     (message,) = durable_env.drop()
-    served, attempts.served_queues = attempts.served_queues, set()  # send the next turn, do not run it
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, set()  # send the next turn, do not run it
     try:
         sql = statements(lambda: steps.run_step(*message.args))
     finally:
-        attempts.served_queues = served
+        transport.served_queues = served
     # take the attempt (mark it started, read it), record the result, wake the run.
     assert len(sql) == 3, sql
 
@@ -77,12 +78,13 @@ def test_a_dispatched_step_costs_three_statements_before_its_turn(durable_env):
 def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_env):
     one, ten = durable.start(remote_flow, 1), durable.start(remote_flow, 10)
     durable_env.drop()
-    served, attempts.served_queues = attempts.served_queues, {"durable"}  # a worker of the steps' queue
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"durable"}  # a worker of the steps' queue
     try:
         cost_one = statements(lambda: turn.advance(one.id))
         cost_ten = statements(lambda: turn.advance(ten.id))
     finally:
-        attempts.served_queues = served
+        transport.served_queues = served
     # claim, history, the step's fenced INSERT as started (so a death is known as the attempt's),
     # its result's UPDATE, settle.
     assert len(cost_one) == 5, cost_one

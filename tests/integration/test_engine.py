@@ -11,7 +11,7 @@ from django.test import override_settings
 
 import durable
 from durable import clock
-from durable.engine import attempts, steps, sweeps, turn
+from durable.engine import steps, sweeps, turn
 from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
@@ -265,12 +265,23 @@ def test_manage_py_durable_sweep_wakes_due_runs(durable_env):
     assert [m.args for m in durable_env.pending()] == [(run.id,)]
 
 
+def test_every_sweep_is_a_celery_task_on_the_beat_schedule():
+    from celery import current_app
+
+    from durable.celery import beat_schedule
+    from durable.engine.sweeps import SWEEPS
+
+    assert set(beat_schedule()) == {sweep.task for sweep in SWEEPS}
+    assert all(sweep.task in current_app.tasks for sweep in SWEEPS)
+
+
 def test_worker_that_does_not_serve_the_runs_queue_sends_the_next_turn_there(durable_env):
-    served, attempts.served_queues = attempts.served_queues, {"other-queue"}
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"other-queue"}
     try:
         run = durable.start(simple_flow)
         durable_env.run_next()  # the turn dispatches step a
         durable_env.run_next()  # step a is recorded; the next turn is sent, not run here
     finally:
-        attempts.served_queues = served
+        transport.served_queues = served
     assert [(m.task, m.args) for m in durable_env.pending()] == [("durable.advance", (run.id,))]

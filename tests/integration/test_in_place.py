@@ -31,7 +31,7 @@ class WorkerDied(_ControlFlow):
 def env(durable_env, monkeypatch):
     """The harness, as a worker that consumes the "durable" queue."""
     RAN.clear()
-    monkeypatch.setattr(attempts, "served_queues", {"durable"})
+    monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})
     return durable_env
 
 
@@ -256,7 +256,7 @@ def test_the_next_turn_runs_inline_only_with_a_lease_of_the_step_time_limit_left
 
 
 def test_no_step_runs_in_place_outside_a_worker(env, monkeypatch):
-    monkeypatch.setattr(attempts, "served_queues", set())
+    monkeypatch.setattr(env.transport, "served_queues", set())
     run = durable.start(three)
     env.run_next()
     assert [m.task for m in env.pending()] == [dispatch.RUN_STEP]

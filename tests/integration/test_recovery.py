@@ -11,6 +11,7 @@ from django.test import override_settings
 
 import durable
 from durable import celery as durable_celery
+from durable import checks as durable_checks
 from durable import clock
 from durable.engine import leases, sweeps, turn
 from durable.models import Checkpoint, Run
@@ -226,9 +227,9 @@ def test_check_warns_when_redis_visibility_timeout_is_shorter_than_a_step_timeou
     try:
         current_app.conf.broker_url = "redis://127.0.0.1:6379/0"
         current_app.conf.broker_transport_options = {"visibility_timeout": 3600}
-        warnings = durable_celery.check_visibility_timeout()
+        warnings = durable_checks.check_visibility_timeout()
         current_app.conf.broker_transport_options = {"visibility_timeout": 3 * 3600}
-        assert durable_celery.check_visibility_timeout() == []
+        assert durable_checks.check_visibility_timeout() == []
     finally:
         current_app.conf.broker_url, current_app.conf.broker_transport_options = saved
         from durable.definitions import registry

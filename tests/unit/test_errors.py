@@ -187,6 +187,18 @@ def test_error_dict_ignores_a_non_string_code_attribute() -> None:
     assert error_dict(exc)["code"] is None
 
 
+def test_cancelled_error_carries_the_reason_or_says_cancelled() -> None:
+    shape = {"type": "Cancelled", "code": "cancelled", "details": None}
+    assert errors.cancelled_error("stock ran out") == {"message": "stock ran out", **shape}
+    assert errors.cancelled_error() == errors.cancelled_error(None) == {"message": "cancelled", **shape}
+
+
+def test_step_timeout_error_is_a_stored_error_with_code_timeout() -> None:
+    assert errors.step_timeout_error("step 'x' ran past its timeout of 0:00:05") == {
+        "message": "step 'x' ran past its timeout of 0:00:05", "type": "StepTimeout", "code": "timeout", "details": None,
+    }
+
+
 def test_module_docstring_draws_every_public_error() -> None:
     doc = errors.__doc__ or ""
     for cls in [*SIMPLE, GatherError, Suspend]:

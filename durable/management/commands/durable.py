@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from durable.engine import retention, schedules, sweeps
+from durable.engine.sweeps import SWEEPS
 
 
 class Command(BaseCommand):
@@ -16,9 +16,4 @@ class Command(BaseCommand):
         parser.add_argument("action", choices=["sweep"])
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
-        orphans, timers = sweeps.sweep_orphans(), sweeps.sweep_timers()
-        ticks, deleted = schedules.sweep_schedules(), retention.sweep_retention()
-        self.stdout.write(
-            f"recovered {orphans} orphaned run(s), woke {timers} due run(s), started {ticks} scheduled run(s), "
-            f"deleted {deleted} finished run(s)"
-        )
+        self.stdout.write(", ".join(sweep.reports.format(sweep.run()) for sweep in SWEEPS))

@@ -1,0 +1,139 @@
+"""Durable's Django system checks (``manage.py check``): the DURABLE setting, declared steps and
+workflows, and the Celery and database settings durable relies on.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core import checks
+
+from . import conf
+
+#: What Redis uses when the project sets no visibility_timeout.
+REDIS_DEFAULT_VISIBILITY = timedelta(hours=1)
+
+
+@checks.register("durable")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Report every bad DURABLE value (it falls back to its default) and a project without USE_TZ."""
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"DURABLE[{key!r}]: {message}",
+            hint="Fix this key in the DURABLE setting.",
+            id="durable.E001",
+        )
+        for key, message in conf.problems(conf.declared())
+    ]
+    if not getattr(django_settings, "USE_TZ", False):
+        messages.append(
+            checks.Error(
+                "durable needs USE_TZ = True: timers and leases compare aware datetimes.",
+                id="durable.E002",
+            )
+        )
+    return messages
+
+
+#: Step options API.md names that this version accepts but does not act on yet.
+NOT_ENFORCED = ("concurrency", "rate_limit", "input_schema", "output_schema")
+
+
+@checks.register("durable")
+def check_definitions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn about step options that are declared but not enforced yet, rather than ignore them."""
+    from .definitions import registry
+
+    return [
+        checks.Warning(
+            f"step {step.name!r} sets {option}=, which this version of durable does not enforce yet.",
+            hint="Remove it, or enforce it in the step itself, until durable does.",
+            id="durable.W002",
+        )
+        for step in registry.steps.values()
+        for option in NOT_ENFORCED
+        if getattr(step, option, None) is not None
+    ]
+
+
+@checks.register("durable")
+def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Refuse, before any run is stored, step and workflow names and queues longer than the
+    columns that hold them (the database would refuse the first run that reached them)."""
+    from .definitions import registry
+    from .models import Checkpoint, Run
+
+    def length(model: Any, field: str) -> int:
+        return int(model._meta.get_field(field).max_length)
+
+    workflows = [w for versions in registry.workflows.values() for w in versions.values()]
+    declared = [
+        *(("step", s.name, "name", s.name, length(Checkpoint, "name")) for s in registry.steps.values()),
+        *(("step", s.name, "queue", s.queue or "", length(Checkpoint, "queue")) for s in registry.steps.values()),
+        *(("workflow", w.name, "name", w.name, length(Run, "workflow")) for w in workflows),
+        *(("workflow", w.name, "queue", w.queue or "", length(Run, "queue")) for w in workflows),
+    ]
+    return [
+        checks.Error(
+            f"{kind} {name[:60]!r}…: its {what} is {len(value)} characters long; at most {limit} fit.",
+            hint=f"Give the {kind} a shorter {what}.",
+            id="durable.E003",
+        )
+        for kind, name, what, value, limit in declared
+        if len(value) > limit
+    ]
+
+
+@checks.register("durable")
+def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Celery keeps connections across tasks but Django never pings them: after a
+    database restart, each worker process's first durable task would fail on a dead connection."""
+    from celery import current_app
+
+    alias = conf.get().DATABASE
+    return connection_reuse_problems(current_app.conf.get("CELERY_DB_REUSE_MAX"), alias, django_settings.DATABASES[alias])
+
+
+def connection_reuse_problems(reuse_max: Any, alias: str, database: dict[str, Any]) -> list[checks.CheckMessage]:
+    """W003's rule as a function of its inputs: Celery's reuse setting and the database's."""
+    if not reuse_max or database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
+        return []
+    return [
+        checks.Warning(
+            f"CELERY_DB_REUSE_MAX keeps database connections across tasks, but DATABASES[{alias!r}] has "
+            "no CONN_HEALTH_CHECKS: after a database restart each worker process fails its first task.",
+            hint="Set CONN_HEALTH_CHECKS = True on that database.",
+            id="durable.W003",
+        )
+    ]
+
+
+@checks.register("durable")
+def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when Redis would redeliver a step that is still running within its timeout."""
+    from celery import current_app
+
+    from .definitions import registry
+
+    broker = str(current_app.conf.broker_url or "")
+    if not broker.startswith(("redis://", "rediss://")):
+        return []
+    options = current_app.conf.broker_transport_options or {}
+    visibility = timedelta(seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds()))
+    longest = max(
+        (step for step in registry.steps.values() if step.timeout is not None),
+        key=lambda step: step.timeout,
+        default=None,
+    )
+    if longest is None or longest.timeout < visibility:
+        return []
+    return [
+        checks.Warning(
+            f"Redis visibility_timeout ({visibility}) is not longer than step {longest.name!r}'s "
+            f"timeout ({longest.timeout}): Redis would hand the running step to a second worker.",
+            hint="Raise CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] above the longest step timeout.",
+            id="durable.W001",
+        )
+    ]

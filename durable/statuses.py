@@ -1,0 +1,34 @@
+"""The statuses of runs and checkpoints, spelled once.
+
+Plain string enums, so every layer compares against them without importing the ORM;
+``durable.models`` builds its ``TextChoices`` from them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """Where a run is: waiting for a turn, in one, waiting for something, or finished."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+
+
+UNFINISHED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+#: A run in one of these never changes again, unless ``retry()`` reopens it.
+TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD)
+
+
+class CheckpointStatus(StrEnum):
+    """Where a recorded position is: waiting for its result, or settled one way or the other."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    FAILED = "failed"
