@@ -11,9 +11,9 @@ from typing import Any
 from .. import clock, conf
 from ..definitions import Step
 from ..errors import InvalidInput, _ControlFlow, error_dict
-from ..history import Record, check_size, roundtrip
 from ..models import Checkpoint
-from ..stepscope import StepInfo, step_scope
+from ..replay.history import Record, check_size, roundtrip
+from ..replay.stepscope import StepInfo, step_scope
 from . import leases
 
 log = logging.getLogger("durable.engine")

@@ -16,11 +16,11 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock, conf, dispatch
-from ..context import RunFacts, TurnState, replay
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
-from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
+from ..replay.context import RunFacts, TurnState, replay
+from ..replay.history import BufferedSignal, Limits, Outcome, Record
 from . import attempts, events, leases, lifecycle, singletons
 
 log = logging.getLogger("durable.engine")

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import durable
-from durable.context import RunFacts, TurnState, replay
 from durable.definitions import Retry, Workflow
 from durable.errors import ApplicationError
-from durable.history import COMPLETED, BufferedSignal, Limits, Outcome, Record
+from durable.replay.context import RunFacts, TurnState, replay
+from durable.replay.history import COMPLETED, BufferedSignal, Limits, Outcome, Record
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LIMITS = Limits(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .definitions import Workflow, registry
-from .errors import InvalidInput
+from ..definitions import Workflow, registry
+from ..errors import InvalidInput
 from .history import COMPLETED, roundtrip
 
 if TYPE_CHECKING:

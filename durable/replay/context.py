@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import saga, stopping
-from .composition import Composition
-from .definitions import Step, Workflow, celery_task_step, registry
-from .durations import parse_duration
-from .errors import (
+from ..definitions import Step, Workflow, celery_task_step, registry
+from ..durations import parse_duration
+from ..errors import (
     DurableError,
     InvalidInput,
     NonDeterminismError,
@@ -32,7 +30,8 @@ from .errors import (
     _ControlFlow,
     error_dict,
 )
-from .eventwaits import EventWaits
+from . import saga, stopping
+from .composition import Composition
 from .history import (
     COMPLETED,
     FAILED,
@@ -47,6 +46,7 @@ from .history import (
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo, step_scope
 from .stopping import Stopping
+from .waits import EventWaits
 
 log = logging.getLogger("durable.workflow")
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .errors import InvalidInput
-from .guards import json_value
+from ..errors import InvalidInput
+from ..guards import json_value
 
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
 

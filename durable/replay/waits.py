@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInput
+from ..errors import InvalidInput
 from .history import COMPLETED, Record, roundtrip
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .definitions import COMPENSATE_PREFIX, compensation_of, registry
-from .errors import StepFailed, WorkflowNotRegistered
+from ..definitions import COMPENSATE_PREFIX, compensation_of, registry
+from ..errors import StepFailed, WorkflowNotRegistered
 from .history import COMPLETED, PENDING, Outcome, Record
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .definitions import Step, Workflow, registry
-from .errors import ChildFailed, DurableError, GatherError, InvalidInput, _ControlFlow
+from ..definitions import Step, Workflow, registry
+from ..errors import ChildFailed, DurableError, GatherError, InvalidInput, _ControlFlow
 from .history import COMPLETED, FAILED, ChildStart, Record, roundtrip
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import DurableError, Suspend, _ControlFlow
 from .composition import ContinueAsNew
-from .errors import DurableError, Suspend, _ControlFlow
 from .history import Outcome
 
 if TYPE_CHECKING:
