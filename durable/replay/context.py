@@ -25,10 +25,10 @@ from ..errors import (
     StepFailed,
     Suspend,
     WorkerLost,
-    _ControlFlow,
     error_dict,
 )
 from . import saga, stopping
+from .attempt import Result, run_attempt, step_timeout
 from .composition import Composition
 from .history import (
     COMPLETED,
@@ -43,7 +43,7 @@ from .history import (
 )
 from .positions import Pending, Positions
 from .searchattributes import SearchAttributes
-from .stepscope import StepInfo, step_scope
+from .stepscope import StepInfo
 from .stopping import Stopping
 from .waits import Waits
 
@@ -67,7 +67,7 @@ class InPlaceRunner(Protocol):
 
     def accepts(self, queue: str) -> bool: ...
 
-    def __call__(self, rec: Record, step: Step) -> tuple[Any, dict[str, Any] | None, bool]: ...
+    def __call__(self, rec: Record, step: Step) -> Result: ...
 
 
 @dataclass
@@ -349,12 +349,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
                                       "memory, or its result could not be recorded)")
         deadline = self._deadline(rec, step, since=rec.started_at)
         if deadline is not None and now >= deadline:
-            err = {
-                "message": f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time",
-                "type": "StepTimeout",
-                "code": "timeout",
-                "details": None,
-            }
+            err = step_timeout(f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time")
             self._attempt_failed(rec, step, err, retryable=True)
             return self._resolve_step(rec, step)
         return Pending(deadline)
@@ -419,19 +414,10 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         )
 
     def _run_local(self, rec: Record, step: Step) -> Any:
-        args = rec.input or {}
         info = StepInfo(self._facts.id, rec.seq, rec.attempt, step.name)
         rec.started_at = self._clock()
-        try:
-            with step_scope(info, lambda progress: self._renew()):
-                output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
-            output = roundtrip(output, what=f"the output of step {step.name!r}")
-        except _ControlFlow:
-            raise  # the turn stops (lease lost, time limit): the attempt is not over
-        except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt
-            retryable = step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
-            return self._attempt_ended(rec, step, None, error_dict(exc), retryable)
-        return self._attempt_ended(rec, step, output, None, True)
+        # A local step's beat proves the turn alive: it renews the turn's lease.
+        return self._attempt_ended(rec, step, *run_attempt(step, info, rec.input, lambda progress: self._renew()))
 
     def _run_in_place(self, rec: Record, step: Step) -> Any:
         """Run a dispatched step here, under the turn's lease. It is written as started (never
