@@ -15,6 +15,7 @@ from .api import (
     start,
     update,
 )
+from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
@@ -38,7 +39,6 @@ from .inputs import DeadLetter, Failure
 from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
-from .schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 
 __all__ = [
     "ApplicationError",

@@ -36,8 +36,8 @@ from .history import (
     PENDING,
     BufferedSignal,
     ChildStart,
+    Decision,
     Limits,
-    Outcome,
     Record,
     roundtrip,
 )
@@ -477,7 +477,7 @@ def replay(
     renew: Callable[[], None],
     in_place: InPlaceRunner | None = None,
     stopped: Callable[[], BaseException | None] | None = None,
-) -> Outcome:
+) -> Decision:
     """Run the body from the top against ``state`` and say how the run stands.
 
     ``stopped`` is the engine's in-memory word that the turn must stop (see ``Context``): what it
@@ -487,9 +487,9 @@ def replay(
         run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
     )
     if run.cancel_request is not None:
-        return saga.unwind(ctx, Outcome("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
+        return saga.unwind(ctx, Decision("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
     if run.deadline is not None and clock() >= run.deadline:
-        return Outcome("failed", error={
+        return Decision("failed", error={
             "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
             "type": "WorkflowTimeout",
             "code": "timeout",
@@ -517,10 +517,10 @@ def replay(
     except InvalidInput as exc:
         exc.code = "invalid_output"
         return _failed(exc, state)
-    return Outcome("completed", output=output)
+    return Decision("completed", output=output)
 
 
-def _failed(exc: BaseException, state: TurnState) -> Outcome:
+def _failed(exc: BaseException, state: TurnState) -> Decision:
     seqs: list[int] = []
     seen: set[int] = set()
     cursor: BaseException | None = exc
@@ -528,5 +528,5 @@ def _failed(exc: BaseException, state: TurnState) -> Outcome:
         seen.add(id(cursor))
         seqs.extend(state.raised.get(id(cursor), []))
         cursor = cursor.__cause__ or cursor.__context__
-    return Outcome("failed", error=error_dict(exc), failed_seqs=sorted(set(seqs)))
+    return Decision("failed", error=error_dict(exc), failed_seqs=sorted(set(seqs)))
 

@@ -71,8 +71,8 @@ class Limits:
 
 
 @dataclass
-class Outcome:
-    """What a turn decided for the run."""
+class Decision:
+    """What a turn decided for the run (not ``durable.Outcome``, which is how a member of a fan ended)."""
 
     status: str  # completed | failed | suspended | continued
     output: Any = None

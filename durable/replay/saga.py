@@ -12,7 +12,7 @@ from typing import Any
 
 from ..definitions import COMPENSATE_PREFIX, compensation_of, registry
 from ..errors import StepFailed, WorkflowNotRegistered
-from .history import COMPLETED, PENDING, Outcome, Record
+from .history import COMPLETED, PENDING, Decision, Record
 from .positions import Pending, Positions
 
 #: Compensations take positions from here on, after any position a body can reach.
@@ -24,7 +24,7 @@ def needs_unwind(ctx: Positions) -> bool:
     return any(rec.kind == "compensation" or _undo_of(rec) is not None for rec in ctx._turn.records.values())
 
 
-def unwind(ctx: Positions, final: Outcome) -> Outcome:
+def unwind(ctx: Positions, final: Decision) -> Decision:
     """Compensate, then settle as ``final``; suspend while a compensation or a step is in flight."""
     records = ctx._turn.records
     in_flight = [
@@ -73,9 +73,9 @@ def _undo_of(rec: Record) -> Any:
         return None
 
 
-def _suspended(ctx: Positions, wake_at: Any) -> Outcome:
+def _suspended(ctx: Positions, wake_at: Any) -> Decision:
     now = ctx._now()
-    return Outcome("suspended", wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval])))
+    return Decision("suspended", wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval])))
 
 
 def cancelled_error(reason: str | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import DurableError, Suspend, _ControlFlow
 from .composition import ContinueAsNew
-from .history import Outcome
+from .history import Decision
 from .positions import Positions
 
 
@@ -70,7 +70,7 @@ class Stopping(Positions):
         return call
 
 
-def ended(ctx: Stopping, escaped: BaseException | None) -> Outcome | None:
+def ended(ctx: Stopping, escaped: BaseException | None) -> Decision | None:
     """How a turn that stopped at a primitive (suspend, continue-as-new) ends, whatever the body
     did after; None if it did not stop there (it returned, or raised an error of its own).
 
@@ -82,9 +82,9 @@ def ended(ctx: Stopping, escaped: BaseException | None) -> Outcome | None:
             raise stop
     stop = ctx._stopping or escaped
     if isinstance(stop, ContinueAsNew):
-        return Outcome("continued", next_input=stop.input)
+        return Decision("continued", next_input=stop.input)
     if not isinstance(stop, Suspend):
         return None
     now = ctx._now()
     wake_at = min([*ctx._turn.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._facts.deadline])])
-    return Outcome("suspended", wake_at=wake_at)
+    return Decision("suspended", wake_at=wake_at)
