@@ -220,7 +220,7 @@ def in_process(runs: int, out: Path) -> list[str]:
 FRAMES = {
     "durable run_step task (durable/engine/steps.py run_step)": "run_step (durable/engine/steps.py",
     "durable turn (durable/engine/turn.py advance)": "advance (durable/engine/turn.py",
-    "  of which replay of the workflow body": "replay (durable/context.py",
+    "  of which replay of the workflow body": "replay (durable/replay/context.py",
     "  of which the lease keeper thread start/stop": "_LeaseKeeper",
     "opening a PostgreSQL connection (psycopg connect)": "connect (psycopg/connection.py",
     "closing it (Celery's Django fix-up, per task)": "_close_database (celery/fixups/django.py",

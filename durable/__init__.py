@@ -15,8 +15,7 @@ from .api import (
     start,
     update,
 )
-from .composition import Deferred, Outcome
-from .context import Context
+from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
@@ -37,8 +36,9 @@ from .errors import (
     WorkflowNotRegistered,
 )
 from .inputs import DeadLetter, Failure
-from .schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
-from .stepscope import StepInfo, heartbeat, step_info
+from .replay.composition import Deferred, Outcome
+from .replay.context import Context
+from .replay.stepscope import StepInfo, heartbeat, step_info
 
 __all__ = [
     "ApplicationError",

@@ -232,7 +232,7 @@ class Schedule:
     def __post_init__(self) -> None:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-        from .history import roundtrip
+        from .guards import json_value
 
         _check_cron(self.cron)
         try:
@@ -241,7 +241,7 @@ class Schedule:
             raise InvalidInput(f'timezone must be an IANA name such as "Europe/Paris", got {self.timezone!r}') from None
         if self.overlap not in OVERLAPS:
             raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
-        object.__setattr__(self, "input", roundtrip(self.input, what="the schedule's input"))
+        object.__setattr__(self, "input", json_value(self.input, "the schedule's input"))
 
 
 def _check_cron(cron: Any) -> None:

@@ -1,25 +1,40 @@
 """Exceptions raised by durable, and the control-flow signals of the replay engine.
 
-    DurableError
-    ├── ApplicationError          raised by user code to fail with a code
-    ├── StepFailed                a step failed for good
-    ├── WorkerLost                a step attempt's process died before its result was recorded
-    ├── ChildFailed               a child run failed for good
-    ├── GatherError               a member of ctx.all failed
-    ├── WaitTimeout (TimeoutError)
-    ├── NonDeterminismError
-    ├── WorkflowNotRegistered
-    ├── InvalidInput
-    ├── QueueFull
-    ├── UpdateRejected
-    ├── RunNotFound
-    ├── RunFinished
-    ├── RunFailed
-    └── RunCancelled
+Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs and checkpoints)::
+
+    Exception
+    └── DurableError                   durable.errors; the root of every error durable raises
+        ├── ApplicationError           raised by user code to fail with a code (non_retryable=)
+        ├── _CausedFailure             carries its cause's message, code and details
+        │   ├── StepFailed             a step failed for good
+        │   ├── ChildFailed            a child run failed for good
+        │   ├── GatherError            a member of ctx.all failed (.errors: the failures)
+        │   ├── RunFailed              durable.result(): the run failed
+        │   └── RunCancelled           durable.result(): the run was cancelled
+        ├── WorkerLost                 a step attempt's process died before its result was recorded
+        ├── WaitTimeout (TimeoutError) a wait or durable.result() timed out
+        ├── NonDeterminismError        the body asked for other than its history holds
+        ├── WorkflowNotRegistered      no workflow or step under that name (and version)
+        ├── InvalidInput               refused input (code invalid_input; invalid_output for results)
+        ├── QueueFull                  a singleton key has too many unfinished runs
+        ├── UpdateRejected             an update's validator refused the payload
+        ├── RunNotFound                no run has that id
+        └── RunFinished                the run has already finished
+
+Control flow: never an error of the run, and never caught by a body's ``except Exception``::
 
     BaseException
-    └── _ControlFlow              never caught by ``except Exception`` in a workflow body
-        └── Suspend               the body cannot go further this turn
+    └── _ControlFlow                   durable.errors; passes through step attempts untouched
+        ├── Suspend                    durable.errors: a primitive cannot answer yet; the turn stops
+        ├── ContinueAsNew              durable.replay.composition: ctx.continue_as_new() ends the run
+        ├── Interrupted                durable.engine.leases: the turn's lease is gone, or it ran
+        │                              past TURN_TIME_LIMIT
+        ├── LeaseLost                  durable.engine.turn: the lease was taken over; write nothing
+        └── _Stale                     durable.engine.turn: a guarded write matched no row
+
+Stored error types with no class of their own (the ``type`` of an error dict): ``StepTimeout``
+(an attempt overran its timeout or went silent, ``durable.replay.attempt.step_timeout``),
+``WorkflowTimeout`` (the run passed its deadline) and ``Cancelled`` (a cancelled run).
 """
 
 from __future__ import annotations

@@ -10,15 +10,14 @@ from typing import Any
 
 from .. import clock, conf, dispatch
 from ..definitions import Step
-from ..errors import InvalidInput, _ControlFlow, error_dict
-from ..history import Record, check_size, roundtrip
 from ..models import Checkpoint
-from ..stepscope import StepInfo, step_scope
+from ..replay.attempt import Result, run_attempt
+from ..replay.history import Record, check_size, roundtrip
+from ..replay.stepscope import StepInfo
 from . import leases
 
 log = logging.getLogger("durable.engine")
 
-Result = tuple[Any, "dict[str, Any] | None", bool]
 
 
 def serves(queue: str) -> bool:
@@ -69,28 +68,10 @@ class InPlace:
 
 
 def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
-    """Call the step; return (output, error, retryable)."""
+    """Run the attempt's body in this process; a Celery soft time limit is its timeout."""
     from celery.exceptions import SoftTimeLimitExceeded
 
-    args = payload or {}
-    try:
-        with step_scope(info, beats):
-            output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
-        return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
-    except SoftTimeLimitExceeded:
-        return None, {
-            "message": f"step {step.name!r} ran past its timeout of {step.timeout}",
-            "type": "StepTimeout",
-            "code": "timeout",
-            "details": None,
-        }, True
-    except InvalidInput as exc:
-        return None, {**exc.to_dict(), "code": "invalid_output"}, False
-    except _ControlFlow:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
-        log.info("durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc)
-        return None, error_dict(exc), step.retry.is_retryable(exc)
+    return run_attempt(step, info, payload, beats, timed_out=(SoftTimeLimitExceeded,))
 
 
 class Beats:

@@ -14,9 +14,9 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock, conf
-from ..eventwaits import check_match, received_events
-from ..history import PENDING, Record
 from ..models import Checkpoint, Event
+from ..replay.history import PENDING, Record
+from ..replay.waits import check_match, received_events
 from . import lifecycle
 
 

@@ -16,9 +16,9 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
-from ..history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..models import Checkpoint, Run
-from ..stepscope import StepInfo
+from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
+from ..replay.stepscope import StepInfo
 from . import attempts, leases, turn
 from .attempts import Beats
 

@@ -16,11 +16,11 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock, conf, dispatch
-from ..context import RunFacts, TurnState, replay
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
-from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
+from ..replay.context import RunFacts, TurnState, replay
+from ..replay.history import BufferedSignal, Decision, Limits, Record
 from . import attempts, events, leases, lifecycle, singletons
 
 log = logging.getLogger("durable.engine")
@@ -142,7 +142,7 @@ def recovery_exhausted(attempts: int) -> dict[str, Any]:
     }
 
 
-def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
+def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
     db = settings.DATABASE
     try:
         workflow = registry.workflow(run.workflow, run.version)
@@ -176,7 +176,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     try:
         body_input = _parse_input(workflow, run.input)
     except InvalidInput as exc:
-        outcome = Outcome("failed", error=exc.to_dict())
+        outcome = Decision("failed", error=exc.to_dict())
         with transaction.atomic(using=db):
             _settle(run, owner, outcome, settings)
         return outcome
@@ -203,7 +203,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
 def _replay(
     run: Run, workflow: Workflow, body_input: Any, state: TurnState, settings: conf.Settings,
     flush: Callable[[TurnState], None], renew: Callable[[], None],
-) -> Outcome:
+) -> Decision:
     return replay(
         workflow,
         RunFacts(
@@ -221,7 +221,7 @@ def _replay(
     )
 
 
-def _settles_alone(run: Run, state: TurnState, outcome: Outcome) -> bool:
+def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
     """Whether the settle is the turn's only write left."""
     if state.unsaved() or state.consumed or state.dispatch or state.children:
         return False
@@ -229,7 +229,7 @@ def _settles_alone(run: Run, state: TurnState, outcome: Outcome) -> bool:
     return outcome.status == "suspended" or (outcome.status == "completed" and finishing_alone)
 
 
-def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings, state: TurnState | None = None) -> None:
+def _settle(run: Run, owner: str, outcome: Decision, settings: conf.Settings, state: TurnState | None = None) -> None:
     fields = _run_fields(outcome)
     if state is not None and state.search_attributes is not None:
         fields["search_attributes"] = state.search_attributes
@@ -272,7 +272,7 @@ def _parse_input(workflow: Workflow, raw: Any) -> Any:
         raise InvalidInput(f"the input of run no longer fits {workflow.name}'s input_schema: {exc}") from None
 
 
-def _run_fields(outcome: Outcome) -> dict[str, Any]:
+def _run_fields(outcome: Decision) -> dict[str, Any]:
     now = clock.now()
     if outcome.status in ("completed", "continued"):
         return {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}

@@ -155,7 +155,7 @@ def test_child_ids_are_stable_so_a_replayed_turn_starts_nothing_twice(durable_en
     run = durable.start(parent_flow, 2)
     durable_env.run_until_idle()
     kids = set(Run.objects.filter(parent_id=run.id).values_list("id", flat=True))
-    from durable.composition import child_run_id
+    from durable.replay.composition import child_run_id
 
     assert child_run_id(run.id, 0) in kids
     assert len(kids) == 6

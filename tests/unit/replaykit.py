@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import durable
-from durable.context import RunFacts, TurnState, replay
 from durable.definitions import Retry, Workflow
 from durable.errors import ApplicationError
-from durable.history import COMPLETED, BufferedSignal, Limits, Outcome, Record
+from durable.replay.context import RunFacts, TurnState, replay
+from durable.replay.history import COMPLETED, BufferedSignal, Decision, Limits, Record
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LIMITS = Limits(
@@ -58,7 +58,7 @@ def once() -> int:
 class Turn:
     """One replay() call and what it reported through its callbacks."""
 
-    outcome: Outcome
+    outcome: Decision
     state: TurnState
     flushes: list[TurnState] = field(default_factory=list)
     renews: list[None] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Unit tests for durable.context.replay(): steps, non-determinism and how the body ends."""
+"""Unit tests for durable.replay.context.replay(): steps, non-determinism and how the body ends."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 import durable
-from durable.context import TurnState, replay
 from durable.definitions import Workflow
 from durable.errors import ApplicationError, NonDeterminismError, StepFailed, _ControlFlow
-from durable.history import COMPLETED, FAILED, PENDING, Record
+from durable.replay.context import TurnState, replay
+from durable.replay.history import COMPLETED, FAILED, PENDING, Record
 
 from .replaykit import LIMITS, RUN, T0, beating, calls, done, flaky, once, other, pair, remote, turn
 

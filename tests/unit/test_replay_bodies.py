@@ -14,7 +14,7 @@ import pytest
 import durable
 from durable.definitions import Retry
 from durable.errors import _ControlFlow
-from durable.history import COMPLETED, FAILED, PENDING, Record
+from durable.replay.history import COMPLETED, FAILED, PENDING, Record
 
 from .replaykit import T0, calls, done, pair, remote, turn
 
@@ -227,8 +227,8 @@ def test_an_engine_stop_noticed_only_after_the_body_returned_is_still_raised() -
 
 
 def test_a_swallowed_control_flow_error_from_flush_sticks() -> None:
-    from durable.context import TurnState, replay
     from durable.definitions import Workflow
+    from durable.replay.context import TurnState, replay
 
     from .replaykit import LIMITS, RUN
 

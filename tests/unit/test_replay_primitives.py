@@ -1,4 +1,4 @@
-"""Unit tests for durable.context.replay(): timers, signals, recorded values, patches, facts."""
+"""Unit tests for durable.replay.context.replay(): timers, signals, recorded values, patches, facts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import durable
 from durable.errors import WaitTimeout
-from durable.history import COMPLETED, FAILED, BufferedSignal, Record
+from durable.replay.history import COMPLETED, FAILED, BufferedSignal, Record
 
 from .replaykit import LIMITS, T0, calls, done, other, pair, remote, turn
 

@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DurableError
+from ..errors import DurableError
 
 
 @dataclass(frozen=True)

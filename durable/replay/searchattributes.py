@@ -3,34 +3,32 @@ turn's settle (``TurnState.search_attributes``), and queried with the ORM."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .definitions import Workflow, registry
-from .errors import InvalidInput
+from ..definitions import Workflow, registry
+from ..errors import InvalidInput
 from .history import COMPLETED, roundtrip
-
-if TYPE_CHECKING:
-    from .context import Context
+from .positions import Positions
 
 SEARCH_ATTRIBUTES = "search_attributes"
 
 
-class SearchAttributes:
+class SearchAttributes(Positions):
     """Mixed into ``Context``."""
 
-    def upsert_search_attributes(self: Context, mapping: dict[str, Any]) -> None:
+    def upsert_search_attributes(self, mapping: dict[str, Any]) -> None:
         """Merge ``mapping`` into the run's search attributes (a None value removes one), checked
         against the workflow's ``search_attributes_schema``; query them with the ORM."""
-        checked = check_search_attributes(mapping, registry.workflow(self._run.workflow, self._run.version))
+        checked = check_search_attributes(mapping, registry.workflow(self._facts.workflow, self._facts.version))
         if self._position("value", SEARCH_ATTRIBUTES) is not None:
             return  # recorded by an earlier turn, and merged into the row then
         rec = self._new("value", SEARCH_ATTRIBUTES, status=COMPLETED, output=checked)
-        rec.finished_at = self._clock()
+        rec.finished_at = self._now()
         merged: dict[str, Any] = {}
-        for upsert in sorted(self._state.records.values(), key=lambda r: r.seq):
+        for upsert in sorted(self._turn.records.values(), key=lambda r: r.seq):
             if upsert.kind == "value" and upsert.name == SEARCH_ATTRIBUTES:
                 merged.update(upsert.output)
-        self._state.search_attributes = {k: v for k, v in merged.items() if v is not None}
+        self._turn.search_attributes = {k: v for k, v in merged.items() if v is not None}
 
 
 def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .errors import InvalidInput
-from .guards import json_value
+from ..errors import InvalidInput
+from ..guards import json_value
 
 PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
 
@@ -71,8 +71,8 @@ class Limits:
 
 
 @dataclass
-class Outcome:
-    """What a turn decided for the run."""
+class Decision:
+    """What a turn decided for the run (not ``durable.Outcome``, which is how a member of a fan ended)."""
 
     status: str  # completed | failed | suspended | continued
     output: Any = None

@@ -10,43 +10,42 @@ from __future__ import annotations
 import logging
 import random as _random
 import secrets
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import saga, stopping
-from .composition import Composition
-from .definitions import Step, Workflow, celery_task_step, registry
-from .durations import parse_duration
-from .errors import (
+from ..definitions import Step, Workflow, celery_task_step, registry
+from ..durations import parse_duration
+from ..errors import (
     DurableError,
     InvalidInput,
     NonDeterminismError,
     StepFailed,
     Suspend,
-    WaitTimeout,
     WorkerLost,
-    _ControlFlow,
     error_dict,
 )
-from .eventwaits import EventWaits
+from . import saga, stopping
+from .attempt import Result, run_attempt, step_timeout
+from .composition import Composition
 from .history import (
     COMPLETED,
     FAILED,
     PENDING,
     BufferedSignal,
     ChildStart,
+    Decision,
     Limits,
-    Outcome,
     Record,
     roundtrip,
 )
+from .positions import Pending, Positions
 from .searchattributes import SearchAttributes
-from .stepscope import StepInfo, step_scope
+from .stepscope import StepInfo
 from .stopping import Stopping
+from .waits import Waits
 
 log = logging.getLogger("durable.workflow")
 
@@ -68,16 +67,7 @@ class InPlaceRunner(Protocol):
 
     def accepts(self, queue: str) -> bool: ...
 
-    def __call__(self, rec: Record, step: Step) -> tuple[Any, dict[str, Any] | None, bool]: ...
-
-
-class _Pending:
-    """A primitive that cannot answer yet; the run should wake by ``wake_at`` (None: no timer)."""
-
-    __slots__ = ("wake_at",)
-
-    def __init__(self, wake_at: datetime | None) -> None:
-        self.wake_at = wake_at
+    def __call__(self, rec: Record, step: Step) -> Result: ...
 
 
 @dataclass
@@ -122,7 +112,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, EventWaits, SearchAttributes, Stopping):
+class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -137,19 +127,14 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         in_place: InPlaceRunner | None = None,
         stopped: Callable[[], BaseException | None] | None = None,
     ) -> None:
-        self._run = run
+        self._facts = run
         self._in_place = in_place
-        self._state = state
+        self._turn = state
         self._clock = clock
         self._limits = limits
+        self._init_stopping(stopped)
         self._flush = self._sticky(flush)
         self._renew = self._sticky(renew)
-        #: The engine's word that the turn must stop (its lease is gone, it ran too long): the
-        #: exception to raise at the next primitive, or None. In-memory, so cheap to ask often.
-        self._stopped = stopped
-        #: Why this turn stopped, once it has: nothing the body does afterwards records anything.
-        self._stopping: BaseException | None = None
-        self._thread = threading.get_ident()
         self._seq = 0
         self._at = 0  # the position of the primitive being answered
         self._replay_until = max(state.records, default=-1)
@@ -160,24 +145,37 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
 
     @property
     def run_id(self) -> str:
-        return self._run.id
+        return self._facts.id
 
     @property
     def workflow_name(self) -> str:
-        return self._run.workflow
+        return self._facts.workflow
 
     @property
     def version(self) -> str:
-        return self._run.version
+        return self._facts.version
 
     @property
     def namespace(self) -> str | None:
-        return self._run.namespace
+        return self._facts.namespace
 
     @property
     def is_replaying(self) -> bool:
         """True while the body is re-walking positions recorded by earlier turns."""
         return self._seq <= self._replay_until
+
+    # -- the interface of the mixed-in primitives (see ``positions.Positions``) --------------
+
+    def _now(self) -> datetime:
+        return self._clock()
+
+    @property
+    def _here(self) -> int:
+        return self._at
+
+    @property
+    def _next(self) -> int:
+        return self._seq
 
     # -- primitives ------------------------------------------------------------------------
 
@@ -230,25 +228,6 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
             rec.wake_at = when
         self._settle(self._resolve_timer(rec))
 
-    def wait_for_signal(self, name: str, timeout: Any = None) -> Any:
-        """Return the payload of the next signal ``name``; raise WaitTimeout past ``timeout``."""
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"ctx.wait_for_signal() needs a signal name, got {name!r}")
-        rec = self._wait_position("signal", name, timeout, {})
-        return self._settle(self._resolve_signal(rec))
-
-    def _wait_position(self, kind: str, name: str, timeout: Any, input: dict[str, Any]) -> Record:
-        """The position of a wait, recorded with its timeout (as ``wake_at``) when new."""
-        try:
-            delta = None if timeout is None else parse_duration(timeout, what="timeout")
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        rec = self._position(kind, name)
-        if rec is None:
-            rec = self._new(kind, name, input={**input, "timeout": None if delta is None else delta.total_seconds()})
-            rec.wake_at = None if delta is None else self._clock() + delta
-        return rec
-
     def now(self) -> datetime:
         """The current time, recorded once and the same on every replay."""
         return datetime.fromisoformat(self._value("now", lambda: self._clock().isoformat()))
@@ -261,7 +240,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
 
     def patched(self, change_id: str) -> bool:
         """True on runs that reach this point with the change; False on runs recorded before it."""
-        rec = self._state.records.get(self._seq)
+        rec = self._turn.records.get(self._seq)
         if rec is None:
             self._at = self._seq
             self._seq += 1
@@ -282,7 +261,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
             raise self._stop(stop)
         seq = self._at = self._seq
         self._seq += 1
-        rec = self._state.records.get(seq)
+        rec = self._turn.records.get(seq)
         if rec is not None and (rec.kind != kind or rec.name != name):
             error = NonDeterminismError(
                 f"at position {seq} the history holds {rec.kind} {rec.name!r} but the workflow "
@@ -298,7 +277,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
     def _new(self, kind: str, name: str, *, status: str = PENDING, **fields: Any) -> Record:
         self._guard()
         rec = Record(seq=self._at, kind=kind, name=name, status=status, **fields)
-        self._state.records[rec.seq] = rec
+        self._turn.records[rec.seq] = rec
         return rec
 
     def _value(self, name: str, make: Callable[[], Any]) -> Any:
@@ -308,18 +287,10 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
             rec.finished_at = self._clock()
         return rec.output
 
-    @staticmethod
-    def _pending(wake_at: datetime | None) -> _Pending:
-        return _Pending(wake_at)
-
-    @staticmethod
-    def _is_pending(answer: Any) -> bool:
-        return isinstance(answer, _Pending)
-
     def _settle(self, answer: Any) -> Any:
-        if isinstance(answer, _Pending):
+        if isinstance(answer, Pending):
             if answer.wake_at is not None:
-                self._state.wakes.append(answer.wake_at)
+                self._turn.wakes.append(answer.wake_at)
             raise self._stop(Suspend())
         if isinstance(answer, BaseException):
             raise answer
@@ -328,6 +299,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
     # -- steps -----------------------------------------------------------------------------
 
     def _step_definition(self, step: Any) -> Step:
+        """The step ``ctx.step`` was given (a definition, a name or a Celery task)."""
         if isinstance(step, Step):
             return step
         if isinstance(step, str):
@@ -350,7 +322,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
             return self._failure(StepFailed(cause=rec.error), rec)
         if step.local:
             if rec.wake_at is not None and rec.wake_at > now:
-                return _Pending(rec.wake_at)
+                return Pending(rec.wake_at)
             return self._run_local(rec, step)
         if rec.enqueued_at is None and rec.started_at is not None:
             # Started in place by a turn that has since lost the lease: its process is gone.
@@ -358,34 +330,29 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         if rec.enqueued_at is None and rec.fan is None and self._runs_here(step):
             # New, or past its backoff.
             if rec.wake_at is not None and rec.wake_at > now:
-                return _Pending(rec.wake_at)
+                return Pending(rec.wake_at)
             return self._run_in_place(rec, step)
         if rec.enqueued_at is None:
             # Waiting out a retry backoff.
             if rec.wake_at is not None and rec.wake_at > now:
-                return _Pending(rec.wake_at)
+                return Pending(rec.wake_at)
             self._send(rec, step)
-            return _Pending(rec.wake_at)
+            return Pending(rec.wake_at)
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
                 self._send(rec, step)  # the message was lost, or a worker never took it
             # Look again by the earliest moment a started attempt could have overrun.
             earliest = self._deadline(rec, step, since=rec.enqueued_at)
-            return _Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
+            return Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
         if rec.held_until is not None and rec.held_until <= now:
             return self._attempt_lost(rec, step, "its worker process stopped renewing it (killed, out of "
                                       "memory, or its result could not be recorded)")
         deadline = self._deadline(rec, step, since=rec.started_at)
         if deadline is not None and now >= deadline:
-            err = {
-                "message": f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time",
-                "type": "StepTimeout",
-                "code": "timeout",
-                "details": None,
-            }
+            err = step_timeout(f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time")
             self._attempt_failed(rec, step, err, retryable=True)
             return self._resolve_step(rec, step)
-        return _Pending(deadline)
+        return Pending(deadline)
 
     def _attempt_lost(self, rec: Record, step: Step, why: str) -> Any:
         """Count an attempt whose executor died as a failed one; the retry policy decides the rest."""
@@ -417,7 +384,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         rec.last_heartbeat_at = None
         rec.wake_at = now + self._limits.redispatch_after
         rec.changed()
-        self._state.dispatch.append(rec)
+        self._turn.dispatch.append(rec)
 
     def _attempt_failed(self, rec: Record, step: Step, error: dict[str, Any], *, retryable: bool) -> None:
         """Record a failed attempt: schedule the next one, or fail the step for good."""
@@ -447,19 +414,10 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         )
 
     def _run_local(self, rec: Record, step: Step) -> Any:
-        args = rec.input or {}
-        info = StepInfo(self._run.id, rec.seq, rec.attempt, step.name)
+        info = StepInfo(self._facts.id, rec.seq, rec.attempt, step.name)
         rec.started_at = self._clock()
-        try:
-            with step_scope(info, lambda progress: self._renew()):
-                output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
-            output = roundtrip(output, what=f"the output of step {step.name!r}")
-        except _ControlFlow:
-            raise  # the turn stops (lease lost, time limit): the attempt is not over
-        except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt
-            retryable = step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
-            return self._attempt_ended(rec, step, None, error_dict(exc), retryable)
-        return self._attempt_ended(rec, step, output, None, True)
+        # A local step's beat proves the turn alive: it renews the turn's lease.
+        return self._attempt_ended(rec, step, *run_attempt(step, info, rec.input, lambda progress: self._renew()))
 
     def _run_in_place(self, rec: Record, step: Step) -> Any:
         """Run a dispatched step here, under the turn's lease. It is written as started (never
@@ -469,7 +427,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = rec.token = None
         rec.started_at = self._clock()
         rec.changed()
-        self._flush(self._state)
+        self._flush(self._turn)
         result = self._in_place(rec, step)
         return self._attempt_ended(rec, step, *result)
 
@@ -479,7 +437,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         """Record an attempt run inside this turn, then answer as the position now stands."""
         if error is not None:
             self._attempt_failed(rec, step, error, retryable=retryable)
-            self._flush(self._state)
+            self._flush(self._turn)
             return self._resolve_step(rec, step)
         rec.status = COMPLETED
         rec.output = output
@@ -487,14 +445,14 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
         rec.wake_at = None
         rec.finished_at = self._clock()
         rec.changed()
-        self._flush(self._state)
+        self._flush(self._turn)
         return output
 
     def _failure(self, exc: DurableError, rec: Record) -> DurableError:
-        self._state.raised.setdefault(id(exc), []).append(rec.seq)
+        self._turn.raised.setdefault(id(exc), []).append(rec.seq)
         return exc
 
-    # -- timers and signals ----------------------------------------------------------------
+    # -- timers ----------------------------------------------------------------------------
 
     def _resolve_timer(self, rec: Record) -> Any:
         if rec.status == COMPLETED:
@@ -505,39 +463,7 @@ class Context(Composition, EventWaits, SearchAttributes, Stopping):
             rec.finished_at = now
             rec.changed()
             return None
-        return _Pending(rec.wake_at)
-
-    def _resolve_signal(self, rec: Record) -> Any:
-        def take(now: datetime) -> tuple[bool, Any]:
-            buffered = next(
-                (s for s in self._state.buffered() if s.name == rec.name and s.consumed_seq is None), None
-            )
-            if buffered is None:
-                return False, None
-            buffered.consumed_seq = rec.seq
-            self._state.consumed.append(buffered)
-            return True, buffered.payload
-
-        return self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout")
-
-    def _resolve_wait(self, rec: Record, take: Callable[[datetime], tuple[bool, Any]], missed: str) -> Any:
-        """A wait answers from its record, else with what ``take`` finds now, else it fails with
-        ``WaitTimeout`` past its timeout, else it is pending until then."""
-        if rec.status == COMPLETED:
-            return rec.output
-        if rec.status == FAILED:
-            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
-        now = self._clock()
-        found, value = take(now)
-        if found:
-            rec.status, rec.output, rec.finished_at, rec.wake_at = COMPLETED, value, now, None
-            rec.changed()
-            return rec.output
-        if rec.wake_at is not None and rec.wake_at <= now:
-            rec.status, rec.error, rec.finished_at = FAILED, WaitTimeout(missed).to_dict(), now
-            rec.changed()
-            return self._resolve_wait(rec, take, missed)
-        return _Pending(rec.wake_at)
+        return Pending(rec.wake_at)
 
 
 def replay(
@@ -551,7 +477,7 @@ def replay(
     renew: Callable[[], None],
     in_place: InPlaceRunner | None = None,
     stopped: Callable[[], BaseException | None] | None = None,
-) -> Outcome:
+) -> Decision:
     """Run the body from the top against ``state`` and say how the run stands.
 
     ``stopped`` is the engine's in-memory word that the turn must stop (see ``Context``): what it
@@ -561,9 +487,9 @@ def replay(
         run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
     )
     if run.cancel_request is not None:
-        return saga.unwind(ctx, Outcome("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
+        return saga.unwind(ctx, Decision("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
     if run.deadline is not None and clock() >= run.deadline:
-        return Outcome("failed", error={
+        return Decision("failed", error={
             "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
             "type": "WorkflowTimeout",
             "code": "timeout",
@@ -591,10 +517,10 @@ def replay(
     except InvalidInput as exc:
         exc.code = "invalid_output"
         return _failed(exc, state)
-    return Outcome("completed", output=output)
+    return Decision("completed", output=output)
 
 
-def _failed(exc: BaseException, state: TurnState) -> Outcome:
+def _failed(exc: BaseException, state: TurnState) -> Decision:
     seqs: list[int] = []
     seen: set[int] = set()
     cursor: BaseException | None = exc
@@ -602,5 +528,5 @@ def _failed(exc: BaseException, state: TurnState) -> Outcome:
         seen.add(id(cursor))
         seqs.extend(state.raised.get(id(cursor), []))
         cursor = cursor.__cause__ or cursor.__context__
-    return Outcome("failed", error=error_dict(exc), failed_seqs=sorted(set(seqs)))
+    return Decision("failed", error=error_dict(exc), failed_seqs=sorted(set(seqs)))
 

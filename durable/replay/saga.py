@@ -8,34 +8,32 @@ unwind itself survives crashes and replays like any other history.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .definitions import COMPENSATE_PREFIX, compensation_of, registry
-from .errors import StepFailed, WorkflowNotRegistered
-from .history import COMPLETED, PENDING, Outcome, Record
-
-if TYPE_CHECKING:
-    from .context import Context
+from ..definitions import COMPENSATE_PREFIX, compensation_of, registry
+from ..errors import StepFailed, WorkflowNotRegistered
+from .history import COMPLETED, PENDING, Decision, Record
+from .positions import Pending, Positions
 
 #: Compensations take positions from here on, after any position a body can reach.
 COMPENSATION_BASE = 1_000_000_000
 
 
-def needs_unwind(ctx: Context) -> bool:
+def needs_unwind(ctx: Positions) -> bool:
     """Whether the history holds a completed step with a compensation, or an unwind under way."""
-    return any(rec.kind == "compensation" or _undo_of(rec) is not None for rec in ctx._state.records.values())
+    return any(rec.kind == "compensation" or _undo_of(rec) is not None for rec in ctx._turn.records.values())
 
 
-def unwind(ctx: Context, final: Outcome) -> Outcome:
+def unwind(ctx: Positions, final: Decision) -> Decision:
     """Compensate, then settle as ``final``; suspend while a compensation or a step is in flight."""
-    records = ctx._state.records
+    records = ctx._turn.records
     in_flight = [
         rec for rec in records.values()
         if rec.kind == "step" and rec.status == PENDING and rec.enqueued_at is not None and rec.seq < COMPENSATION_BASE
     ]
     for rec in in_flight:
         answer = ctx._resolve_step(rec, ctx._definition_of(rec))
-        if ctx._is_pending(answer):
+        if isinstance(answer, Pending):
             return _suspended(ctx, answer.wake_at)
     done = sorted(
         (rec for rec in records.values() if rec.seq < COMPENSATION_BASE and _undo_of(rec) is not None),
@@ -58,7 +56,7 @@ def unwind(ctx: Context, final: Outcome) -> Outcome:
             if not step.local:
                 ctx._send(comp, step)
         answer = ctx._resolve_step(comp, step)
-        if ctx._is_pending(answer):
+        if isinstance(answer, Pending):
             return _suspended(ctx, answer.wake_at)
         failed = failed or isinstance(answer, StepFailed)
     if failed and final.error is not None:
@@ -75,9 +73,9 @@ def _undo_of(rec: Record) -> Any:
         return None
 
 
-def _suspended(ctx: Context, wake_at: Any) -> Outcome:
-    now = ctx._clock()
-    return Outcome("suspended", wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval])))
+def _suspended(ctx: Positions, wake_at: Any) -> Decision:
+    now = ctx._now()
+    return Decision("suspended", wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval])))
 
 
 def cancelled_error(reason: str | None) -> dict[str, Any]:

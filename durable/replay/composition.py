@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .definitions import Step, Workflow, registry
-from .errors import ChildFailed, DurableError, GatherError, InvalidInput, _ControlFlow
+from ..definitions import Step, Workflow, registry
+from ..errors import ChildFailed, DurableError, GatherError, InvalidInput, _ControlFlow
 from .history import COMPLETED, FAILED, ChildStart, Record, roundtrip
-
-if TYPE_CHECKING:
-    from .context import Context
+from .positions import Pending, Positions
 
 _CHILD_IDS = uuid.UUID("6f1c1d0e-8a55-4c8e-9a47-1f0d7b2d3c11")
 
@@ -58,55 +56,55 @@ def _workflow(target: Workflow | str) -> Workflow:
     raise InvalidInput(f"a child must be a @durable.workflow or its name, got {target!r}")
 
 
-class Composition:
+class Composition(Positions):
     """The fan, child and continue-as-new primitives of ``durable.Context``."""
 
-    def defer(self: Context, step: Step | str, *args: Any, **kwargs: Any) -> Deferred:
+    def defer(self, step: Step | str, *args: Any, **kwargs: Any) -> Deferred:
         """Describe a step for ``ctx.all`` / ``ctx.all_settled``; nothing runs yet."""
         return Deferred("step", self._step_definition(step), args, kwargs)
 
-    def defer_child(self: Context, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Deferred:
+    def defer_child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Deferred:
         """Describe a child run for ``ctx.all`` / ``ctx.all_settled``; nothing starts yet."""
         return Deferred("child", _workflow(workflow), (input,), {"run_id": run_id})
 
-    def all(self: Context, deferreds: Any) -> list[Any]:
+    def all(self, deferreds: Any) -> list[Any]:
         """Run the members in parallel; return their outputs in order, or raise GatherError."""
         return self._gather(list(deferreds), fail_fast=True)
 
-    def all_settled(self: Context, deferreds: Any) -> list[Outcome]:
+    def all_settled(self, deferreds: Any) -> list[Outcome]:
         """Run the members in parallel; return how each ended, in order."""
         return self._gather(list(deferreds), fail_fast=False)
 
-    def map(self: Context, step: Step | str, items: Any) -> list[Any]:
+    def map(self, step: Step | str, items: Any) -> list[Any]:
         """``ctx.all([ctx.defer(step, item) for item in items])``."""
         return self.all([self.defer(step, item) for item in items])
 
-    def child(self: Context, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Any:
+    def child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Any:
         """Start a child run and wait for its output; raise ChildFailed if it does not complete."""
         rec = self._child_position(_workflow(workflow), input, run_id, fan=None, fail_fast=False)
         return self._settle(self._resolve_child(rec))
 
-    def start_child(self: Context, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> str:
+    def start_child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> str:
         """Start a child run and return its id without waiting for it."""
         definition = _workflow(workflow)
         rec = self._position("child", definition.name)
         if rec is None:
             rec = self._start_child(definition, input, run_id)
-            rec.status, rec.output, rec.finished_at = COMPLETED, rec.input["run_id"], self._clock()
+            rec.status, rec.output, rec.finished_at = COMPLETED, rec.input["run_id"], self._now()
         return rec.input["run_id"]
 
-    def continue_as_new(self: Context, input: Any = None) -> None:
+    def continue_as_new(self, input: Any = None) -> None:
         """Finish this run and start a fresh one of the same workflow with ``input``."""
         self._guard()
         raise self._stop(ContinueAsNew(roundtrip(input, what="the input of continue_as_new()")))
 
     # -- internals --------------------------------------------------------------------------
 
-    def _gather(self: Context, deferreds: list[Deferred], *, fail_fast: bool) -> list[Any]:
+    def _gather(self, deferreds: list[Deferred], *, fail_fast: bool) -> list[Any]:
         for member in deferreds:
             if not isinstance(member, Deferred):
                 raise InvalidInput(f"ctx.all() takes what ctx.defer() returns, got {member!r}")
-        first = self._seq
+        first = self._next
         answers = []
         for member in deferreds:
             if member.kind == "step":
@@ -123,21 +121,21 @@ class Composition:
         failures = [a for a in answers if isinstance(a, DurableError)]
         if fail_fast and failures:
             raise self._failure_of_all(failures)
-        waiting = [a for a in answers if not isinstance(a, DurableError) and self._is_pending(a)]
+        waiting = [a for a in answers if not isinstance(a, DurableError) and isinstance(a, Pending)]
         if waiting:
             self._settle(min(waiting, key=lambda a: (a.wake_at is None, a.wake_at)))
         if fail_fast:
             return answers
         return [Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, a) for a in answers]
 
-    def _failure_of_all(self: Context, failures: list[DurableError]) -> GatherError:
+    def _failure_of_all(self, failures: list[DurableError]) -> GatherError:
         error = GatherError(failures)
-        seqs = [seq for failure in failures for seq in self._state.raised.get(id(failure), [])]
-        self._state.raised[id(error)] = seqs
+        seqs = [seq for failure in failures for seq in self._turn.raised.get(id(failure), [])]
+        self._turn.raised[id(error)] = seqs
         return error
 
     def _child_position(
-        self: Context, definition: Workflow, input: Any, run_id: str | None, *, fan: int | None, fail_fast: bool
+        self, definition: Workflow, input: Any, run_id: str | None, *, fan: int | None, fail_fast: bool
     ) -> Record:
         rec = self._position("child", definition.name)
         if rec is None:
@@ -145,20 +143,20 @@ class Composition:
             rec.fan, rec.fail_fast = fan, fail_fast
         return rec
 
-    def _start_child(self: Context, definition: Workflow, input: Any, run_id: str | None) -> Record:
+    def _start_child(self, definition: Workflow, input: Any, run_id: str | None) -> Record:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise InvalidInput(f"a child's run_id must be a non-empty string, got {run_id!r}")
         payload = roundtrip(input, what=f"the input of child workflow {definition.name!r}")
-        child_id = run_id or child_run_id(self.run_id, self._at)
+        child_id = run_id or child_run_id(self._facts.id, self._here)
         rec = self._new("child", definition.name, input={"run_id": child_id, "version": definition.version})
-        rec.enqueued_at = self._clock()
-        self._state.children.append(ChildStart(child_id, definition.name, definition.version, payload, rec.seq))
+        rec.enqueued_at = self._now()
+        self._turn.children.append(ChildStart(child_id, definition.name, definition.version, payload, rec.seq))
         return rec
 
-    def _resolve_child(self: Context, rec: Record) -> Any:
+    def _resolve_child(self, rec: Record) -> Any:
         if rec.status == COMPLETED:
             return rec.output
         if rec.status == FAILED:
             return self._failure(ChildFailed(cause=rec.error), rec)
         # The child's end settles this position and wakes the run; the reconcile wake backs it up.
-        return self._pending(None)
+        return Pending(None)

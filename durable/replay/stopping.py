@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..errors import DurableError, Suspend, _ControlFlow
 from .composition import ContinueAsNew
-from .errors import DurableError, Suspend, _ControlFlow
-from .history import Outcome
-
-if TYPE_CHECKING:
-    from .context import Context
+from .history import Decision
+from .positions import Positions
 
 
-class Stopping:
+class Stopping(Positions):
     """Suspension is sticky: once the turn decided to stop (a primitive that cannot answer yet,
     continue_as_new, a lost lease, a flush that lost a race, a change of code, a primitive
     misused), a body that catches the exception, returns from ``finally`` or calls more
@@ -26,8 +24,18 @@ class Stopping:
     sends or flushes anything, and replay() reports the first stop whatever the body did after.
     """
 
+    #: The engine's word that the turn must stop (its lease is gone, it ran too long): the
+    #: exception to raise at the next primitive, or None. In-memory, so cheap to ask often.
+    _stopped: Callable[[], BaseException | None] | None
+    #: Why this turn stopped, once it has: nothing the body does afterwards records anything.
     _stopping: BaseException | None
+    #: The thread running the body: the only one whose primitives are answered.
     _thread: int
+
+    def _init_stopping(self, stopped: Callable[[], BaseException | None] | None) -> None:
+        self._stopped = stopped
+        self._stopping = None
+        self._thread = threading.get_ident()
 
     def _stop(self, reason: BaseException) -> BaseException:
         """Note why the turn stops (the first reason wins); return the exception to raise."""
@@ -35,13 +43,13 @@ class Stopping:
             self._stopping = reason
         return reason
 
-    def _guard(self: Context) -> None:
+    def _guard(self) -> None:
         """Refuse a primitive once the turn stopped, or from a thread other than the turn's."""
         if threading.get_ident() != self._thread:
             # Positions are handed out in call order, so a primitive racing from another thread
             # would make the history depend on scheduling: refused, and the run fails with it.
             raise self._stop(DurableError(
-                f"a workflow primitive of run {self._run.id} was called from thread "
+                f"a workflow primitive of run {self._facts.id} was called from thread "
                 f"{threading.current_thread().name!r}, not the thread running the workflow body: call "
                 "ctx methods only from the body itself (use ctx.all / ctx.map for parallel steps)",
                 code="wrong_thread",
@@ -62,7 +70,7 @@ class Stopping:
         return call
 
 
-def ended(ctx: Context, escaped: BaseException | None) -> Outcome | None:
+def ended(ctx: Stopping, escaped: BaseException | None) -> Decision | None:
     """How a turn that stopped at a primitive (suspend, continue-as-new) ends, whatever the body
     did after; None if it did not stop there (it returned, or raised an error of its own).
 
@@ -74,9 +82,9 @@ def ended(ctx: Context, escaped: BaseException | None) -> Outcome | None:
             raise stop
     stop = ctx._stopping or escaped
     if isinstance(stop, ContinueAsNew):
-        return Outcome("continued", next_input=stop.input)
+        return Decision("continued", next_input=stop.input)
     if not isinstance(stop, Suspend):
         return None
-    now = ctx._clock()
-    wake_at = min([*ctx._state.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._run.deadline])])
-    return Outcome("suspended", wake_at=wake_at)
+    now = ctx._now()
+    wake_at = min([*ctx._turn.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._facts.deadline])])
+    return Decision("suspended", wake_at=wake_at)

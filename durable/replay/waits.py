@@ -1,0 +1,111 @@
+"""Waits of the replay context: ``ctx.wait_for_signal`` and ``ctx.wait_for_event``.
+
+A wait for a signal takes the oldest signal of its name sent to this run and not taken yet. A wait
+for an event receives the oldest event of its name within EVENT_BUFFER_TTL whose payload holds
+every key/value of its ``match`` and that this run has not received yet; the event's id is kept on
+the position, so no run receives one event twice (see ``engine/events.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from ..durations import parse_duration
+from ..errors import InvalidInput, WaitTimeout
+from .history import COMPLETED, FAILED, Record, roundtrip
+from .positions import Pending, Positions
+
+
+class Waits(Positions):
+    """Mixed into ``Context``."""
+
+    def wait_for_signal(self, name: str, timeout: Any = None) -> Any:
+        """Return the payload of the next signal ``name``; raise WaitTimeout past ``timeout``."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"ctx.wait_for_signal() needs a signal name, got {name!r}")
+        rec = self._wait_position("signal", name, timeout, {})
+
+        def take(now: datetime) -> tuple[bool, Any]:
+            buffered = next(
+                (s for s in self._turn.buffered() if s.name == rec.name and s.consumed_seq is None), None
+            )
+            if buffered is None:
+                return False, None
+            buffered.consumed_seq = rec.seq
+            self._turn.consumed.append(buffered)
+            return True, buffered.payload
+
+        return self._settle(self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout"))
+
+    def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
+        """Return the payload of the oldest event ``name`` published within EVENT_BUFFER_TTL whose
+        payload holds every key/value of ``match`` and that this run has not received yet."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"ctx.wait_for_event() needs an event name, got {name!r}")
+        rec = self._wait_position("event", name, timeout, {"match": check_match(match)})
+
+        def take(now: datetime) -> tuple[bool, Any]:
+            if self._turn.find_event is None:
+                return False, None
+            since = now - self._limits.event_ttl
+            found = self._turn.find_event(rec.name, rec.input.get("match"), since, received_events(self._turn.records))
+            if found is None:
+                return False, None
+            rec.input = {**rec.input, "event_id": found[0]}
+            return True, found[1]
+
+        missed = f"no event {rec.name!r} matching {rec.input.get('match')!r} arrived before the timeout"
+        return self._settle(self._resolve_wait(rec, take, missed))
+
+    def _wait_position(self, kind: str, name: str, timeout: Any, input: dict[str, Any]) -> Record:
+        """The position of a wait, recorded with its timeout (as ``wake_at``) when new."""
+        try:
+            delta = None if timeout is None else parse_duration(timeout, what="timeout")
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        rec = self._position(kind, name)
+        if rec is None:
+            rec = self._new(kind, name, input={**input, "timeout": None if delta is None else delta.total_seconds()})
+            rec.wake_at = None if delta is None else self._now() + delta
+        return rec
+
+    def _resolve_wait(self, rec: Record, take: Callable[[datetime], tuple[bool, Any]], missed: str) -> Any:
+        """A wait answers from its record, else with what ``take`` finds now, else it fails with
+        ``WaitTimeout`` past its timeout, else it is pending until then."""
+        if rec.status == COMPLETED:
+            return rec.output
+        if rec.status == FAILED:
+            return self._failure(WaitTimeout((rec.error or {}).get("message")), rec)
+        now = self._now()
+        found, value = take(now)
+        if found:
+            rec.status, rec.output, rec.finished_at, rec.wake_at = COMPLETED, value, now, None
+            rec.changed()
+            return rec.output
+        if rec.wake_at is not None and rec.wake_at <= now:
+            rec.status, rec.error, rec.finished_at = FAILED, WaitTimeout(missed).to_dict(), now
+            rec.changed()
+            return self._resolve_wait(rec, take, missed)
+        return Pending(rec.wake_at)
+
+
+def check_match(match: Any) -> dict[str, Any] | None:
+    """``match`` as a wait for an event takes it: None, or a dict of names to JSON scalars."""
+    if match is None:
+        return None
+    scalars = (str, int, float, bool, type(None))
+    if not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, scalars) for k, v in match.items()):
+        raise InvalidInput(
+            f"match must be a dict of payload keys to JSON scalars (str, number, bool, None), got {match!r}"
+        )
+    return roundtrip(match, what="match")
+
+
+def received_events(records: dict[int, Record]) -> set[int]:
+    """Ids of the events this run's waits have received."""
+    return {
+        rec.input["event_id"] for rec in records.values()
+        if rec.kind == "event" and rec.status == COMPLETED and "event_id" in (rec.input or {})
+    }
