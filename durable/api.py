@@ -346,13 +346,14 @@ def _fresh_attempt(run: Run, seqs: list[int]) -> None:
     A step or a wait is replayed as new; a child keeps its id, so the child run itself is
     retried and its end settles the position again.
     """
-    failed = run.checkpoints.filter(seq__in=seqs)
-    for position in failed.filter(kind="child"):
-        child_id = (position.input or {}).get("run_id")
+    from .models import Checkpoint
+
+    children = run.checkpoints.filter(seq__in=seqs, kind="child")
+    for child_input in children.values_list("input", flat=True):
+        child_id = (child_input or {}).get("run_id")
         if child_id and get_run(child_id).status in (FAILED, DEAD, CANCELLED):
             retry(child_id)
-    failed.filter(kind="child").update(status="pending", error=None, finished_at=None)
-    failed.exclude(kind="child").delete()
+    Checkpoint.objects.using(conf.get().DATABASE).reattempt(run.id, seqs)
 
 
 def result(run_id: str, timeout: Any = None) -> Any:

@@ -454,6 +454,17 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             )
         )
 
+    def reattempt(self, run_id: str, seqs: list[int]) -> None:
+        """Give the failed positions ``seqs`` of a failed, dead or cancelled run a fresh attempt
+        (call before the run is reopened): a child position waits again for its run, retried
+        with it; any other position is forgotten, so the next turn replays it as new."""
+        ended = Exists(
+            Run.objects.filter(id=run_id, status__in=(Status.FAILED, Status.DEAD, Status.CANCELLED))
+        )
+        positions = self.filter(ended, run_id=run_id, seq__in=seqs)
+        positions.filter(kind="child", status="failed").update(status="pending", error=None, finished_at=None)
+        positions.exclude(kind="child").delete()
+
     def beat(self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool) -> bool:
         fields: dict[str, Any] = {"last_heartbeat_at": now}
         if with_progress:
