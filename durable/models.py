@@ -6,6 +6,7 @@ says who won. Nothing outside this module assigns ``status``.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -647,3 +648,12 @@ class SingletonSlot(models.Model):
 
     def __str__(self) -> str:
         return f"singleton {self.key}"
+
+
+@functools.cache
+def column_length(model: str, field: str) -> int:
+    """The ``max_length`` of a durable model's column: what a string stored there may hold."""
+    from django.apps import apps
+
+    length: int = apps.get_model("durable", model)._meta.get_field(field).max_length
+    return length

@@ -21,7 +21,7 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..history import BufferedSignal, Limits, Outcome, Record
 from ..models import Checkpoint, Run, Signal, Status
-from . import attempts, events, leases, lifecycle, singletons
+from . import attempts, events, leases, lifecycle, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -191,9 +191,10 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Outcome | None:
     else:
         with transaction.atomic(using=db):
             _write(run.id, state, settings)
-            _start_children(run, state, settings)
+            runs.start_children(run, state.children)
+            state.children.clear()
             if outcome.status == "continued":
-                outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
+                outcome.output = {"continued_as": runs.continue_as_new(run, workflow, outcome.next_input)}
             _settle(run, owner, outcome, settings, state)
     if outcome.status == "suspended" and events.arrived_since(state.records):
         lifecycle.wake(run.id)
@@ -238,28 +239,6 @@ def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings, sta
     if outcome.status in ("completed", "failed", "cancelled"):
         run.status, run.output, run.error = fields["status"], fields.get("output"), fields.get("error")
         lifecycle.finished(run)
-
-
-def _start_children(run: Run, state: TurnState, settings: conf.Settings) -> None:
-    now = clock.now()
-    for child in state.children:
-        definition = registry.workflow(child.workflow, child.version)
-        # A child of a singleton workflow waits in its key's line like any run (never refused:
-        # the parent's history already holds it).
-        placed = singletons.place(definition, child.input, queue_limit=False)
-        created = Run.objects.using(settings.DATABASE).start_child(
-            child, parent=run, now=now, queue=_queue_of(child.workflow, child.version, settings),
-            reconcile=settings.RECONCILE_INTERVAL, **placed, **({"wake_at": None} if placed else {}),
-        )
-        if created and placed:
-            singletons.admit(placed["singleton_key"], definition.name)
-        elif created:
-            dispatch.advance(child.run_id, _queue_of(child.workflow, child.version, settings))
-    state.children.clear()
-
-
-def _queue_of(name: str, version: str, settings: conf.Settings) -> str:
-    return registry.workflow(name, version).queue or settings.DEFAULT_QUEUE
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:
