@@ -315,6 +315,14 @@ class Run(models.Model):
     def is_finished(self) -> bool:
         return self.status in TERMINAL
 
+    def ended_as(self, status: str, **fields: Any) -> Run:
+        """Bring this instance in line with the guarded UPDATE that just ended its run (its
+        ``status`` and the ``fields`` it wrote), for what follows an end; return it."""
+        self.status = status
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return self
+
 
 #: A settled or failed attempt is held by no one.
 _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}

@@ -97,8 +97,7 @@ def _die(run: Run, settings: conf.Settings) -> None:
     error = recovery_exhausted(run.recovery_attempts - 1)
     with transaction.atomic(using=settings.DATABASE):
         if Run.objects.using(settings.DATABASE).end(run.id, Status.DEAD, error, clock.now()):
-            run.status, run.error = Status.DEAD, error
-            lifecycle.finished(run)
+            lifecycle.finished(run.ended_as(Status.DEAD, error=error))
 
 
 def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
@@ -109,8 +108,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
     with transaction.atomic(using=db):
         became = Run.objects.using(db).give_back(run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error)
         if became == Status.DEAD:
-            run.status, run.error = Status.DEAD, error
-            lifecycle.finished(run)
+            lifecycle.finished(run.ended_as(Status.DEAD, error=error))
         elif became == Status.SUSPENDED:
             dispatch.advance(run.id, run.queue or settings.DEFAULT_QUEUE)
     if became is None:
@@ -237,8 +235,7 @@ def _settle(run: Run, owner: str, outcome: Outcome, settings: conf.Settings, sta
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
     if outcome.status in ("completed", "failed", "cancelled"):
-        run.status, run.output, run.error = fields["status"], fields.get("output"), fields.get("error")
-        lifecycle.finished(run)
+        lifecycle.finished(run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")))
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:
