@@ -28,6 +28,10 @@ UNFINISHED = (Status.PENDING, Status.RUNNING, Status.SUSPENDED)
 TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD)
 
 
+#: The ends a retry may undo.
+RETRYABLE = (Status.FAILED, Status.DEAD, Status.CANCELLED)
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> Run | None:
         """Take the turn lease of an unfinished run whose lease is free or expired; return the row.
@@ -129,7 +133,7 @@ class RunQuerySet(models.QuerySet["Run"]):
     def reopen(self, run_id: str, now: datetime) -> bool:
         """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
         return bool(
-            self.filter(id=run_id, status__in=(Status.FAILED, Status.DEAD, Status.CANCELLED)).update(
+            self.filter(id=run_id, status__in=RETRYABLE).update(
                 status=Status.PENDING,
                 error=None,
                 output=None,
@@ -467,9 +471,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         """Give the failed positions ``seqs`` of a failed, dead or cancelled run a fresh attempt
         (call before the run is reopened): a child position waits again for its run, retried
         with it; any other position is forgotten, so the next turn replays it as new."""
-        ended = Exists(
-            Run.objects.filter(id=run_id, status__in=(Status.FAILED, Status.DEAD, Status.CANCELLED))
-        )
+        ended = Exists(Run.objects.filter(id=run_id, status__in=RETRYABLE))
         positions = self.filter(ended, run_id=run_id, seq__in=seqs)
         positions.filter(kind="child", status="failed").update(status="pending", error=None, finished_at=None)
         positions.exclude(kind="child").delete()

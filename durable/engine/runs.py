@@ -19,13 +19,10 @@ from ..definitions import Workflow, registry
 from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
 from ..history import ChildStart
-from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
+from ..models import RETRYABLE, TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
 from . import singletons
 
 log = logging.getLogger("durable.engine")
-
-#: The ends a retry may undo.
-RETRYABLE = (Status.FAILED, Status.DEAD, Status.CANCELLED)
 
 
 def _runs() -> RunQuerySet:
