@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import clock, conf, guards
-from .api import RunHandle, _resolve, column_length, start_on_behalf
+from .api import RunHandle, column_length
 from .definitions import Schedule as Spec
 from .definitions import Workflow
 from .errors import InvalidInput
@@ -16,12 +16,12 @@ def schedule(
 ) -> None:
     """Create or redefine the schedule ``key``: each tick of ``cron`` (in ``timezone``) starts one
     run of ``workflow`` with ``input``, id ``schedule:<key>:<tick>``."""
-    from .engine import schedules
+    from .engine import runs, schedules
 
     _check_key(key)
     if isinstance(workflow, str):
         guards.text(workflow, "workflow", max_length=column_length("Schedule", "workflow"))
-    definition = _resolve(workflow, None)
+    definition = runs.resolve(workflow, None)
     guards.text(cron, "cron", max_length=column_length("Schedule", "cron"))
     spec = Spec(cron=cron, input=input, timezone=timezone, overlap=overlap)
     schedules.save(key, definition.name, spec, clock.now(), declared=False)
@@ -48,10 +48,10 @@ def resume_schedule(key: str) -> bool:
 
 def trigger_schedule(key: str) -> RunHandle:
     """Start a run of the schedule now, as a tick at this moment would (its next tick stays)."""
-    from .engine import schedules
+    from .engine import runs, schedules
 
     row = _rows(key).get(key=key)
-    return start_on_behalf(row.workflow, row.input, run_id=schedules.run_id(key, clock.now()))
+    return RunHandle(runs.start(row.workflow, row.input, run_id=schedules.run_id(key, clock.now())))
 
 
 def _check_key(key: Any) -> None:

@@ -6,6 +6,7 @@ says who won. Nothing outside this module assigns ``status``.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,6 +17,10 @@ from .statuses import TERMINAL, UNFINISHED, RunStatus
 
 #: The run statuses as Django choices, built from the one spelling (its members equal RunStatus's).
 Status = models.TextChoices("Status", [(status.name, status.value) for status in RunStatus])
+
+
+#: The ends a retry may undo.
+RETRYABLE = (Status.FAILED, Status.DEAD, Status.CANCELLED)
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -119,7 +124,7 @@ class RunQuerySet(models.QuerySet["Run"]):
     def reopen(self, run_id: str, now: datetime) -> bool:
         """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
         return bool(
-            self.filter(id=run_id, status__in=(Status.FAILED, Status.DEAD, Status.CANCELLED)).update(
+            self.filter(id=run_id, status__in=RETRYABLE).update(
                 status=Status.PENDING,
                 error=None,
                 output=None,
@@ -305,6 +310,14 @@ class Run(models.Model):
     def is_finished(self) -> bool:
         return self.status in TERMINAL
 
+    def ended_as(self, status: str, **fields: Any) -> Run:
+        """Bring this instance in line with the guarded UPDATE that just ended its run (its
+        ``status`` and the ``fields`` it wrote), for what follows an end; return it."""
+        self.status = status
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return self
+
 
 #: A settled or failed attempt is held by no one.
 _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
@@ -457,6 +470,15 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 status=status, output=output, error=error, finished_at=now
             )
         )
+
+    def reattempt(self, run_id: str, seqs: list[int]) -> None:
+        """Give the failed positions ``seqs`` of a failed, dead or cancelled run a fresh attempt
+        (call before the run is reopened): a child position waits again for its run, retried
+        with it; any other position is forgotten, so the next turn replays it as new."""
+        ended = Exists(Run.objects.filter(id=run_id, status__in=RETRYABLE))
+        positions = self.filter(ended, run_id=run_id, seq__in=seqs)
+        positions.filter(kind="child", status="failed").update(status="pending", error=None, finished_at=None)
+        positions.exclude(kind="child").delete()
 
     def beat(self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool) -> bool:
         fields: dict[str, Any] = {"last_heartbeat_at": now}
@@ -640,3 +662,12 @@ class SingletonSlot(models.Model):
 
     def __str__(self) -> str:
         return f"singleton {self.key}"
+
+
+@functools.cache
+def column_length(model: str, field: str) -> int:
+    """The ``max_length`` of a durable model's column: what a string stored there may hold."""
+    from django.apps import apps
+
+    length: int = apps.get_model("durable", model)._meta.get_field(field).max_length
+    return length

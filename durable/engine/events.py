@@ -21,10 +21,11 @@ from . import lifecycle
 
 
 def publish(name: str, payload: Any) -> None:
+    """Store event ``name``; the runs waiting for it are woken once it has committed."""
     settings = conf.get()
-    now = clock.now()
-    Event.objects.using(settings.DATABASE).create(name=name, payload=payload, created_at=now)
-    transaction.on_commit(lambda: wake_waiters(name, payload), using=settings.DATABASE)
+    with transaction.atomic(using=settings.DATABASE):
+        Event.objects.using(settings.DATABASE).create(name=name, payload=payload, created_at=clock.now())
+        transaction.on_commit(lambda: wake_waiters(name, payload), using=settings.DATABASE)
 
 
 def wake_waiters(name: str, payload: Any) -> int:

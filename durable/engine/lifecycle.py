@@ -1,11 +1,11 @@
 """What happens when a run finishes: its parent is woken, and a dead run is dead-lettered.
 
 Called inside the transaction that made the run terminal, so a crash cannot separate the two.
+A cancel from outside ends a run here too.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import transaction
@@ -15,9 +15,8 @@ from ..definitions import Workflow, registry
 from ..errors import DurableError, cancelled_error
 from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
-from ..models import UNFINISHED, Checkpoint, Run, Status
-
-log = logging.getLogger("durable.engine")
+from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
+from .runs import get_run, hand_over
 
 
 def finished(run: Run) -> None:
@@ -34,6 +33,21 @@ def finished(run: Run) -> None:
         route_failure(run)
     elif run.status == Status.CANCELLED:
         _cancel_children(run)
+
+
+def cancel(run_id: str, error: dict[str, Any], *, compensate: bool, reason: str | None) -> bool:
+    """Cancel an unfinished run with ``error`` (RunNotFound if there is none); False if it had
+    already finished. With ``compensate``, the cancel is a durable request instead: the run's next
+    turn unwinds its saga, then ends it cancelled."""
+    settings = conf.get()
+    with transaction.atomic(using=settings.DATABASE):
+        run = get_run(run_id)
+        if not compensate:
+            return cancel_tree(run_id, error)
+        if not Run.objects.using(settings.DATABASE).request_cancel(run_id, {"reason": reason}, clock.now()):
+            return run.status not in TERMINAL
+        dispatch.advance(run_id, run.queue)
+        return True
 
 
 def cancel_tree(run_id: str, error: dict[str, Any]) -> bool:
@@ -95,18 +109,6 @@ def wake(run_id: str) -> None:
         dispatch.advance(run_id, queue)
 
 
-def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:
-    """Write the run that continues ``run`` (before ``run`` is marked completed); return its id."""
-    from ..api import new_run
-
-    newest = registry.workflow(workflow.name)
-    successor = new_run(
-        newest, input, namespace=run.namespace or None, tags=run.tags, continued_from=run,
-        parent_id=run.parent_id, parent_seq=run.parent_seq,
-    )
-    return successor
-
-
 def dead_letter(run: Run) -> None:
     """Start the dead-letter workflow for ``run`` as ``dlq:<run id>``, once."""
     if run.id.startswith(DLQ_PREFIX):
@@ -114,7 +116,7 @@ def dead_letter(run: Run) -> None:
     definition = _definition(run)
     handler = (definition.dead_letter if definition else None) or conf.get().DEAD_LETTER_WORKFLOW
     letter = DeadLetter(dead_run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
-    _hand_over(run, handler, letter.to_dict(), f"{DLQ_PREFIX}{run.id}")
+    hand_over(run, handler, letter.to_dict(), f"{DLQ_PREFIX}{run.id}")
 
 
 def route_failure(run: Run) -> None:
@@ -124,7 +126,7 @@ def route_failure(run: Run) -> None:
     code = (run.error or {}).get("code")
     handler = routes.get(code) if code in routes else routes.get("*")
     failure = Failure(run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
-    _hand_over(run, handler, failure.to_dict(), f"{ON_ERROR_PREFIX}{run.id}")
+    hand_over(run, handler, failure.to_dict(), f"{ON_ERROR_PREFIX}{run.id}")
 
 
 def _definition(run: Run) -> Workflow | None:
@@ -132,15 +134,3 @@ def _definition(run: Run) -> Workflow | None:
         return registry.workflow(run.workflow, run.version)
     except DurableError:
         return None
-
-
-def _hand_over(run: Run, handler: Workflow | str | None, payload: dict[str, Any], run_id: str) -> None:
-    """Start ``handler`` for ``run`` under a derived id, so a repeated hand-over starts nothing new."""
-    if handler is None:
-        return
-    from ..api import start_on_behalf
-
-    try:
-        start_on_behalf(handler, payload, run_id=run_id, namespace=run.namespace or None)
-    except DurableError as exc:
-        log.warning("durable: could not hand run %s over to %r: %s", run.id, handler, exc)

@@ -16,11 +16,12 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 from django.db import transaction
 
-from .. import api, clock, conf, guards
+from .. import clock, conf, guards
 from ..definitions import Schedule as Spec
 from ..definitions import registry
 from ..errors import DurableError
 from ..models import UNFINISHED, Run, Schedule
+from . import runs
 
 log = logging.getLogger("durable.engine")
 
@@ -89,7 +90,7 @@ def _fire(row: Schedule, now: datetime) -> bool:
         log.info("durable: schedule %s skipped its %s tick: run %s is still going", row.key, tick, row.last_run_id)
         return False
     try:
-        api.start_on_behalf(row.workflow, row.input, run_id=new_id)
+        runs.start(row.workflow, row.input, run_id=new_id)
     except DurableError as exc:
         # Not registered here, an input its workflow now refuses, a full singleton line: this
         # tick is lost, the next ones are not, and the sweep goes on with the other schedules.

@@ -21,7 +21,7 @@ from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import Checkpoint, Run, Signal, Status
 from ..replay.context import RunFacts, TurnState, replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
-from . import attempts, events, leases, lifecycle, singletons
+from . import attempts, events, leases, lifecycle, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -97,8 +97,7 @@ def _die(run: Run, settings: conf.Settings) -> None:
     error = recovery_exhausted(run.recovery_attempts - 1)
     with transaction.atomic(using=settings.DATABASE):
         if Run.objects.using(settings.DATABASE).end(run.id, Status.DEAD, error, clock.now()):
-            run.status, run.error = Status.DEAD, error
-            lifecycle.finished(run)
+            lifecycle.finished(run.ended_as(Status.DEAD, error=error))
 
 
 def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
@@ -109,8 +108,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
     with transaction.atomic(using=db):
         became = Run.objects.using(db).give_back(run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error)
         if became == Status.DEAD:
-            run.status, run.error = Status.DEAD, error
-            lifecycle.finished(run)
+            lifecycle.finished(run.ended_as(Status.DEAD, error=error))
         elif became == Status.SUSPENDED:
             dispatch.advance(run.id, run.queue or settings.DEFAULT_QUEUE)
     if became is None:
@@ -191,9 +189,10 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
     else:
         with transaction.atomic(using=db):
             _write(run.id, state, settings)
-            _start_children(run, state, settings)
+            runs.start_children(run, state.children)
+            state.children.clear()
             if outcome.status == "continued":
-                outcome.output = {"continued_as": lifecycle.continue_as_new(run, workflow, outcome.next_input)}
+                outcome.output = {"continued_as": runs.continue_as_new(run, workflow, outcome.next_input)}
             _settle(run, owner, outcome, settings, state)
     if outcome.status == "suspended" and events.arrived_since(state.records):
         lifecycle.wake(run.id)
@@ -236,30 +235,7 @@ def _settle(run: Run, owner: str, outcome: Decision, settings: conf.Settings, st
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
     if outcome.status in ("completed", "failed", "cancelled"):
-        run.status, run.output, run.error = fields["status"], fields.get("output"), fields.get("error")
-        lifecycle.finished(run)
-
-
-def _start_children(run: Run, state: TurnState, settings: conf.Settings) -> None:
-    now = clock.now()
-    for child in state.children:
-        definition = registry.workflow(child.workflow, child.version)
-        # A child of a singleton workflow waits in its key's line like any run (never refused:
-        # the parent's history already holds it).
-        placed = singletons.place(definition, child.input, queue_limit=False)
-        created = Run.objects.using(settings.DATABASE).start_child(
-            child, parent=run, now=now, queue=_queue_of(child.workflow, child.version, settings),
-            reconcile=settings.RECONCILE_INTERVAL, **placed, **({"wake_at": None} if placed else {}),
-        )
-        if created and placed:
-            singletons.admit(placed["singleton_key"], definition.name)
-        elif created:
-            dispatch.advance(child.run_id, _queue_of(child.workflow, child.version, settings))
-    state.children.clear()
-
-
-def _queue_of(name: str, version: str, settings: conf.Settings) -> str:
-    return registry.workflow(name, version).queue or settings.DEFAULT_QUEUE
+        lifecycle.finished(run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")))
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:

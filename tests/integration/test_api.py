@@ -157,6 +157,17 @@ def test_retry_gives_the_failure_a_fresh_attempt_and_replays_the_rest(durable_en
     assert Checkpoint.objects.get(run_id=run.id, seq=0).finished_at == first_step.finished_at
 
 
+def test_a_fresh_attempt_leaves_the_positions_of_a_run_no_longer_ended_alone(durable_env):
+    FAIL_UNTIL["attempts"] = 1
+    run = durable.start(fragile_flow, "v")
+    durable_env.run_until_idle()
+    failed = durable.get_run(run.id).failed_seqs
+    assert failed == [1]
+    Run.objects.reopen(run.id, durable_env.now())  # a concurrent retry got there first
+    Checkpoint.objects.reattempt(run.id, failed)
+    assert Checkpoint.objects.get(run_id=run.id, seq=1).status == "failed"
+
+
 def test_retry_of_a_completed_run_is_refused(durable_env):
     run = durable.start(echo_flow, 1)
     durable_env.run_until_idle()

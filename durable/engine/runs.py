@@ -1,0 +1,295 @@
+"""Runs made and remade: started by a caller, a schedule tick or a failure handed over; started
+by a parent's turn; continued as new; retried. And what reaches a run from outside its turns.
+
+Each call writes in the caller's transaction (a savepoint of its own where it must); the first
+turn of a run it makes ready is sent on commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from .. import clock, conf, dispatch, guards
+from ..definitions import Workflow, registry
+from ..durations import parse_duration
+from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
+from ..replay.history import ChildStart
+from ..models import RETRYABLE, TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
+from . import singletons
+
+log = logging.getLogger("durable.engine")
+
+
+def _runs() -> RunQuerySet:
+    return Run.objects.using(conf.get().DATABASE)
+
+
+def get_run(run_id: str) -> Run:
+    """Return the run row, or raise RunNotFound."""
+    run = _runs().filter(id=run_id).first()
+    if run is None:
+        raise RunNotFound(f"no run has id {run_id!r}")
+    return run
+
+
+def resolve(workflow: Workflow | str, version: str | None) -> Workflow:
+    """The registered definition of a ``@durable.workflow`` or a workflow name."""
+    if isinstance(workflow, Workflow):
+        return registry.workflow(workflow.name, version or workflow.version)
+    if isinstance(workflow, str):
+        return registry.workflow(workflow, version)
+    raise InvalidInput(f"expected a @durable.workflow or a workflow name, got {workflow!r}")
+
+
+def start(
+    workflow: Workflow | str,
+    input: Any = None,
+    *,
+    run_id: str | None = None,
+    version: str | None = None,
+    namespace: str | None = None,
+    tags: Any = (),
+    delay: Any = None,
+) -> str:
+    """Create a run (or return the existing one with this ``run_id``); return its id.
+
+    Checks every argument, since durable's own starts (dead letters, failure handlers, schedule
+    ticks) come this way too, under the id prefixes a caller may not use.
+    """
+    settings = conf.get()
+    if isinstance(workflow, str):
+        guards.text(workflow, "workflow", max_length=column_length("Run", "workflow"))
+    definition = resolve(workflow, version)
+    if len(definition.name) > column_length("Run", "workflow"):
+        raise guards.refuse("workflow", f"the name {guards.shown(definition.name)} is longer than "
+                            f"{column_length('Run', 'workflow')} characters; give the workflow a shorter name=")
+    if run_id is not None:
+        run_id = guards.run_id(run_id, max_length=column_length("Run", "id"), reserved_ok=True)
+    stored_input = guards.json_value(
+        input, f"the input of workflow {definition.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES
+    )
+    _validate_input(definition, stored_input)
+    tags = guards.tags(tags, max_bytes=settings.MAX_PAYLOAD_BYTES)
+    try:
+        wait = timedelta(0) if delay is None else parse_duration(delay, what="delay")
+    except ValueError as exc:
+        raise guards.refuse("delay", str(exc).removeprefix("delay: ")) from None
+    if namespace is not None:
+        guards.text(namespace, "namespace", max_length=column_length("Run", "namespace"), allow_empty=True)
+
+    if run_id is not None:
+        existing = _runs().filter(id=run_id).first()
+        if existing is not None:
+            return _same_workflow(existing, definition.name)
+    try:
+        with transaction.atomic(using=settings.DATABASE):
+            return create(definition, stored_input, run_id=run_id, namespace=namespace, tags=tags, delay=wait)
+    except IntegrityError:
+        existing = _runs().filter(id=run_id).first()
+        if existing is None:
+            raise
+        return _same_workflow(existing, definition.name)
+
+
+def _validate_input(definition: Workflow, stored_input: Any) -> None:
+    if definition.input_schema is not None:
+        try:
+            definition.input_schema.model_validate(stored_input)
+        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
+            raise InvalidInput(f"the input does not fit workflow {definition.name!r}'s input_schema: {exc}") from exc
+    if definition.validate_input is not None:
+        try:
+            definition.validate_input(stored_input)
+        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
+            raise InvalidInput(f"workflow {definition.name!r} refused its input: {exc}") from exc
+
+
+def _same_workflow(existing: Run, name: str) -> str:
+    if existing.workflow != name:
+        raise InvalidInput(
+            f"run id {existing.id!r} already belongs to workflow {existing.workflow!r}, not {name!r}; "
+            "pick another run_id"
+        )
+    return existing.id
+
+
+def create(
+    definition: Workflow,
+    stored_input: Any,
+    *,
+    run_id: str | None = None,
+    namespace: str | None = None,
+    tags: Any = (),
+    delay: timedelta = timedelta(0),
+    **links: Any,
+) -> str:
+    """Insert a validated run and send its first turn on commit; return its id."""
+    settings = conf.get()
+    now = clock.now()
+    queue = definition.queue or settings.DEFAULT_QUEUE
+    placed = singletons.place(definition, stored_input)
+    # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
+    # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
+    wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)
+    run = _runs().create(
+        id=run_id or uuid.uuid4().hex,
+        workflow=definition.name,
+        version=definition.version,
+        queue=queue,
+        input=stored_input,
+        namespace=namespace if namespace is not None else (settings.NAMESPACE or ""),
+        tags=sorted({*definition.tags, *tags}),
+        created_at=now,
+        updated_at=now,
+        wake_at=wake_at,
+        deadline=now + delay + definition.timeout if definition.timeout else None,
+        **placed,
+        **links,
+    )
+    if placed:
+        singletons.admit(placed["singleton_key"], definition.name)
+    elif not delay:
+        dispatch.advance(run.id, queue)
+    return run.id
+
+
+def start_children(parent: Run, children: list[ChildStart]) -> None:
+    """Create the children a parent's turn starts, in that turn's transaction; an id that exists
+    already (the turn ran before and lost its settle) is left as it is."""
+    settings = conf.get()
+    now = clock.now()
+    for child in children:
+        definition = registry.workflow(child.workflow, child.version)
+        queue = definition.queue or settings.DEFAULT_QUEUE
+        # A child of a singleton workflow waits in its key's line like any run (never refused:
+        # the parent's history already holds it).
+        placed = singletons.place(definition, child.input, queue_limit=False)
+        created = _runs().start_child(
+            child, parent=parent, now=now, queue=queue,
+            reconcile=settings.RECONCILE_INTERVAL, **placed, **({"wake_at": None} if placed else {}),
+        )
+        if created and placed:
+            singletons.admit(placed["singleton_key"], definition.name)
+        elif created:
+            dispatch.advance(child.run_id, queue)
+
+
+def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:
+    """Write the run that continues ``run`` (before ``run`` is marked completed); return its id."""
+    newest = registry.workflow(workflow.name)
+    return create(
+        newest, input, namespace=run.namespace or None, tags=run.tags, continued_from=run,
+        parent_id=run.parent_id, parent_seq=run.parent_seq,
+    )
+
+
+def hand_over(run: Run, handler: Workflow | str | None, payload: dict[str, Any], run_id: str) -> None:
+    """Start ``handler`` for ``run`` under a derived id, so a repeated hand-over starts nothing new."""
+    if handler is None:
+        return
+    try:
+        start(handler, payload, run_id=run_id, namespace=run.namespace or None)
+    except DurableError as exc:
+        log.warning("durable: could not hand run %s over to %r: %s", run.id, handler, exc)
+
+
+def signal_with_start(workflow: Workflow | str, input: Any, *, run_id: str, signal: str, payload: Any) -> str:
+    """Start run ``run_id`` unless it exists, then deliver ``signal``, in one transaction."""
+    with transaction.atomic(using=conf.get().DATABASE):
+        started = start(workflow, input, run_id=run_id)
+        deliver(started, signal, payload)
+    return started
+
+
+def deliver(run_id: str, name: str, payload: Any) -> None:
+    """Keep ``payload`` as signal ``name`` for the run's wait, and wake the run."""
+    settings = conf.get()
+    with transaction.atomic(using=settings.DATABASE):
+        run = get_run(run_id)
+        now = clock.now()
+        if not _runs().wake(run_id, now, now + settings.LEASE):
+            raise RunFinished(f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent")
+        run.signals.create(name=name, payload=payload, created_at=now)
+        dispatch.advance(run_id, run.queue)
+
+
+def update(run_id: str, name: str, payload: Any) -> None:
+    """Deliver ``payload`` as signal ``name`` if the workflow's validator for ``name`` accepts it."""
+    run = get_run(run_id)
+    if run.status in TERMINAL:
+        raise RunFinished(f"run {run_id!r} has already finished ({run.status}); nothing was sent")
+    validator = registry.workflow(run.workflow, run.version).validators.get(name)
+    if validator is not None:
+        try:
+            validator(payload)
+        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
+            raise UpdateRejected(
+                f"update {name!r} of run {run_id!r} was refused: {exc}", details=error_dict(exc)
+            ) from exc
+    deliver(run_id, name, payload)
+
+
+def retry(run_id: str) -> None:
+    """Run a failed, dead or cancelled run again from its history, the failures that ended it anew."""
+    settings = conf.get()
+    with transaction.atomic(using=settings.DATABASE):
+        run = get_run(run_id)
+        if run.status not in RETRYABLE:
+            raise DurableError(f"only a failed, dead or cancelled run can be retried; run {run_id!r} is {run.status}")
+        if run.checkpoints.filter(kind="compensation").exists():
+            raise DurableError(f"run {run_id!r} was compensated; its effects were undone, so it cannot be retried")
+        if run.failed_seqs:
+            _fresh_attempt(run, run.failed_seqs)
+        if not _runs().reopen(run_id, clock.now()):
+            raise DurableError(f"run {run_id!r} changed while it was being retried; try again")
+        if run.singleton_key:
+            singletons.requeue(run)  # it waits for a slot again, at the back of its key's line
+        else:
+            dispatch.advance(run_id, run.queue)
+
+
+def _fresh_attempt(run: Run, seqs: list[int]) -> None:
+    """Give the positions whose failure ended ``run`` a fresh attempt.
+
+    A step or a wait is replayed as new; a child keeps its id, so the child run itself is
+    retried and its end settles the position again.
+    """
+    children = run.checkpoints.filter(seq__in=seqs, kind="child")
+    for child_input in children.values_list("input", flat=True):
+        child_id = (child_input or {}).get("run_id")
+        if child_id and get_run(child_id).status in RETRYABLE:
+            retry(child_id)
+    Checkpoint.objects.using(conf.get().DATABASE).reattempt(run.id, seqs)
+
+
+def follow(run_id: str) -> Run:
+    """The run, or the newest run of the continue-as-new chain it completed into."""
+    run = get_run(run_id)
+    while run.status == Status.COMPLETED:
+        successor = _runs().filter(continued_from_id=run.id).values_list("id", flat=True).first()
+        if successor is None:
+            break
+        run = get_run(successor)
+    return run
+
+
+def delete(run_id: str) -> int:
+    """Delete the run and its child subtree; return how many runs were deleted."""
+    with transaction.atomic(using=conf.get().DATABASE):
+        get_run(run_id)
+        ids, frontier = [run_id], [run_id]
+        while frontier:
+            frontier = list(_runs().filter(parent_id__in=frontier).values_list("id", flat=True))
+            ids.extend(frontier)
+        # Unfinished singleton runs deleted here free their slots for the next in line.
+        lines = set(_runs().filter(id__in=ids, status__in=UNFINISHED)
+                    .exclude(singleton_key=None).values_list("singleton_key", "workflow"))
+        _runs().filter(id__in=ids).delete()
+        for key, workflow in lines:
+            singletons.admit(key, workflow)
+    return len(ids)
