@@ -1,6 +1,6 @@
 """The fan benchmarks: ``ctx.map`` over N dispatched no-op steps, and against a Celery chord.
 
-    /tmp/benchvenv/bin/python bench/fans.py          # N = 10, 100, 1,000, 10,000; under 10 minutes
+    .venv-bench/bin/python bench/fans.py          # N = 10, 100, 1,000, 10,000; under 10 minutes
 
 Writes bench/results/fans.json (every sample) and bench/results/fans.md (the tables). See the
 "Fans" section of bench/README.md. It reuses the suite's helpers (``env`` for the snapshot,

@@ -1,4 +1,4 @@
-"""Profile the hot path once: ``/tmp/benchvenv/bin/python bench/profile.py [--runs 30]``.
+"""Profile the hot path once: ``.venv-bench/bin/python bench/profile.py [--runs 30]``.
 
 Two views, written to bench/results/profile.md (plus the raw profiles beside it):
 

@@ -1,7 +1,7 @@
 """Run every benchmark on PostgreSQL + Redis; write bench/results/latest.json and latest.md.
 
-    /tmp/benchvenv/bin/python bench/run.py           # the full run (N=1000, 5 repetitions)
-    /tmp/benchvenv/bin/python bench/run.py --quick   # N=100, fewer repetitions, for development
+    .venv-bench/bin/python bench/run.py           # the full run (N=1000, 5 repetitions)
+    .venv-bench/bin/python bench/run.py --quick   # N=100, fewer repetitions, for development
 
 See bench/README.md.
 """

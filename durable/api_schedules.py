@@ -1,4 +1,4 @@
-"""Persisted cron schedules from views, shells and tasks (API.md section 3)."""
+"""Persisted cron schedules from views, shells and tasks."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from durable.statuses import CheckpointStatus
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
 
-#: Checkpoint kinds and statuses (API.md section 2), fixed so the filters need no DISTINCT scan
+#: Checkpoint kinds and statuses, fixed so the filters need no DISTINCT scan
 #: over what can be the largest table in the project.
 CHECKPOINT_KINDS = ("step", "sleep", "signal", "event", "child", "entity", "value", "patch", "compensation")
 CHECKPOINT_STATUSES = tuple(CheckpointStatus)

@@ -13,6 +13,8 @@ from ..errors import DurableError
 
 @dataclass(frozen=True)
 class StepInfo:
+    """The facts of the step attempt running now: its run, position (``seq``), attempt and name."""
+
     run_id: str
     seq: int
     attempt: int

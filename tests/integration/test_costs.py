@@ -1,4 +1,4 @@
-"""The database cost of the hot paths, pinned so it cannot silently regress (DESIGN.md cost model).
+"""The database cost of the hot paths, pinned so it cannot silently regress.
 
 Counted on real commits (transactional_db), so savepoints of the test's own transaction do not
 blur the numbers. Transaction control (BEGIN, COMMIT) is not counted.

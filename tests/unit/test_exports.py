@@ -1,4 +1,4 @@
-"""Pin durable's public namespace: API.md's names, nothing more, in a sorted ``__all__``."""
+"""Pin durable's public namespace: the documented names (docs/api/), nothing more, in a sorted ``__all__``."""
 
 from __future__ import annotations
 
