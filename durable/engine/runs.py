@@ -18,8 +18,8 @@ from .. import clock, conf, dispatch, guards
 from ..definitions import Workflow, registry
 from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
-from ..replay.history import ChildStart
 from ..models import RETRYABLE, TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
+from ..replay.history import ChildStart
 from . import singletons
 
 log = logging.getLogger("durable.engine")

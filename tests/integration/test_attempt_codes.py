@@ -7,7 +7,6 @@ import pytest
 
 import durable
 from durable import dispatch
-from durable.engine import attempts
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
@@ -72,7 +71,7 @@ def local(durable_env):
 
 @pytest.fixture
 def in_place(durable_env, monkeypatch):
-    monkeypatch.setattr(attempts, "served_queues", {"durable"})  # a worker of the step's queue
+    monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})  # a worker of the step's queue
 
     def run(kind):
         row, sent = _run(durable_env, f"tests.attempt_codes.{kind}")
