@@ -26,7 +26,10 @@ def commits_per_second(seconds: float) -> float:
 def run(reps: int, seconds: float) -> dict:
     """``reps`` windows of ``seconds`` each (a fixed cost: no time budget applies)."""
     commits_per_second(0.5)  # warm-up
-    return {"commits_per_s": summary([commits_per_second(seconds) for _ in range(reps)], 1), "window_s": seconds}
+    return {
+        "commits_per_s": summary([commits_per_second(seconds) for _ in range(reps)], 1),
+        "window_s": seconds,
+    }
 
 
 def fractions(ceiling: dict, local: dict, threads: int) -> dict:
@@ -35,12 +38,15 @@ def fractions(ceiling: dict, local: dict, threads: int) -> dict:
 
     top = ceiling["commits_per_s"]["median"]
     found = {
-        "in_process_sequential": ("in-process, one run at a time (one connection, as the ceiling)",
-                                  STEPS / local["in_process"]["sequential_s"]["median"]),
-        "in_process_concurrent": (f"in-process, {threads} threads",
-                                  local["in_process"]["throughput"]["steps_per_s"]),
-        "worker_concurrent": ("through the worker, N at once",
-                              local["worker"]["throughput"]["steps_per_s"]),
+        "in_process_sequential": (
+            "in-process, one run at a time (one connection, as the ceiling)",
+            STEPS / local["in_process"]["sequential_s"]["median"],
+        ),
+        "in_process_concurrent": (
+            f"in-process, {threads} threads",
+            local["in_process"]["throughput"]["steps_per_s"],
+        ),
+        "worker_concurrent": ("through the worker, N at once", local["worker"]["throughput"]["steps_per_s"]),
     }
     return {
         key: {"what": what, "steps_per_s": round(rate, 1), "fraction": round(rate / top, 3), "ceiling": top}

@@ -36,10 +36,13 @@ def local10() -> int:
 
 def truncate() -> None:
     with psycopg.connect(f"{PG}/{DBOS_DB}", autocommit=True) as conn:
-        tables = [r[0] for r in conn.execute(
-            "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables "
-            "WHERE schemaname = 'dbos' AND tablename IN ('workflow_status', 'operation_outputs')"
-        )]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables "
+                "WHERE schemaname = 'dbos' AND tablename IN ('workflow_status', 'operation_outputs')"
+            )
+        ]
         conn.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
 
 

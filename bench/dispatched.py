@@ -51,7 +51,9 @@ def chain_once() -> float:
 
     t0 = time.perf_counter()
     task_id = workloads.celery_chain().apply_async().id
-    wait_until(lambda: TaskResult.objects.filter(task_id=task_id, status="SUCCESS").exists(), 120, POLL, "chain")
+    wait_until(
+        lambda: TaskResult.objects.filter(task_id=task_id, status="SUCCESS").exists(), 120, POLL, "chain"
+    )
     return time.perf_counter() - t0
 
 

@@ -73,7 +73,9 @@ def snapshot() -> Path:
     # celery (worker and CLI) and Celery's Django fix-up put the working directory first on
     # sys.path: work from the copy, or a worker would import durable from the live tree.
     os.chdir(target)
-    ENV["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    ENV["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(target), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     sys.path[:0] = [str(target), str(ROOT)]
     return target
 
@@ -125,9 +127,25 @@ class Worker:
         self.log_path = RESULTS / f"worker-{name}.log"
         self.log_path.write_text("")
         argv = [
-            *wrap, sys.executable, "-m", "celery", "-A", "project", "worker", "--loglevel=WARNING",
-            "--pool=prefork", f"--concurrency={concurrency}", "-Q", QUEUES, "-n", f"{name}@%h",
-            "--include", "bench.workloads", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            *wrap,
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "project",
+            "worker",
+            "--loglevel=WARNING",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            "-Q",
+            QUEUES,
+            "-n",
+            f"{name}@%h",
+            "--include",
+            "bench.workloads",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ]
         self.concurrency = concurrency
         self.process = CeleryProcess(argv, {**os.environ, **ENV}, self.log_path, "")
@@ -149,7 +167,9 @@ class Worker:
             time.sleep(0.1)
         workloads.celery_chain().apply_async().get(timeout=timeout, interval=0.05)
         where = workloads.where.apply_async().get(timeout=timeout, interval=0.05)
-        if snapshot_dir is not None and not all(path.startswith(str(snapshot_dir)) for path in where.values()):
+        if snapshot_dir is not None and not all(
+            path.startswith(str(snapshot_dir)) for path in where.values()
+        ):
             raise RuntimeError(f"the worker imports code from outside the copy {snapshot_dir}: {where}")
 
     def stop(self) -> None:
@@ -227,8 +247,20 @@ def machine() -> dict:
 
 
 def versions() -> dict:
-    names = ["durable", "Django", "celery", "kombu", "redis", "psycopg", "django-celery-results",
-             "dbos", "SQLAlchemy", "psutil", "pyinstrument", "py-spy"]
+    names = [
+        "durable",
+        "Django",
+        "celery",
+        "kombu",
+        "redis",
+        "psycopg",
+        "django-celery-results",
+        "dbos",
+        "SQLAlchemy",
+        "psutil",
+        "pyinstrument",
+        "py-spy",
+    ]
     found = {}
     for name in names:
         try:
@@ -241,8 +273,12 @@ def versions() -> dict:
 def run_module(module: str, *args: str, timeout: float = 600) -> str:
     """Run ``python -m module args`` with the bench environment; return its stdout."""
     done = subprocess.run(
-        [sys.executable, "-m", module, *args], env={**os.environ, **ENV}, cwd=snapshot_dir or ROOT,
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", module, *args],
+        env={**os.environ, **ENV},
+        cwd=snapshot_dir or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{module} failed ({done.returncode}):\n{done.stderr[-3000:]}")

@@ -140,8 +140,15 @@ def fan_once(n: int, timeout: float) -> dict[str, Any]:
         return {"n": n, "finished": False, "elapsed_s": round(elapsed, 4), "rows": rows}
     if value != n * (n - 1) // 2:
         raise RuntimeError(f"fan of {n} returned {value!r}, not {n * (n - 1) // 2}")
-    return {"n": n, "finished": True, "wall_s": round(elapsed, 4), "start_s": round(sent, 4),
-            "finished_s": rows["run_finished"], "rows": rows, "phases": _phases(rows, elapsed)}
+    return {
+        "n": n,
+        "finished": True,
+        "wall_s": round(elapsed, 4),
+        "start_s": round(sent, 4),
+        "finished_s": rows["run_finished"],
+        "rows": rows,
+        "phases": _phases(rows, elapsed),
+    }
 
 
 def _fan_rows(run_id: str, origin: float) -> dict[str, Any]:
@@ -152,23 +159,39 @@ def _fan_rows(run_id: str, origin: float) -> dict[str, Any]:
 
     run = Run.objects.get(id=run_id)
     agg = Checkpoint.objects.filter(run_id=run_id, fan__isnull=False).aggregate(
-        members=Count("id"), completed=Count("id", filter=Q(status="completed")),
+        members=Count("id"),
+        completed=Count("id", filter=Q(status="completed")),
         started=Count("id", filter=Q(started_at__isnull=False)),
         attempts_over_1=Count("id", filter=Q(attempt__gt=1)),
-        first_recorded=Min("enqueued_at"), last_recorded=Max("enqueued_at"),
-        first_started=Min("started_at"), last_started=Max("started_at"),
-        first_finished=Min("finished_at"), last_finished=Max("finished_at"),
+        first_recorded=Min("enqueued_at"),
+        last_recorded=Max("enqueued_at"),
+        first_started=Min("started_at"),
+        last_started=Max("started_at"),
+        first_finished=Min("finished_at"),
+        last_finished=Max("finished_at"),
     )
-    out = {"status": run.status, "wakes": run.wakes, "run_created": _since(run.created_at, origin),
-           "first_turn": _since(run.started_at, origin), "run_finished": _since(run.finished_at, origin)}
+    out = {
+        "status": run.status,
+        "wakes": run.wakes,
+        "run_created": _since(run.created_at, origin),
+        "first_turn": _since(run.started_at, origin),
+        "run_finished": _since(run.finished_at, origin),
+    }
     for key, value in agg.items():
         out[key] = value if isinstance(value, int) else _since(value, origin)
     return out
 
 
 #: A finished fan's timeline, seconds since start() was called (see ``_phases``).
-TIMELINE = ("first_turn", "last_recorded", "first_started", "queue_peak_at", "last_finished", "run_finished",
-            "result")
+TIMELINE = (
+    "first_turn",
+    "last_recorded",
+    "first_started",
+    "queue_peak_at",
+    "last_finished",
+    "run_finished",
+    "result",
+)
 
 
 def _phases(r: dict[str, Any], wall: float) -> dict[str, float | None]:
@@ -204,21 +227,33 @@ def chord_once(n: int, timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = fan_workloads.celery_chord(n).apply_async()
     sent = time.perf_counter() - t0
-    wait_until(lambda: TaskResult.objects.filter(task_id=result.id, status="SUCCESS").exists(),
-               timeout, POLL, f"chord of {n}")
+    wait_until(
+        lambda: TaskResult.objects.filter(task_id=result.id, status="SUCCESS").exists(),
+        timeout,
+        POLL,
+        f"chord of {n}",
+    )
     elapsed = time.perf_counter() - t0
     value = result.get(timeout=10)
     if value != n * (n - 1) // 2:
         raise RuntimeError(f"chord of {n} returned {value!r}, not {n * (n - 1) // 2}")
     header = TaskResult.objects.exclude(task_id=result.id).aggregate(
-        first_done=Min("date_done"), last_done=Max("date_done"))
+        first_done=Min("date_done"), last_done=Max("date_done")
+    )
     callback = TaskResult.objects.get(task_id=result.id)
-    rows = {"header_results": TaskResult.objects.exclude(task_id=result.id).count(),
-            "first_header_done": _since(header["first_done"], origin),
-            "last_header_done": _since(header["last_done"], origin),
-            "callback_done": _since(callback.date_done, origin)}
-    return {"n": n, "wall_s": round(elapsed, 4), "send_s": round(sent, 4), "finished_s": rows["callback_done"],
-            "rows": rows}
+    rows = {
+        "header_results": TaskResult.objects.exclude(task_id=result.id).count(),
+        "first_header_done": _since(header["first_done"], origin),
+        "last_header_done": _since(header["last_done"], origin),
+        "callback_done": _since(callback.date_done, origin),
+    }
+    return {
+        "n": n,
+        "wall_s": round(elapsed, 4),
+        "send_s": round(sent, 4),
+        "finished_s": rows["callback_done"],
+        "rows": rows,
+    }
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -245,7 +280,11 @@ def big_rep(n: int, timeout: float) -> dict[str, Any]:
     total = lambda r: sum(i["read"] for i in r["indexes"].values())  # noqa: E731
     sample["index_entries_read_per_member"] = round((total(index_reads()) - total(reads)) / n, 1)
     bracket = summary([r["wall_s"] for r in before + after])
-    sample["bracket"] = {"n": PAIR, "wall_s": bracket, "per_step_ms": round(bracket["median"] / PAIR * 1000, 4)}
+    sample["bracket"] = {
+        "n": PAIR,
+        "wall_s": bracket,
+        "per_step_ms": round(bracket["median"] / PAIR * 1000, 4),
+    }
     if sample["finished"]:
         sample["paired_ratio"] = ratio(sample["wall_s"] / n * 1000, sample["bracket"]["per_step_ms"])
     return sample
@@ -261,8 +300,10 @@ def index_reads() -> dict[str, Any]:
 
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_force_next_flush()")
-        cur.execute("SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes "
-                    "WHERE relname = 'durable_checkpoint' ORDER BY indexrelname")
+        cur.execute(
+            "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes "
+            "WHERE relname = 'durable_checkpoint' ORDER BY indexrelname"
+        )
         found = {name: {"scans": scans, "read": read} for name, scans, read in cur.fetchall()}
         cur.execute("SHOW autovacuum")
         autovacuum = cur.fetchone()[0]
@@ -275,11 +316,19 @@ def index_usage(before: dict[str, Any], after: dict[str, Any], members: int) -> 
     for name, a in after["indexes"].items():
         b = before["indexes"].get(name, {"scans": 0, "read": 0})
         scans, read = a["scans"] - b["scans"], a["read"] - b["read"]
-        usage[name] = {"scans": scans, "entries_read": read,
-                       "entries_read_per_member": round(read / members, 1) if members else None}
-    return {"members": members, "autovacuum": after["autovacuum"], "by_index": usage,
-            "entries_read_per_member": round(sum(u["entries_read"] for u in usage.values()) / members, 1)
-            if members else None}
+        usage[name] = {
+            "scans": scans,
+            "entries_read": read,
+            "entries_read_per_member": round(read / members, 1) if members else None,
+        }
+    return {
+        "members": members,
+        "autovacuum": after["autovacuum"],
+        "by_index": usage,
+        "entries_read_per_member": round(sum(u["entries_read"] for u in usage.values()) / members, 1)
+        if members
+        else None,
+    }
 
 
 def fan_summary(n: int, runs: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
@@ -290,29 +339,44 @@ def fan_summary(n: int, runs: list[dict[str, Any]], info: dict[str, Any]) -> dic
         return out
     wall = summary([r["wall_s"] for r in done])
     server = summary([r["finished_s"] for r in done])
-    out.update({
-        "wall_s": wall,
-        "per_step_ms": round(wall["median"] / n * 1000, 4),
-        "finished_s": server,
-        "per_step_finished_ms": round(server["median"] / n * 1000, 4),
-        "steps_per_s": round(n / wall["median"], 1),
-        "timeline_median_s": {
-            k: (summary(values)["median"] if (values := [r["phases"][k] for r in done if r["phases"][k] is not None])
-                else None)
-            for k in TIMELINE
-        },
-    })
+    out.update(
+        {
+            "wall_s": wall,
+            "per_step_ms": round(wall["median"] / n * 1000, 4),
+            "finished_s": server,
+            "per_step_finished_ms": round(server["median"] / n * 1000, 4),
+            "steps_per_s": round(n / wall["median"], 1),
+            "timeline_median_s": {
+                k: (
+                    summary(values)["median"]
+                    if (values := [r["phases"][k] for r in done if r["phases"][k] is not None])
+                    else None
+                )
+                for k in TIMELINE
+            },
+        }
+    )
     return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="fan sizes (default 10,100,1000,10000)")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions planned for N <= 1,000 and the chord")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes", default=",".join(map(str, SIZES)), help="fan sizes (default 10,100,1000,10000)"
+    )
+    parser.add_argument(
+        "--reps", type=int, default=5, help="repetitions planned for N <= 1,000 and the chord"
+    )
     parser.add_argument("--min-reps", type=int, default=3, help="repetitions always run for N <= 1,000")
     parser.add_argument("--big-reps", type=int, default=3, help=f"repetitions planned for N = {BIG:,}")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
-                        help="seconds for the whole command; extra repetitions stop before overrunning it")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        help="seconds for the whole command; extra repetitions stop before overrunning it",
+    )
     parser.add_argument("--out", type=Path, default=env.RESULTS, help="directory for fans.json / fans.md")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
@@ -345,21 +409,29 @@ def main() -> int:
             fan_once(10, 60)
             chord_once(10, 60)
         t = time.perf_counter()
-        log(f"N <= {CHORD_N:,}: {args.min_reps} repetitions of fans {small} and the chord of {CHORD_N:,}, interleaved")
+        log(
+            f"N <= {CHORD_N:,}: {args.min_reps} repetitions of fans {small} and the chord of {CHORD_N:,}, interleaved"
+        )
         for _ in range(args.min_reps):
             small_rep(small, samples, chords, min(300, max(left(), 30)))
         phase_s["small"] = round(time.perf_counter() - t, 1)
         loads["small"] = round(os.getloadavg()[0], 2)
-        log(f"... {phase_s['small']} s; fan medians: "
-            + ", ".join(f"{n}: {summary([r['wall_s'] for r in samples[n]])['median']} s" for n in small))
+        log(
+            f"... {phase_s['small']} s; fan medians: "
+            + ", ".join(f"{n}: {summary([r['wall_s'] for r in samples[n]])['median']} s" for n in small)
+        )
         for n in big:
             t = time.perf_counter()
-            log(f"N = {n:,}: first repetition (up to {left():.0f} s), between {BRACKET} fans of {PAIR} before "
-                f"and after")
+            log(
+                f"N = {n:,}: first repetition (up to {left():.0f} s), between {BRACKET} fans of {PAIR} before "
+                f"and after"
+            )
             samples[n].append(big_rep(n, max(left(), 10)))
             first = samples[n][-1]
-            log(f"... {'finished' if first['finished'] else 'NOT finished'} in "
-                f"{first.get('wall_s', first.get('elapsed_s'))} s")
+            log(
+                f"... {'finished' if first['finished'] else 'NOT finished'} in "
+                f"{first.get('wall_s', first.get('elapsed_s'))} s"
+            )
             more = Reps(args.big_reps - 1, None)
             if first["finished"]:
                 # Keep time for the extra small repetitions: the big fan only gets what is left after them.
@@ -370,8 +442,12 @@ def main() -> int:
                 for _ in more:
                     log(f"N = {n:,}: another repetition ({left():.0f} s left)")
                     samples[n].append(big_rep(n, max(left(), 10)))
-            infos[str(n)] = {"planned": args.big_reps, "done": 1 + more.done, "budget_s": round(left(), 1),
-                             "cut_by_budget": 1 + more.done < args.big_reps}
+            infos[str(n)] = {
+                "planned": args.big_reps,
+                "done": 1 + more.done,
+                "budget_s": round(left(), 1),
+                "cut_by_budget": 1 + more.done < args.big_reps,
+            }
             phase_s[str(n)] = round(time.perf_counter() - t, 1)
             loads[str(n)] = round(os.getloadavg()[0], 2)
         t = time.perf_counter()
@@ -383,8 +459,12 @@ def main() -> int:
             small_rep(small, samples, chords, max(left(), 30))
         done_small = args.min_reps + extra.done
         for n in [*small, "chord"]:
-            infos[str(n)] = {"planned": args.reps, "done": done_small, "budget_s": round(args.budget, 1),
-                             "cut_by_budget": done_small < args.reps}
+            infos[str(n)] = {
+                "planned": args.reps,
+                "done": done_small,
+                "budget_s": round(args.budget, 1),
+                "cut_by_budget": done_small < args.reps,
+            }
         phase_s["extra"] = round(time.perf_counter() - t, 1)
         loads["extra"] = round(os.getloadavg()[0], 2)
         worker_rss = worker.rss()
@@ -397,27 +477,46 @@ def main() -> int:
     fans = {str(n): fan_summary(n, samples[n], infos[str(n)]) for n in sizes}
     chord_wall = summary([c["wall_s"] for c in chords])
     chord_server = summary([c["finished_s"] for c in chords])
-    chord = {"n": CHORD_N, "reps": infos["chord"], "wall_s": chord_wall, "finished_s": chord_server,
-             "send_s": summary([c["send_s"] for c in chords]), "samples": chords,
-             "per_task_ms": round(chord_wall["median"] / CHORD_N * 1000, 4)}
+    chord = {
+        "n": CHORD_N,
+        "reps": infos["chord"],
+        "wall_s": chord_wall,
+        "finished_s": chord_server,
+        "send_s": summary([c["send_s"] for c in chords]),
+        "samples": chords,
+        "per_task_ms": round(chord_wall["median"] / CHORD_N * 1000, 4),
+    }
     goals: dict[str, Any] = {}
     if "100" in fans and str(BIG) in fans and "per_step_ms" in fans[str(BIG)]:
         paired = [r["paired_ratio"] for r in fans[str(BIG)]["samples"] if r.get("paired_ratio")]
         goals["per_step_10000_over_100"] = {
-            "value": ratio(fans[str(BIG)]["per_step_ms"], fans["100"]["per_step_ms"]), "goal_max": 2.0,
-            "paired": summary(paired, 2) if paired else None}
+            "value": ratio(fans[str(BIG)]["per_step_ms"], fans["100"]["per_step_ms"]),
+            "goal_max": 2.0,
+            "paired": summary(paired, 2) if paired else None,
+        }
     if str(CHORD_N) in fans:
-        pairs = [f["wall_s"] / c["wall_s"] for f, c in zip(samples[CHORD_N], chords, strict=False) if f["finished"]]
+        pairs = [
+            f["wall_s"] / c["wall_s"] for f, c in zip(samples[CHORD_N], chords, strict=False) if f["finished"]
+        ]
         goals["fan_1000_over_chord_1000"] = {
-            "value": ratio(fans[str(CHORD_N)]["wall_s"]["median"], chord_wall["median"]), "goal_max": 1.0,
+            "value": ratio(fans[str(CHORD_N)]["wall_s"]["median"], chord_wall["median"]),
+            "goal_max": 1.0,
             "server_clock": ratio(fans[str(CHORD_N)]["finished_s"]["median"], chord_server["median"]),
-            "paired": summary(pairs, 2)}
+            "paired": summary(pairs, 2),
+        }
     data = {
         "meta": {
             "command": "bench/fans.py " + " ".join(sys.argv[1:]),
-            "params": {"sizes": sizes, "reps": args.reps, "min_reps": args.min_reps, "big_reps": args.big_reps,
-                       "budget_s": args.budget, "chord_n": CHORD_N},
-            "database": DB, "broker": REDIS,
+            "params": {
+                "sizes": sizes,
+                "reps": args.reps,
+                "min_reps": args.min_reps,
+                "big_reps": args.big_reps,
+                "budget_s": args.budget,
+                "chord_n": CHORD_N,
+            },
+            "database": DB,
+            "broker": REDIS,
             "phase_seconds": phase_s,
             "phase_loadavg_1m": loads,
             **env.run_meta(source, loadavg_start, started, worker_rss),
@@ -429,7 +528,9 @@ def main() -> int:
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     md_path.write_text(markdown(data))
     log(f"wrote {json_path} and {md_path} in {data['meta']['total_s']} s")
-    if args.out.resolve() == env.RESULTS.resolve() and report.update_readme("fans", readme_block(md_path.read_text())):
+    if args.out.resolve() == env.RESULTS.resolve() and report.update_readme(
+        "fans", readme_block(md_path.read_text())
+    ):
         log(f"rewrote the fan tables in {report.README}")
     print(md_path.read_text())
     return 0
@@ -466,7 +567,7 @@ def markdown(data: dict[str, Any]) -> str:
         "Each figure is the median of its repetitions (every sample is in fans.json). The durable "
         "figure is the wall time from `durable.start()` to `durable.result()` returning (its own "
         "back-off poll, 5 ms growing to 50 ms); the chord's is from `apply_async()` until its "
-        "callback's result row is SUCCESS, polled every 2 ms. \"server clock\" is the same start "
+        'callback\'s result row is SUCCESS, polled every 2 ms. "server clock" is the same start '
         "until the run's `finished_at` / the callback's `date_done` as the worker wrote them, "
         "which takes either side's waiting out.",
         "",
@@ -477,21 +578,31 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     g = goals.get("per_step_10000_over_100")
     if g:
-        paired = f" (each 10,000 against the fans of 100 run just before and after it: median {g['paired']['median']}x, " \
-            f"{g['paired']['min']}x – {g['paired']['max']}x)" if g.get("paired") else ""
-        lines.append(f"| Time per step, fan of 10,000 vs fan of 100 | {fans[str(BIG)]['per_step_ms']:.3f} ms vs "
-                     f"{fans['100']['per_step_ms']:.3f} ms | {g['value']}x{paired} | <= 2x "
-                     f"| {_verdict(g['value'], 2.0, True)} |")
+        paired = (
+            f" (each 10,000 against the fans of 100 run just before and after it: median {g['paired']['median']}x, "
+            f"{g['paired']['min']}x – {g['paired']['max']}x)"
+            if g.get("paired")
+            else ""
+        )
+        lines.append(
+            f"| Time per step, fan of 10,000 vs fan of 100 | {fans[str(BIG)]['per_step_ms']:.3f} ms vs "
+            f"{fans['100']['per_step_ms']:.3f} ms | {g['value']}x{paired} | <= 2x "
+            f"| {_verdict(g['value'], 2.0, True)} |"
+        )
     elif str(BIG) in fans:
-        lines.append("| Time per step, fan of 10,000 vs fan of 100 | the fan of 10,000 did not finish in the "
-                     "time budget | n/a | <= 2x | **missed** |")
+        lines.append(
+            "| Time per step, fan of 10,000 vs fan of 100 | the fan of 10,000 did not finish in the "
+            "time budget | n/a | <= 2x | **missed** |"
+        )
     g = goals.get("fan_1000_over_chord_1000")
     if g:
-        lines.append(f"| Durable fan of 1,000 vs Celery chord of 1,000 | {_s(fans['1000']['wall_s']['median'])} vs "
-                     f"{_s(chord['wall_s']['median'])} | {g['value']}x (server clock {g['server_clock']}x; "
-                     f"repetition by repetition: median {g['paired']['median']}x, {g['paired']['min']}x – "
-                     f"{g['paired']['max']}x) | <= 1x "
-                     f"| {_verdict(g['value'], 1.0, True)} |")
+        lines.append(
+            f"| Durable fan of 1,000 vs Celery chord of 1,000 | {_s(fans['1000']['wall_s']['median'])} vs "
+            f"{_s(chord['wall_s']['median'])} | {g['value']}x (server clock {g['server_clock']}x; "
+            f"repetition by repetition: median {g['paired']['median']}x, {g['paired']['min']}x – "
+            f"{g['paired']['max']}x) | <= 1x "
+            f"| {_verdict(g['value'], 1.0, True)} |"
+        )
     lines += [
         "",
         "## Durable fan: `ctx.map(bench.noop_step, range(N))`, returning the sum",
@@ -502,14 +613,18 @@ def markdown(data: dict[str, Any]) -> str:
     for key, f in fans.items():
         if "wall_s" not in f:
             u = f["unfinished"][0]
-            lines.append(f"| {int(key):,} | not finished after {_s(u['elapsed_s'])} "
-                         f"({u['rows']['completed']:,} of {u['rows']['members']:,} members done) | | | | | "
-                         f"{_reps_text(f['reps'])} |")
+            lines.append(
+                f"| {int(key):,} | not finished after {_s(u['elapsed_s'])} "
+                f"({u['rows']['completed']:,} of {u['rows']['members']:,} members done) | | | | | "
+                f"{_reps_text(f['reps'])} |"
+            )
             continue
         w = f["wall_s"]
-        lines.append(f"| {int(key):,} | {_s(w['median'])} | {_s(w['min'])} – {_s(w['max'])} | "
-                     f"{f['per_step_ms']:.3f} ms | {f['steps_per_s']:,} | {_s(f['finished_s']['median'])} | "
-                     f"{_reps_text(f['reps'])} |")
+        lines.append(
+            f"| {int(key):,} | {_s(w['median'])} | {_s(w['min'])} – {_s(w['max'])} | "
+            f"{f['per_step_ms']:.3f} ms | {f['steps_per_s']:,} | {_s(f['finished_s']['median'])} | "
+            f"{_reps_text(f['reps'])} |"
+        )
     c = chord
     lines += [
         "",
@@ -523,7 +638,7 @@ def markdown(data: dict[str, Any]) -> str:
         "Read back from the run's rows (the worker's clock is this machine's): the first turn claims "
         "the run · has recorded the N positions · the first member starts (after the bulk INSERT of N "
         "rows, the commit and the first message) · the `durable` queue is at its deepest, i.e. the first "
-        "turn has sent all N messages, one by one after its commit (sampled every 5 ms; \"-\" when too "
+        'turn has sent all N messages, one by one after its commit (sampled every 5 ms; "-" when too '
         "short to see) · the last member's result is recorded · the run completed (fan-closed check, "
         "join turn) · `durable.result()` returned.",
         "",
@@ -534,27 +649,45 @@ def markdown(data: dict[str, Any]) -> str:
     for key, f in fans.items():
         p = f.get("timeline_median_s")
         if p:
-            lines.append(f"| {int(key):,} | " + " | ".join("-" if p[k] is None else _s(p[k]) for k in TIMELINE)
-                         + " |")
+            lines.append(
+                f"| {int(key):,} | " + " | ".join("-" if p[k] is None else _s(p[k]) for k in TIMELINE) + " |"
+            )
     usage = res.get("checkpoint_index_reads")
     if usage and usage["members"]:
-        shown = ", ".join(f"`{name}` {u['entries_read_per_member']:,}" for name, u in usage["by_index"].items()
-                          if u["entries_read"])
-        lines += ["", "## Index entries read on durable_checkpoint", "",
-                  f"Over the whole command, {usage['entries_read_per_member']:,} index entries were read per fan "
-                  f"member executed ({usage['members']:,} members; by index: {shown}). A member's own statements "
-                  "need a handful; hundreds or thousands mean the planner scanned the fan's rows for each member "
-                  f"(autovacuum is {usage['autovacuum']} on this server, and the tables are emptied before each "
-                  "repetition, so the planner has no statistics)."]
+        shown = ", ".join(
+            f"`{name}` {u['entries_read_per_member']:,}"
+            for name, u in usage["by_index"].items()
+            if u["entries_read"]
+        )
+        lines += [
+            "",
+            "## Index entries read on durable_checkpoint",
+            "",
+            f"Over the whole command, {usage['entries_read_per_member']:,} index entries were read per fan "
+            f"member executed ({usage['members']:,} members; by index: {shown}). A member's own statements "
+            "need a handful; hundreds or thousands mean the planner scanned the fan's rows for each member "
+            f"(autovacuum is {usage['autovacuum']} on this server, and the tables are emptied before each "
+            "repetition, so the planner has no statistics).",
+        ]
         big = fans.get(str(BIG), {}).get("samples", [])
         if big:
-            lines += ["", f"Each fan of {BIG:,}, in order: " + "; ".join(
-                f"{_s(r.get('wall_s', r.get('elapsed_s', 0)))}, about {r.get('index_entries_read_per_member', 0):,} "
-                "entries read per member" for r in big) + "."]
+            lines += [
+                "",
+                f"Each fan of {BIG:,}, in order: "
+                + "; ".join(
+                    f"{_s(r.get('wall_s', r.get('elapsed_s', 0)))}, about {r.get('index_entries_read_per_member', 0):,} "
+                    "entries read per member"
+                    for r in big
+                )
+                + ".",
+            ]
     worker = meta.get("worker_peak_rss")
     if worker:
-        lines += ["", f"Worker peak RSS after the run: {worker['peak_total_mib']} MiB in all "
-                  f"(parent {worker['peak_parent_mib']} MiB, children {worker['peak_children_mib']} MiB)."]
+        lines += [
+            "",
+            f"Worker peak RSS after the run: {worker['peak_total_mib']} MiB in all "
+            f"(parent {worker['peak_parent_mib']} MiB, children {worker['peak_children_mib']} MiB).",
+        ]
     lines += [
         "",
         "Packages: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v),

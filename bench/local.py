@@ -78,7 +78,10 @@ def dbos(n: int, planned: int, latency_reps: int, budget: float | None = None) -
     """DBOS in its own process: N workflows through ``DBOS.start_workflow`` (its own executor)."""
     args = (str(n), str(planned), str(latency_reps), str(budget or 0))
     raw = json.loads(run_module("bench.dbos_peer", *args, timeout=1800))
-    return {"sequential_s": summary(raw["sequential_s"]), "throughput": _throughput(n, raw["start_workflow_s"], raw["reps"])}
+    return {
+        "sequential_s": summary(raw["sequential_s"]),
+        "throughput": _throughput(n, raw["start_workflow_s"], raw["reps"]),
+    }
 
 
 def _throughput(n: int, seconds: list[float], reps: dict) -> dict:
@@ -91,6 +94,8 @@ def compare(worker: dict, inproc: dict, peer: dict) -> dict:
     return {
         "worker_over_dbos_throughput": ratio(worker["throughput"]["runs_per_s"]["median"], best),
         "in_process_over_dbos_throughput": ratio(inproc["throughput"]["runs_per_s"]["median"], best),
-        "dbos_over_in_process_latency": ratio(peer["sequential_s"]["median"], inproc["sequential_s"]["median"]),
+        "dbos_over_in_process_latency": ratio(
+            peer["sequential_s"]["median"], inproc["sequential_s"]["median"]
+        ),
         "goal_min_ratio": 3.0,
     }

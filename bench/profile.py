@@ -101,9 +101,11 @@ class QueryTimer:
         secs = {k[1]: t for k, t in self.seconds.items() if k[0] == phase}
         sql = sum(secs.values())
         statements = sum(n for k, n in stmts.items() if k not in ("COMMIT", "(autocommit)"))
-        return (f"{self.wall[phase] * 1000 / calls:.2f} ms wall, of which {sql * 1000 / calls:.2f} ms in SQL and "
-                f"commits ({statements / calls:.1f} statements, {stmts.get('COMMIT', 0) / calls:.1f} explicit "
-                f"commits + {stmts.get('(autocommit)', 0) / calls:.1f} autocommitted writes)")
+        return (
+            f"{self.wall[phase] * 1000 / calls:.2f} ms wall, of which {sql * 1000 / calls:.2f} ms in SQL and "
+            f"commits ({statements / calls:.1f} statements, {stmts.get('COMMIT', 0) / calls:.1f} explicit "
+            f"commits + {stmts.get('(autocommit)', 0) / calls:.1f} autocommitted writes)"
+        )
 
     def table(self, phase: str) -> list[str]:
         calls = self.calls[phase] or 1
@@ -154,7 +156,8 @@ def in_process(runs: int, out: Path) -> list[str]:
             drive(workflow)
         profiler.stop()
         (out / f"profile-{label}.txt").write_text(
-            profiler.output_text(unicode=False, color=False, show_all=False, timeline=False))
+            profiler.output_text(unicode=False, color=False, show_all=False, timeline=False)
+        )
 
     lines: list[str] = []
     try:
@@ -240,8 +243,19 @@ def worker(runs: int, out: Path) -> list[str]:
     # writes its samples when it gets SIGINT.
     # --idle: count threads waiting on PostgreSQL or Redis too, so the shares are of wall time (without
     # it, what py-spy counts as waiting depends on how busy the machine is).
-    spy = [str(Path(sys.executable).parent / "py-spy"), "record", "--subprocesses", "--idle", "--rate", "250",
-           "--format", "raw", "--output", str(raw), "--"]
+    spy = [
+        str(Path(sys.executable).parent / "py-spy"),
+        "record",
+        "--subprocesses",
+        "--idle",
+        "--rate",
+        "250",
+        "--format",
+        "raw",
+        "--output",
+        str(raw),
+        "--",
+    ]
     w = env.Worker("profile", wrap=spy).start()
     try:
         env.truncate()
@@ -276,7 +290,13 @@ def worker(runs: int, out: Path) -> list[str]:
     selfs = collections.Counter()
     for s, c in pool.items():
         selfs[s.split(";")[-1]] += c
-    lines += ["", "Top self time (leaf frames) in task execution:", "", "| leaf frame | share |", "| --- | --- |"]
+    lines += [
+        "",
+        "Top self time (leaf frames) in task execution:",
+        "",
+        "| leaf frame | share |",
+        "| --- | --- |",
+    ]
     for frame, c in selfs.most_common(12):
         lines.append(f"| `{frame.strip()}` | {c / total:.1%} |")
     lines += ["", f"Raw collapsed stacks (py-spy `--format raw`): `{raw}`.", ""]
@@ -284,14 +304,21 @@ def worker(runs: int, out: Path) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=30, help="runs per in-process profile")
-    parser.add_argument("--worker-runs", type=int, default=200, help="runs drained while py-spy samples the worker")
+    parser.add_argument(
+        "--worker-runs", type=int, default=200, help="runs drained while py-spy samples the worker"
+    )
     args = parser.parse_args()
     env.setup()
     out = env.RESULTS
-    lines = [f"# Hot-path profile (sources `{env.source_hash(env.snapshot_dir)}`, settings "
-             f"`{env.ENV['DJANGO_SETTINGS_MODULE']}`)", ""]
+    lines = [
+        f"# Hot-path profile (sources `{env.source_hash(env.snapshot_dir)}`, settings "
+        f"`{env.ENV['DJANGO_SETTINGS_MODULE']}`)",
+        "",
+    ]
     lines += in_process(args.runs, out)
     lines += worker(args.worker_runs, out)
     env.truncate()

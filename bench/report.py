@@ -22,7 +22,9 @@ def _reps(*infos: dict[str, Any] | None) -> str:
     shown = []
     for info in infos:
         if info:
-            text = f"{info['done']}" + (f" of {info['planned']} (time budget)" if info["cut_by_budget"] else "")
+            text = f"{info['done']}" + (
+                f" of {info['planned']} (time budget)" if info["cut_by_budget"] else ""
+            )
             shown.append(text)
     return " / ".join(shown)
 
@@ -31,102 +33,198 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
     """One row per figure: what, durable's number, the peer's (or goal's), the ratio, the goal."""
     out: list[dict[str, str]] = []
 
-    def add(what: str, durable: str, peer: str, ratio: float | None, ratio_text: str, goal: str, verdict: str,
-            reps: str = "") -> None:
-        out.append({"benchmark": what, "durable": durable, "peer": peer,
-                    "ratio": "n/a" if ratio is None else f"{ratio} {ratio_text}", "goal": goal, "verdict": verdict,
-                    "reps": reps})
+    def add(
+        what: str,
+        durable: str,
+        peer: str,
+        ratio: float | None,
+        ratio_text: str,
+        goal: str,
+        verdict: str,
+        reps: str = "",
+    ) -> None:
+        out.append(
+            {
+                "benchmark": what,
+                "durable": durable,
+                "peer": peer,
+                "ratio": "n/a" if ratio is None else f"{ratio} {ratio_text}",
+                "goal": goal,
+                "verdict": verdict,
+                "reps": reps,
+            }
+        )
 
     if "latency" in results:
         r = results["latency"]
-        add("1. Sequential latency, 10 dispatched steps vs Celery chain of 10 (worker)",
-            _ms(r["durable_s"]["median"]), _ms(r["chain_s"]["median"]),
-            r["ratio_durable_over_chain"], "x the chain's time", "<= 1.5x",
-            _verdict(r["ratio_durable_over_chain"], 1.5, True), _reps(r["reps"]))
+        add(
+            "1. Sequential latency, 10 dispatched steps vs Celery chain of 10 (worker)",
+            _ms(r["durable_s"]["median"]),
+            _ms(r["chain_s"]["median"]),
+            r["ratio_durable_over_chain"],
+            "x the chain's time",
+            "<= 1.5x",
+            _verdict(r["ratio_durable_over_chain"], 1.5, True),
+            _reps(r["reps"]),
+        )
         if "durable_broker_s" in r:
-            add("1. The same, every step through the broker (steps with a timeout, or EAGER_STEPS off)",
-                _ms(r["durable_broker_s"]["median"]), _ms(r["chain_s"]["median"]),
-                r["ratio_broker_over_chain"], "x the chain's time", "(no goal)", "", _reps(r["reps"]))
+            add(
+                "1. The same, every step through the broker (steps with a timeout, or EAGER_STEPS off)",
+                _ms(r["durable_broker_s"]["median"]),
+                _ms(r["chain_s"]["median"]),
+                r["ratio_broker_over_chain"],
+                "x the chain's time",
+                "(no goal)",
+                "",
+                _reps(r["reps"]),
+            )
     if "throughput" in results:
         r = results["throughput"]
-        add(f"2. Throughput, {r['n']} dispatched-step runs vs {r['n']} chains started at once (worker)",
-            f"{r['durable_runs_per_s']['median']} runs/s", f"{r['chain_per_s']['median']} chains/s",
-            r["ratio_chain_over_durable"], "x the chains' time", "<= 1.5x",
-            _verdict(r["ratio_chain_over_durable"], 1.5, True), _reps(r["reps"]))
+        add(
+            f"2. Throughput, {r['n']} dispatched-step runs vs {r['n']} chains started at once (worker)",
+            f"{r['durable_runs_per_s']['median']} runs/s",
+            f"{r['chain_per_s']['median']} chains/s",
+            r["ratio_chain_over_durable"],
+            "x the chains' time",
+            "<= 1.5x",
+            _verdict(r["ratio_chain_over_durable"], 1.5, True),
+            _reps(r["reps"]),
+        )
         if "durable_broker_runs_per_s" in r:
-            add("2. The same, every step through the broker (steps with a timeout, or EAGER_STEPS off)",
-                f"{r['durable_broker_runs_per_s']['median']} runs/s", f"{r['chain_per_s']['median']} chains/s",
-                r["ratio_chain_over_broker"], "x the chains' time", "(no goal)", "", _reps(r["reps"]))
+            add(
+                "2. The same, every step through the broker (steps with a timeout, or EAGER_STEPS off)",
+                f"{r['durable_broker_runs_per_s']['median']} runs/s",
+                f"{r['chain_per_s']['median']} chains/s",
+                r["ratio_chain_over_broker"],
+                "x the chains' time",
+                "(no goal)",
+                "",
+                _reps(r["reps"]),
+            )
     if "local" in results:
         r = results["local"]
         peer = r["dbos"]["throughput"]
         peer_text = f"{peer['runs_per_s']['median']} runs/s (DBOS start_workflow)"
         n = peer["n"]
-        labels = (("worker", "through the worker (2 processes)"),
-                  ("in_process", f"in-process, {r['in_process']['threads']} threads"))
+        labels = (
+            ("worker", "through the worker (2 processes)"),
+            ("in_process", f"in-process, {r['in_process']['threads']} threads"),
+        )
         for key, label in labels:
             mine = r[key]["throughput"]
             value = r["compare"][f"{key}_over_dbos_throughput"]
-            add(f"3. Throughput, {n} local-step runs (10 steps each), durable {label} vs DBOS in-process",
-                f"{mine['runs_per_s']['median']} runs/s", peer_text, value, "x DBOS", ">= 3x",
-                _verdict(value, 3.0, False), _reps(mine["reps"], peer["reps"]))
+            add(
+                f"3. Throughput, {n} local-step runs (10 steps each), durable {label} vs DBOS in-process",
+                f"{mine['runs_per_s']['median']} runs/s",
+                peer_text,
+                value,
+                "x DBOS",
+                ">= 3x",
+                _verdict(value, 3.0, False),
+                _reps(mine["reps"], peer["reps"]),
+            )
         for key, label in (("worker", "through the worker"), ("in_process", "in-process")):
             mine = r[key]["sequential_s"]
             dbos = r["dbos"]["sequential_s"]
-            add(f"3. Sequential latency, one local-step run, durable {label} vs DBOS",
-                _ms(mine["median"]), _ms(dbos["median"]), round(mine["median"] / dbos["median"], 2),
-                "x DBOS's time", "(no goal)", "", f"{mine['n']} / {dbos['n']}")
+            add(
+                f"3. Sequential latency, one local-step run, durable {label} vs DBOS",
+                _ms(mine["median"]),
+                _ms(dbos["median"]),
+                round(mine["median"] / dbos["median"], 2),
+                "x DBOS's time",
+                "(no goal)",
+                "",
+                f"{mine['n']} / {dbos['n']}",
+            )
     if "sweeps" in results:
         for name, goal in (("timers", 10.0), ("orphans", 20.0)):
             reps = _reps(results["sweeps"]["reps"])
             r = results["sweeps"][name]
             projected = r["projected_10k_s"]
             count_note = "" if r["count"] == 10_000 else f" (measured on {r['count']:,}, scaled)"
-            add(f"4. Sweep: 10,000 {'due timers woken' if name == 'timers' else 'orphaned runs recovered'}{count_note}",
-                f"{projected} s ({r['runs_per_s']} runs/s)", f"goal {goal:g} s",
-                round(projected / goal, 2), "x the goal's time", f"<= {goal:g} s", _verdict(projected, goal, True), reps)
+            add(
+                f"4. Sweep: 10,000 {'due timers woken' if name == 'timers' else 'orphaned runs recovered'}{count_note}",
+                f"{projected} s ({r['runs_per_s']} runs/s)",
+                f"goal {goal:g} s",
+                round(projected / goal, 2),
+                "x the goal's time",
+                f"<= {goal:g} s",
+                _verdict(projected, goal, True),
+                reps,
+            )
     if "ceiling" in results:
         r = results["ceiling"]
         for label in r.get("fractions", {}).values():  # only when the local family ran too
-            add(f"5. Local steps/s as a fraction of the commit ceiling: {label['what']}",
-                f"{label['steps_per_s']} steps/s", f"{label.get('ceiling', r['commits_per_s']['median'])} commits/s",
-                label["fraction"], "of the ceiling", ">= 0.40", _verdict(label["fraction"], 0.40, False),
-                str(r["commits_per_s"]["n"]))
+            add(
+                f"5. Local steps/s as a fraction of the commit ceiling: {label['what']}",
+                f"{label['steps_per_s']} steps/s",
+                f"{label.get('ceiling', r['commits_per_s']['median'])} commits/s",
+                label["fraction"],
+                "of the ceiling",
+                ">= 0.40",
+                _verdict(label["fraction"], 0.40, False),
+                str(r["commits_per_s"]["n"]),
+            )
     if "rss" in results:
         r = results["rss"]
         (a, pa), (b, pb) = list(r["after_runs"].items())
         reps = _reps(r["batches"])
-        add(f"6. Worker peak RSS (parent + {len(pa['peak_children_mib'])} pool children), after {int(a):,} vs {int(b):,} runs",
-            f"{pb['peak_total_mib']} MiB after {int(b):,}", f"{pa['peak_total_mib']} MiB after {int(a):,}",
-            r["ratio_peak_total"], "x", "<= 1.10x", _verdict(r["ratio_peak_total"], 1.10, True), reps)
-        add("6. Worker peak RSS, largest pool child",
-            f"{pb['peak_max_child_mib']} MiB after {int(b):,}", f"{pa['peak_max_child_mib']} MiB after {int(a):,}",
-            r["ratio_peak_max_child"], "x", "<= 1.10x", _verdict(r["ratio_peak_max_child"], 1.10, True), reps)
+        add(
+            f"6. Worker peak RSS (parent + {len(pa['peak_children_mib'])} pool children), after {int(a):,} vs {int(b):,} runs",
+            f"{pb['peak_total_mib']} MiB after {int(b):,}",
+            f"{pa['peak_total_mib']} MiB after {int(a):,}",
+            r["ratio_peak_total"],
+            "x",
+            "<= 1.10x",
+            _verdict(r["ratio_peak_total"], 1.10, True),
+            reps,
+        )
+        add(
+            "6. Worker peak RSS, largest pool child",
+            f"{pb['peak_max_child_mib']} MiB after {int(b):,}",
+            f"{pa['peak_max_child_mib']} MiB after {int(a):,}",
+            r["ratio_peak_max_child"],
+            "x",
+            "<= 1.10x",
+            _verdict(r["ratio_peak_max_child"], 1.10, True),
+            reps,
+        )
     return out
 
 
 def _table(data: dict[str, Any]) -> list[str]:
-    lines = ["| Benchmark | durable | peer / goal | ratio | goal | verdict | repetitions |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| Benchmark | durable | peer / goal | ratio | goal | verdict | repetitions |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for row in data["summary"]:
-        lines.append(f"| {row['benchmark']} | {row['durable']} | {row['peer']} | {row['ratio']} | {row['goal']} "
-                     f"| {row['verdict']} | {row['reps']} |")
+        lines.append(
+            f"| {row['benchmark']} | {row['durable']} | {row['peer']} | {row['ratio']} | {row['goal']} "
+            f"| {row['verdict']} | {row['reps']} |"
+        )
     return lines
 
 
 def machine_line(meta: dict[str, Any]) -> str:
     m = meta["machine"]
-    return (f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
-            f"PostgreSQL {m['postgresql']} (synchronous_commit={m['postgresql_synchronous_commit']}) · "
-            f"Redis {m['redis']} · {m['worker']} · settings `{meta['settings']}`")
+    return (
+        f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
+        f"PostgreSQL {m['postgresql']} (synchronous_commit={m['postgresql_synchronous_commit']}) · "
+        f"Redis {m['redis']} · {m['worker']} · settings `{meta['settings']}`"
+    )
 
 
 def sources_line(meta: dict[str, Any]) -> str:
     """What was measured and how busy the machine was; the caller adds its total time."""
-    return (f"Sources measured: durable/ durable_admin/ project/ hash `{meta['source_hash']}`"
-            + (" (**the work tree differed from this copy when the run ended**: the copy was measured)"
-               if meta.get("tree_changed_during_run") else "")
-            + f". Load average at start / end: {meta['loadavg_start']} / {meta['loadavg_end']}. ")
+    return (
+        f"Sources measured: durable/ durable_admin/ project/ hash `{meta['source_hash']}`"
+        + (
+            " (**the work tree differed from this copy when the run ended**: the copy was measured)"
+            if meta.get("tree_changed_during_run")
+            else ""
+        )
+        + f". Load average at start / end: {meta['loadavg_start']} / {meta['loadavg_end']}. "
+    )
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -140,21 +238,32 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "Each figure is the median of its repetitions (all samples are in latest.json); every ratio "
         "compares two figures measured in this run. Repetitions: durable's / the peer's where they "
-        "differ; \"time budget\" marks a figure that got fewer than planned because the suite keeps "
+        'differ; "time budget" marks a figure that got fewer than planned because the suite keeps '
         "to its time budget and the engine was too slow for all of them.",
         "",
         *_table(data),
     ]
     if "ceiling" in data["results"]:
         r = data["results"]["ceiling"]
-        lines += ["", f"Commit ceiling (psycopg, one connection, INSERT + COMMIT): "
-                  f"{r['commits_per_s']['median']} commits/s at the start"
-                  + (f", {r['next_to_local']['commits_per_s']['median']} commits/s next to the local families "
-                     "(family 5 compares with this one)" if "next_to_local" in r else "") + "."]
+        lines += [
+            "",
+            f"Commit ceiling (psycopg, one connection, INSERT + COMMIT): "
+            f"{r['commits_per_s']['median']} commits/s at the start"
+            + (
+                f", {r['next_to_local']['commits_per_s']['median']} commits/s next to the local families "
+                "(family 5 compares with this one)"
+                if "next_to_local" in r
+                else ""
+            )
+            + ".",
+        ]
     worker = meta.get("worker_peak_rss")
     if worker:
-        lines += ["", f"Peak RSS of the suite's worker (families 1-3): {worker['peak_total_mib']} MiB in all "
-                  f"(parent {worker['peak_parent_mib']} MiB, children {worker['peak_children_mib']} MiB)."]
+        lines += [
+            "",
+            f"Peak RSS of the suite's worker (families 1-3): {worker['peak_total_mib']} MiB in all "
+            f"(parent {worker['peak_parent_mib']} MiB, children {worker['peak_children_mib']} MiB).",
+        ]
     lines += ["", "Packages: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v), ""]
     params = meta["params"]
     lines += [

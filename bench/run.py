@@ -20,18 +20,41 @@ from bench import env  # noqa: E402
 
 FAMILIES = ("ceiling", "sweeps", "latency", "throughput", "local", "rss")
 
-FULL = {"n": 1000, "reps": 5, "latency_reps": 20, "sweep_count": 10_000, "ceiling_s": 2.0,
-        "threads": 8, "rss_first": 1000, "rss_last": 10_000}
-QUICK = {"n": 100, "reps": 3, "latency_reps": 5, "sweep_count": 2_000, "ceiling_s": 1.0,
-         "threads": 8, "rss_first": 100, "rss_last": 1000}
+FULL = {
+    "n": 1000,
+    "reps": 5,
+    "latency_reps": 20,
+    "sweep_count": 10_000,
+    "ceiling_s": 2.0,
+    "threads": 8,
+    "rss_first": 1000,
+    "rss_last": 10_000,
+}
+QUICK = {
+    "n": 100,
+    "reps": 3,
+    "latency_reps": 5,
+    "sweep_count": 2_000,
+    "ceiling_s": 1.0,
+    "threads": 8,
+    "rss_first": 100,
+    "rss_last": 1000,
+}
 
 #: Seconds each family may spend on its repetitions, in a full run whose --budget is the default
 #: 840 s (they scale with --budget). Time a family leaves unused passes to the families after it,
 #: and time one overruns (its first repetition always runs) is taken from them. With the engine at
 #: its goals every family fits its planned repetitions; a slower engine gets fewer, and the report
 #: flags those figures.
-BUDGET_SHARES = {"sweeps": 60, "dbos": 100, "latency": 30, "throughput": 400, "local_worker": 85,
-                 "local_in_process": 60, "rss": 80}
+BUDGET_SHARES = {
+    "sweeps": 60,
+    "dbos": 100,
+    "latency": 30,
+    "throughput": 400,
+    "local_worker": 85,
+    "local_in_process": 60,
+    "rss": 80,
+}
 DEFAULT_BUDGET = sum(BUDGET_SHARES.values()) + 25  # + the ceiling and start-up
 
 
@@ -40,12 +63,18 @@ def log(message: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="N=100 and fewer repetitions")
     parser.add_argument("--only", help=f"comma-separated families to run, of {','.join(FAMILIES)}")
     parser.add_argument("--out", type=Path, default=env.RESULTS, help="directory for latest.json / latest.md")
-    parser.add_argument("--budget", type=float, default=None,
-                        help=f"seconds for the whole suite (full default {DEFAULT_BUDGET}; quick and 0: no limit)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help=f"seconds for the whole suite (full default {DEFAULT_BUDGET}; quick and 0: no limit)",
+    )
     args = parser.parse_args()
     params = dict(QUICK if args.quick else FULL)
     total = args.budget if args.budget is not None else (0 if args.quick else DEFAULT_BUDGET)
@@ -58,6 +87,7 @@ def main() -> int:
         if not total:
             return None
         return max(0.0, ledger["allotted"] + shares[name] - ledger["spent"])
+
     only = set(args.only.split(",")) if args.only else set(FAMILIES)
     if only - set(FAMILIES):
         parser.error(f"unknown families: {', '.join(sorted(only - set(FAMILIES)))}")
@@ -66,7 +96,9 @@ def main() -> int:
     loadavg_start = [round(x, 2) for x in os.getloadavg()]
     env.setup()
     source = env.source_hash(env.snapshot_dir)
-    log(f"measuring the sources {source} copied to {env.snapshot_dir}; settings {env.ENV['DJANGO_SETTINGS_MODULE']}")
+    log(
+        f"measuring the sources {source} copied to {env.snapshot_dir}; settings {env.ENV['DJANGO_SETTINGS_MODULE']}"
+    )
     results: dict = {}
     timings: dict = {}
     loads: dict = {}  # the 1-minute load average as each family ends: other work on the machine shows here
@@ -113,10 +145,15 @@ def main() -> int:
         if "local" in only:
             inproc = family(
                 "local_in_process",
-                lambda: local.in_process(p["n"], p["reps"], p["latency_reps"], p["threads"], budget("local_in_process")),
+                lambda: local.in_process(
+                    p["n"], p["reps"], p["latency_reps"], p["threads"], budget("local_in_process")
+                ),
                 "local",
             )
-            results["local"] = {"worker": results.pop("local_worker"), "in_process": results.pop("local_in_process")}
+            results["local"] = {
+                "worker": results.pop("local_worker"),
+                "in_process": results.pop("local_in_process"),
+            }
             if peer is not None:
                 results["local"]["dbos"] = peer
                 results.pop("dbos")

@@ -56,5 +56,9 @@ class Reps:
             self.done += 1
 
     def info(self) -> dict[str, Any]:
-        return {"planned": self.planned, "done": self.done, "budget_s": self.seconds,
-                "cut_by_budget": self.done < self.planned}
+        return {
+            "planned": self.planned,
+            "done": self.done,
+            "budget_s": self.seconds,
+            "cut_by_budget": self.done < self.planned,
+        }

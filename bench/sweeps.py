@@ -28,13 +28,27 @@ def _insert(count: int, orphans: bool) -> None:
     now = timezone.now()
     past = now - timedelta(minutes=5)
     fields = (
-        {"status": "running", "locked_by": "bench-dead-host:1/0", "locked_until": past, "wake_at": now + timedelta(minutes=5)}
+        {
+            "status": "running",
+            "locked_by": "bench-dead-host:1/0",
+            "locked_until": past,
+            "wake_at": now + timedelta(minutes=5),
+        }
         if orphans
         else {"status": "suspended", "wake_at": past}
     )
     rows = [
-        Run(id=uuid.uuid4().hex, workflow="bench.parked", version="1", queue="durable", input=None,
-            created_at=past, updated_at=past, started_at=past, **fields)
+        Run(
+            id=uuid.uuid4().hex,
+            workflow="bench.parked",
+            version="1",
+            queue="durable",
+            input=None,
+            created_at=past,
+            updated_at=past,
+            started_at=past,
+            **fields,
+        )
         for _ in range(count)
     ]
     Run.objects.bulk_create(rows, batch_size=2000)

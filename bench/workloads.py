@@ -14,6 +14,7 @@ STEPS = 10
 
 # -- durable ------------------------------------------------------------------------------------
 
+
 @durable.step(name="bench.noop_step")
 def noop_step(i: int) -> int:
     """A dispatched step: a worker of the durable queue runs it in place, inside the turn."""
@@ -61,6 +62,7 @@ def parked(ctx: durable.Context, _input: object) -> None:
 # -- the Celery peer ----------------------------------------------------------------------------
 # Intermediate links store no result (as a chain needs none); the last one stores its result in
 # the project's result backend (django-db, i.e. the same PostgreSQL), where the bench polls it.
+
 
 @shared_task(name="bench.noop", ignore_result=True)
 def noop(i: int) -> int:

@@ -85,7 +85,9 @@ def start(
     if run_id is not None:
         _run_id(run_id, reserved_ok=False)
     return RunHandle(
-        runs.start(workflow, input, run_id=run_id, version=version, namespace=namespace, tags=tags, delay=delay)
+        runs.start(
+            workflow, input, run_id=run_id, version=version, namespace=namespace, tags=tags, delay=delay
+        )
     )
 
 
@@ -185,7 +187,9 @@ def result(run_id: str, timeout: Any = None) -> Any:
                 details={"status": run.status},
             )
         if limit is not None and time.monotonic() - started >= limit:
-            raise WaitTimeout(f"run {run_id!r} is still {run.status} after {timeout}", details={"status": run.status})
+            raise WaitTimeout(
+                f"run {run_id!r} is still {run.status} after {timeout}", details={"status": run.status}
+            )
         time.sleep(pause)
         # Short polls: a caller waits for a result by reading one indexed row.
         pause = min(pause * 1.5, 0.05)
@@ -205,3 +209,6 @@ def delete_run(run_id: str) -> int:
     from .engine import runs
 
     return runs.delete(_run_id(run_id))
+
+
+Workflow.starter = start

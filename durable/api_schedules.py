@@ -12,7 +12,13 @@ from .errors import InvalidInput
 
 
 def schedule(
-    key: str, workflow: Workflow | str, *, cron: str, input: Any = None, timezone: str = "UTC", overlap: str = "skip"
+    key: str,
+    workflow: Workflow | str,
+    *,
+    cron: str,
+    input: Any = None,
+    timezone: str = "UTC",
+    overlap: str = "skip",
 ) -> None:
     """Create or redefine the schedule ``key``: each tick of ``cron`` (in ``timezone``) starts one
     run of ``workflow`` with ``input``, id ``schedule:<key>:<tick>``."""

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import os
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
+
+from . import definitions
 
 
 class DurableConfig(AppConfig):
@@ -12,12 +14,26 @@ class DurableConfig(AppConfig):
 
     def ready(self) -> None:
         from django.core.signals import setting_changed
+        from django.utils.module_loading import autodiscover_modules
 
-        from . import celery, checks, conf, definitions, tasks  # noqa: F401 - registers tasks, signals and checks
+        from . import celery, checks, conf, tasks  # noqa: F401 - registers tasks, signals and checks
 
         setting_changed.connect(conf.reset)
         _use_test_database()
-        definitions.autodiscover()
+        # Import ``workflows`` from every installed app, as the admin does with ``admin``.
+        autodiscover_modules("workflows")
+
+
+def _app_label(module: str) -> str | None:
+    # Default names are "<app label>.<function>" once the app registry can tell.
+    if not apps.apps_ready:
+        return None
+    config = apps.get_containing_app_config(module)
+    return config.label if config else None
+
+
+# Installed when Django imports this module, before any app's ready() may import workflows.
+definitions.app_label_of = _app_label
 
 
 def _use_test_database() -> None:

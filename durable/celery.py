@@ -78,7 +78,9 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
     try:
         found = sweeps.reclaim(conf.get().INSTANCE_ID, booted_at)
         if found:
-            log.warning("durable: reclaimed %d run(s) left by a predecessor of %s", found, conf.get().INSTANCE_ID)
+            log.warning(
+                "durable: reclaimed %d run(s) left by a predecessor of %s", found, conf.get().INSTANCE_ID
+            )
     except Exception:  # noqa: BLE001 - the orphan sweep recovers them later anyway
         log.warning("durable: could not reclaim leases at start-up", exc_info=True)
     finally:
@@ -96,7 +98,9 @@ def _hand_back_leases(**_: Any) -> None:
     settings = conf.get()
     for run_id, owner in list(leases.active.items()):
         try:
-            queue = Run.objects.using(settings.DATABASE).filter(id=run_id).values_list("queue", flat=True).first()
+            queue = (
+                Run.objects.using(settings.DATABASE).filter(id=run_id).values_list("queue", flat=True).first()
+            )
             if Run.objects.using(settings.DATABASE).release(run_id, owner, clock.now(), clock.now()):
                 dispatch.advance(run_id, queue or settings.DEFAULT_QUEUE)
         except Exception:  # noqa: BLE001 - the orphan sweep recovers it after the lease
@@ -112,7 +116,9 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
     from .models import Checkpoint
 
     run_id, seq, attempt, *token = where
-    Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, token[0] if token else None, clock.now())
+    Checkpoint.objects.using(conf.get().DATABASE).begin(
+        run_id, seq, attempt, token[0] if token else None, clock.now()
+    )
 
 
 @signals.worker_process_init.connect

@@ -71,7 +71,10 @@ def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     workflows = [w for versions in registry.workflows.values() for w in versions.values()]
     declared = [
         *(("step", s.name, "name", s.name, length(Checkpoint, "name")) for s in registry.steps.values()),
-        *(("step", s.name, "queue", s.queue or "", length(Checkpoint, "queue")) for s in registry.steps.values()),
+        *(
+            ("step", s.name, "queue", s.queue or "", length(Checkpoint, "queue"))
+            for s in registry.steps.values()
+        ),
         *(("workflow", w.name, "name", w.name, length(Run, "workflow")) for w in workflows),
         *(("workflow", w.name, "queue", w.queue or "", length(Run, "queue")) for w in workflows),
     ]
@@ -93,10 +96,14 @@ def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[check
     from celery import current_app
 
     alias = conf.get().DATABASE
-    return connection_reuse_problems(current_app.conf.get("CELERY_DB_REUSE_MAX"), alias, django_settings.DATABASES[alias])
+    return connection_reuse_problems(
+        current_app.conf.get("CELERY_DB_REUSE_MAX"), alias, django_settings.DATABASES[alias]
+    )
 
 
-def connection_reuse_problems(reuse_max: Any, alias: str, database: dict[str, Any]) -> list[checks.CheckMessage]:
+def connection_reuse_problems(
+    reuse_max: Any, alias: str, database: dict[str, Any]
+) -> list[checks.CheckMessage]:
     """W003's rule as a function of its inputs: Celery's reuse setting and the database's."""
     if not reuse_max or database.get("CONN_HEALTH_CHECKS") or database.get("ENGINE", "").endswith("sqlite3"):
         return []
@@ -121,7 +128,9 @@ def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[che
     if not broker.startswith(("redis://", "rediss://")):
         return []
     options = current_app.conf.broker_transport_options or {}
-    visibility = timedelta(seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds()))
+    visibility = timedelta(
+        seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds())
+    )
     longest = max(
         (step for step in registry.steps.values() if step.timeout is not None),
         key=lambda step: step.timeout,

@@ -18,8 +18,13 @@ from .durations import parse_duration
 from .statuses import TERMINAL
 
 _MUST_BE_POSITIVE = {
-    "LEASE", "RECONCILE_INTERVAL", "TIMER_SWEEP_INTERVAL", "ORPHAN_SWEEP_INTERVAL", "STEP_REDISPATCH_AFTER",
-    "RETENTION_SWEEP_INTERVAL", "TURN_TIME_LIMIT",
+    "LEASE",
+    "RECONCILE_INTERVAL",
+    "TIMER_SWEEP_INTERVAL",
+    "ORPHAN_SWEEP_INTERVAL",
+    "STEP_REDISPATCH_AFTER",
+    "RETENTION_SWEEP_INTERVAL",
+    "TURN_TIME_LIMIT",
 }
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
 
@@ -129,11 +134,17 @@ def _retention_problems(policies: Any) -> list[str]:
             found.append(f"{where} must be a dict, got {policy!r}")
             continue
         if set(policy) - _POLICY_KEYS:
-            found.append(f"{where} has unknown keys {sorted(set(policy) - _POLICY_KEYS)}; known: {sorted(_POLICY_KEYS)}")
+            found.append(
+                f"{where} has unknown keys {sorted(set(policy) - _POLICY_KEYS)}; known: {sorted(_POLICY_KEYS)}"
+            )
         if policy.get("max_age") is None and policy.get("max_count") is None:
             found.append(f"{where} needs max_age, max_count or both")
         statuses = policy.get("statuses", TERMINAL)
-        if isinstance(statuses, str) or not isinstance(statuses, (list, tuple)) or not set(statuses) <= set(TERMINAL):
+        if (
+            isinstance(statuses, str)
+            or not isinstance(statuses, (list, tuple))
+            or not set(statuses) <= set(TERMINAL)
+        ):
             found.append(f"{where}: statuses must be a list of {', '.join(TERMINAL)}, got {statuses!r}")
         if policy.get("max_age") is not None:
             try:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from .durations import optional_duration, parse_duration
 from .errors import ApplicationError, InvalidInput, WorkflowNotRegistered
@@ -54,7 +54,9 @@ class Retry:
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> timedelta:
         """Return the wait before attempt ``attempt + 1``, with up to 20% jitter."""
         try:
-            base = min(self.initial.total_seconds() * self.backoff ** (attempt - 1), self.maximum.total_seconds())
+            base = min(
+                self.initial.total_seconds() * self.backoff ** (attempt - 1), self.maximum.total_seconds()
+            )
         except OverflowError:  # a very late attempt of a long retry: the cap applies
             base = self.maximum.total_seconds()
         return timedelta(seconds=base * (1 + 0.2 * rand()))
@@ -79,22 +81,19 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
+def _no_app_label(module: str) -> str | None:
+    return None
+
+
+#: Maps a module to the label of the installed app that contains it, or None. The app config
+#: installs Django's lookup (``durable.apps``); outside Django names fall back to the module.
+app_label_of: Callable[[str], str | None] = _no_app_label
+
+
 def _default_name(fn: Callable[..., Any]) -> str:
     module = fn.__module__
-    label = _app_label(module)
+    label = app_label_of(module)
     return f"{label}.{fn.__name__}" if label else f"{module}.{fn.__name__}"
-
-
-def _app_label(module: str) -> str | None:
-    try:
-        from django.apps import apps
-
-        if not apps.apps_ready:
-            return None
-        config = apps.get_containing_app_config(module)
-    except Exception:  # noqa: BLE001 - outside Django, names fall back to the module
-        return None
-    return config.label if config else None
 
 
 @dataclass(eq=False)
@@ -156,11 +155,15 @@ class Workflow:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    #: ``durable.start``, installed by the API (``durable.api``) so that this layer needs none
+    #: of the layers above it.
+    starter: ClassVar[Callable[..., Any] | None] = None
+
     def start(self, input: Any = None, **kwargs: Any) -> Any:
         """Start a run of exactly this version (``durable.start(self, input, ...)``)."""
-        from .api import start
-
-        return start(self, input, **kwargs)
+        if Workflow.starter is None:
+            raise RuntimeError("durable.api is not imported yet: import durable before starting runs")
+        return Workflow.starter(self, input, **kwargs)
 
     def validator(self, update_name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
         """Register ``fn(payload)`` to vet ``durable.update(run_id, update_name, payload)``: it
@@ -170,7 +173,9 @@ class Workflow:
 
         def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if not callable(fn):
-                raise InvalidInput(f"@{self.name}.validator({update_name!r}) decorates a function, got {fn!r}")
+                raise InvalidInput(
+                    f"@{self.name}.validator({update_name!r}) decorates a function, got {fn!r}"
+                )
             self.validators[update_name] = fn
             return fn
 
@@ -192,12 +197,18 @@ class Singleton:
 
     def __post_init__(self) -> None:
         if not (callable(self.key) or (isinstance(self.key, str) and self.key)):
-            raise InvalidInput(f'Singleton(key=...) is a callable of the input or a template like "{{customer_id}}", got {self.key!r}')
+            raise InvalidInput(
+                f'Singleton(key=...) is a callable of the input or a template like "{{customer_id}}", got {self.key!r}'
+            )
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise InvalidInput(f"Singleton(limit=...) must be a whole number of at least 1, got {self.limit!r}")
+            raise InvalidInput(
+                f"Singleton(limit=...) must be a whole number of at least 1, got {self.limit!r}"
+            )
         depth = self.max_queue_depth
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
-            raise InvalidInput(f"Singleton(max_queue_depth=...) must be None or a whole number, got {depth!r}")
+            raise InvalidInput(
+                f"Singleton(max_queue_depth=...) must be None or a whole number, got {depth!r}"
+            )
 
     def key_for(self, input: Any) -> str:
         """The key of a run with this input; a key that cannot be made is bad input."""
@@ -209,7 +220,9 @@ class Singleton:
             else:
                 key = self.key.format(input)
         except Exception as exc:  # noqa: BLE001 - whatever the template or the callable raised
-            raise InvalidInput(f"the singleton key {self.key!r} could not be made from the input: {exc!r}") from None
+            raise InvalidInput(
+                f"the singleton key {self.key!r} could not be made from the input: {exc!r}"
+            ) from None
         if not isinstance(key, str) or not key:
             raise InvalidInput(f"the singleton key must be a non-empty string, got {key!r}")
         return key
@@ -238,7 +251,9 @@ class Schedule:
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
-            raise InvalidInput(f'timezone must be an IANA name such as "Europe/Paris", got {self.timezone!r}') from None
+            raise InvalidInput(
+                f'timezone must be an IANA name such as "Europe/Paris", got {self.timezone!r}'
+            ) from None
         if self.overlap not in OVERLAPS:
             raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
         object.__setattr__(self, "input", json_value(self.input, "the schedule's input"))
@@ -266,13 +281,14 @@ def _search_schema_option(schema: Any) -> dict[str, Any] | None:
         return None
     allowed = (str, int, float, bool)
     ok = isinstance(schema, dict) and all(
-        isinstance(name, str) and name
+        isinstance(name, str)
+        and name
         and all(kind in allowed for kind in (kinds if isinstance(kinds, tuple) else (kinds,)))
         for name, kinds in schema.items()
     )
     if not ok:
         raise InvalidInput(
-            'search_attributes_schema maps attribute names to str, int, float or bool (or a tuple of them), '
+            "search_attributes_schema maps attribute names to str, int, float or bool (or a tuple of them), "
             f'e.g. {{"customer": str, "cents": int}}; got {schema!r}'
         )
     return dict(schema)
@@ -283,7 +299,7 @@ def _schedule_option(value: Any) -> Schedule | None:
         return value
     if isinstance(value, str):
         return Schedule(value)
-    raise InvalidInput(f'schedule= takes a cron string or a durable.Schedule, got {value!r}')
+    raise InvalidInput(f"schedule= takes a cron string or a durable.Schedule, got {value!r}")
 
 
 class Registry:
@@ -333,7 +349,7 @@ class Registry:
 
     def step(self, name: str) -> Step:
         if name.startswith(COMPENSATE_PREFIX):
-            return compensation_of(self.step(name[len(COMPENSATE_PREFIX):]))
+            return compensation_of(self.step(name[len(COMPENSATE_PREFIX) :]))
         try:
             return self.steps[name]
         except KeyError:
@@ -474,11 +490,3 @@ def workflow(
         raise InvalidInput(f"singleton= takes a durable.Singleton(key=..., limit=...), got {singleton!r}")
     search_schema = _search_schema_option(search_attributes_schema)
     return wrap(fn) if fn is not None else wrap
-
-
-def autodiscover() -> None:
-    """Import ``workflows`` from every installed app, as the admin does with ``admin``."""
-    from django.utils.module_loading import autodiscover_modules
-
-    autodiscover_modules("workflows")
-

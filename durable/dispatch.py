@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 
 from . import conf
@@ -38,6 +39,30 @@ def celery_sender(message: Message) -> None:
 
     # An empty queue lets Celery's own routing place the message (an existing task's queue).
     current_app.send_task(message.task, args=message.args, queue=message.queue or None, **message.options)
+
+
+#: What Celery raises inside a task that reached its soft time limit: a step's timeout.
+SOFT_TIME_LIMIT_ERRORS: tuple[type[BaseException], ...] = (SoftTimeLimitExceeded,)
+
+
+def time_limit() -> float | None:
+    """Seconds of the Celery task running now before its first time limit, if it has one: that
+    limit would also cut short whatever else the task runs (a next turn, a step run in place)."""
+    from celery import current_task
+
+    if not current_task:
+        return None
+    hard, soft = current_task.request.timelimit or (None, None)
+    app = current_task.app.conf
+    limits = (
+        hard,
+        soft,
+        current_task.time_limit,
+        current_task.soft_time_limit,
+        app.task_time_limit,
+        app.task_soft_time_limit,
+    )
+    return min((float(x) for x in limits if x), default=None)
 
 
 @dataclass
@@ -88,7 +113,9 @@ def _publish(message: Message) -> None:
     try:
         transport.send(message)
     except Exception:  # noqa: BLE001 - the sweeps re-drive whatever a lost message left
-        log.warning("durable: could not send %s%s; a sweep will retry", message.task, message.args, exc_info=True)
+        log.warning(
+            "durable: could not send %s%s; a sweep will retry", message.task, message.args, exc_info=True
+        )
 
 
 def send_after_commit(message: Message) -> None:
@@ -101,7 +128,12 @@ def advance(run_id: str, queue: str) -> None:
 
 
 def run_step(
-    run_id: str, seq: int, attempt: int, token: str | None, queue: str, timeout: timedelta | None,
+    run_id: str,
+    seq: int,
+    attempt: int,
+    token: str | None,
+    queue: str,
+    timeout: timedelta | None,
     grace: timedelta,
 ) -> None:
     """Ask a worker on ``queue`` to run one step attempt, within Celery's time limits; only a
@@ -114,7 +146,13 @@ def run_step(
 
 
 def celery_task(
-    run_id: str, seq: int, attempt: int, token: str | None, name: str, payload: dict[str, Any], queue: str,
+    run_id: str,
+    seq: int,
+    attempt: int,
+    token: str | None,
+    name: str,
+    payload: dict[str, Any],
+    queue: str,
     result_queue: str,
 ) -> None:
     """Send an existing Celery task as a step; its result comes back through ``durable.step_result``,

@@ -48,7 +48,9 @@ def _seconds(seconds: float, what: str) -> timedelta:
     try:
         return timedelta(seconds=seconds)
     except OverflowError:
-        raise ValueError(f"{what}: {seconds!r} seconds is too long; at most {MAX_DURATION.days} days (100 years)") from None
+        raise ValueError(
+            f"{what}: {seconds!r} seconds is too long; at most {MAX_DURATION.days} days (100 years)"
+        ) from None
 
 
 def optional_duration(value: object, *, what: str = "duration") -> timedelta | None:

@@ -54,7 +54,9 @@ def _storable(value: str, field: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise refuse(field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8") from None
+            raise refuse(
+                field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8"
+            ) from None
 
 
 def free_text(value: Any, field: str, *, max_bytes: int) -> str | None:
@@ -111,7 +113,9 @@ def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
     try:
         size = len(encoded.encode("utf-8"))
     except UnicodeEncodeError:
-        raise refuse(field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8") from None
+        raise refuse(
+            field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8"
+        ) from None
     if "\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
         raise refuse(field, "must not contain NUL characters (\\x00); PostgreSQL cannot store them")
     if max_bytes is not None and size > max_bytes:

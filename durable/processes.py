@@ -25,7 +25,9 @@ class CeleryProcess:
         """Spawn the process; with ``wait`` (the default) return once it says it is ready."""
         self._offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         return self.wait_ready(timeout) if wait else self
 
@@ -35,7 +37,9 @@ class CeleryProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.argv[:4]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+                raise RuntimeError(
+                    f"{self.argv[:4]} exited with {self.proc.returncode}:\n{self.log()[-3000:]}"
+                )
             with open(self.log_path, "rb") as f:
                 f.seek(self._offset)
                 if self.ready_text in f.read().decode(errors="replace"):

@@ -32,3 +32,13 @@ class CheckpointStatus(StrEnum):
     PENDING = "pending"
     COMPLETED = "completed"
     FAILED = "failed"
+
+
+class Decided(StrEnum):
+    """What a turn decided for its run: an end, a wait, or a successor (continue-as-new)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUSPENDED = "suspended"
+    CONTINUED = "continued"

@@ -55,7 +55,11 @@ def sweep_schedules() -> int:
 
 @shared_task(name="durable.step_result", **_RELIABLE)
 def step_result(
-    output: Any = None, run_id: str = "", seq: int = 0, attempt: int = 1, error: Any = None,
+    output: Any = None,
+    run_id: str = "",
+    seq: int = 0,
+    attempt: int = 1,
+    error: Any = None,
     token: str | None = None,
 ) -> str:
     """Record a Celery task step's result; Celery calls it as the ``link`` of a task used as a
@@ -66,7 +70,12 @@ def step_result(
 
 @shared_task(name="durable.step_failed", ignore_result=True)
 def step_failed(
-    request: Any, exc: BaseException, traceback: Any, run_id: str = "", seq: int = 0, attempt: int = 1,
+    request: Any,
+    exc: BaseException,
+    traceback: Any,
+    run_id: str = "",
+    seq: int = 0,
+    attempt: int = 1,
     token: str | None = None,
 ) -> str:
     """The ``link_error`` of a task used as a step: Celery calls it where the task failed for good."""

@@ -38,7 +38,9 @@ class DurableEnv:
         #: the next turn inline) that runs no step in place (each step's message stays visible),
         #: whose result() never waits for work nobody runs, with no thread renewing leases under
         #: the frozen clock.
-        self.transport = dispatch.Transport(send=self.capture, served_queues=None, may_wait=False, keep_alive=False)
+        self.transport = dispatch.Transport(
+            send=self.capture, served_queues=None, may_wait=False, keep_alive=False
+        )
         self._freezer = freezer
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._broker_down = False
@@ -70,7 +72,9 @@ class DurableEnv:
         from .errors import error_dict
 
         run_id, seq, attempt, token = message.options["headers"]["durable"]
-        result = current_app.tasks[message.task].apply(args=message.args, kwargs=message.options.get("kwargs"))
+        result = current_app.tasks[message.task].apply(
+            args=message.args, kwargs=message.options.get("kwargs")
+        )
         if result.successful():
             steps.step_result(run_id, seq, attempt, output=result.result, token=token)
         else:
@@ -307,9 +311,21 @@ class DurableWorker:
         if any(w.name == name for w in self.workers):
             raise ValueError(f"a worker named {name!r} already exists")
         argv = [
-            sys.executable, "-m", "celery", "-A", self.app_name, "worker", "--loglevel=INFO",
-            "--pool=prefork", f"--concurrency={concurrency}", "-Q", ",".join(self.queues),
-            "-n", f"durable-test-{os.getpid()}-{name}@%h", "--without-gossip", "--without-mingle",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app_name,
+            "worker",
+            "--loglevel=INFO",
+            "--pool=prefork",
+            f"--concurrency={concurrency}",
+            "-Q",
+            ",".join(self.queues),
+            "-n",
+            f"durable-test-{os.getpid()}-{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
         ]
         if self.include:
             # The test module defines its workflows; the worker must import it to know them.
@@ -340,8 +356,16 @@ class DurableWorker:
 
     def start_beat(self, env_overrides: dict[str, str] | None = None) -> CeleryProcess:
         argv = [
-            sys.executable, "-m", "celery", "-A", self.app_name, "beat", "--loglevel=INFO",
-            "-s", str(self.workdir / "beat-schedule"), "--pidfile=",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app_name,
+            "beat",
+            "--loglevel=INFO",
+            "-s",
+            str(self.workdir / "beat-schedule"),
+            "--pidfile=",
         ]
         env = {**self.env, **(env_overrides or {})}
         self.beat = CeleryProcess(argv, env, self.workdir / "beat.log", "beat: Starting")
@@ -411,7 +435,9 @@ def durable_worker(request: pytest.FixtureRequest) -> Iterator[DurableWorker]:
         worker.close()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; raise AssertionError past ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -421,4 +447,3 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-

@@ -134,8 +134,18 @@ class CheckpointInline(ReadOnlyInline):
     model = Checkpoint
     ordering = ("seq",)
     fields = readonly_fields = (
-        "seq", "kind", "name", "status", "attempt", "enqueued_time", "started_time", "finished_time",
-        "duration", "heartbeat_time", "progress_json", "error_message",
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "enqueued_time",
+        "started_time",
+        "finished_time",
+        "duration",
+        "heartbeat_time",
+        "progress_json",
+        "error_message",
     )
     verbose_name_plural = "history (checkpoints, in seq order)"
     show_change_link = True  # the row's full input and output are on the checkpoint's own page
@@ -170,7 +180,13 @@ class RunChangeList(ChangeList):
 @admin.register(Run)
 class RunAdmin(DurableRows, admin.ModelAdmin):
     list_display = (
-        "id", "workflow", "version", "status", "created_time", "started_time", "finished_time",
+        "id",
+        "workflow",
+        "version",
+        "status",
+        "created_time",
+        "started_time",
+        "finished_time",
         "recovery_attempts",
     )
     list_filter = ("status", "workflow")
@@ -185,12 +201,17 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
         (None, {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags")}),
         ("Data", {"fields": ("input_json", "output_json", "error_json", "search_attributes_json")}),
         ("Lineage", {"fields": ("parent", "children_link", "continued_from", "continued_by", "history")}),
-        ("Timing", {"fields": ("created_time", "updated_time", "started_time", "finished_time",
-                               "wake_time")}),
-        ("Engine", {
-            "fields": ("recovery_attempts", "locked_by", "locked_until_time", "wakes", "failed_seqs"),
-            "classes": ("collapse",),
-        }),
+        (
+            "Timing",
+            {"fields": ("created_time", "updated_time", "started_time", "finished_time", "wake_time")},
+        ),
+        (
+            "Engine",
+            {
+                "fields": ("recovery_attempts", "locked_by", "locked_until_time", "wakes", "failed_seqs"),
+                "classes": ("collapse",),
+            },
+        ),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
@@ -225,7 +246,12 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
     @admin.display(description="continued by")
     def continued_by(self, obj: Run) -> str:
         # The other end of continue-as-new: the run that carried on from this one.
-        successor = Run.objects.using(conf.get().DATABASE).filter(continued_from=obj).values_list("pk", flat=True).first()
+        successor = (
+            Run.objects.using(conf.get().DATABASE)
+            .filter(continued_from=obj)
+            .values_list("pk", flat=True)
+            .first()
+        )
         if successor is None:
             return "-"
         url = reverse("admin:durable_run_change", args=[successor])
@@ -258,10 +284,20 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
                 skipped.append(str(exc))
             else:
                 retried += 1
-        self._tell(request, messages.SUCCESS, retried, "Retried %d run; it is pending again.",
-                   "Retried %d runs; they are pending again.")
-        self._tell(request, messages.WARNING, skipped, "Skipped %d run that cannot be retried: %s",
-                   "Skipped %d runs that cannot be retried: %s")
+        self._tell(
+            request,
+            messages.SUCCESS,
+            retried,
+            "Retried %d run; it is pending again.",
+            "Retried %d runs; they are pending again.",
+        )
+        self._tell(
+            request,
+            messages.WARNING,
+            skipped,
+            "Skipped %d run that cannot be retried: %s",
+            "Skipped %d runs that cannot be retried: %s",
+        )
 
     @admin.action(description="Cancel selected runs", permissions=["steer"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
@@ -277,10 +313,16 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
             except durable.DurableError as exc:
                 skipped.append(str(exc))
         self._tell(request, messages.SUCCESS, cancelled, "Cancelled %d run.", "Cancelled %d runs.")
-        self._tell(request, messages.WARNING, finished, "%d run had already finished; left as it was.",
-                   "%d runs had already finished; left as they were.")
-        self._tell(request, messages.ERROR, skipped, "Could not cancel %d run: %s",
-                   "Could not cancel %d runs: %s")
+        self._tell(
+            request,
+            messages.WARNING,
+            finished,
+            "%d run had already finished; left as it was.",
+            "%d runs had already finished; left as they were.",
+        )
+        self._tell(
+            request, messages.ERROR, skipped, "Could not cancel %d run: %s", "Could not cancel %d runs: %s"
+        )
 
     def _tell(self, request: HttpRequest, level: int, what: int | list[str], one: str, many: str) -> None:
         """Report a count, or the reasons runs were skipped, unless there is nothing to report."""
@@ -306,21 +348,43 @@ def _reasons(reasons: list[str]) -> str:
 @admin.register(Checkpoint)
 class CheckpointAdmin(DurableRows, admin.ModelAdmin):
     list_display = (
-        "run_link", "seq", "kind", "name", "status", "attempt", "started_time", "finished_time",
+        "run_link",
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "started_time",
+        "finished_time",
         "error_message",
     )
     # The run column is its own link, so the row's change link sits on seq and name.
     list_display_links = ("seq", "name")
     list_filter = (
-        fixed_choices_filter("kind", CHECKPOINT_KINDS), fixed_choices_filter("status", CHECKPOINT_STATUSES),
+        fixed_choices_filter("kind", CHECKPOINT_KINDS),
+        fixed_choices_filter("status", CHECKPOINT_STATUSES),
     )
     search_fields = ("=run__id", "name")
     # Newest rows first, on the primary key's index rather than a sort over (run, seq).
     ordering = ("-id",)
     show_full_result_count = False
     fields = readonly_fields = (
-        "run", "seq", "kind", "name", "status", "attempt", "queue", "input_json", "output_json", "error_json",
-        "wake_time", "enqueued_time", "started_time", "finished_time", "heartbeat_time", "progress_json",
+        "run",
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "queue",
+        "input_json",
+        "output_json",
+        "error_json",
+        "wake_time",
+        "enqueued_time",
+        "started_time",
+        "finished_time",
+        "heartbeat_time",
+        "progress_json",
     )
 
     has_delete_permission = ReadOnlyInline.has_delete_permission
@@ -349,8 +413,20 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     search_fields = ("key", "workflow")
     ordering = ("key",)
     actions = ("pause", "resume", "trigger")
-    fields = ("key", "workflow", "cron", "timezone", "overlap", "paused", "declared", "next_time",
-              "last_run", "input_json", "created_time", "updated_time")
+    fields = (
+        "key",
+        "workflow",
+        "cron",
+        "timezone",
+        "overlap",
+        "paused",
+        "declared",
+        "next_time",
+        "last_run",
+        "input_json",
+        "created_time",
+        "updated_time",
+    )
     readonly_fields = fields
     input_json = json_display("input")
 
@@ -358,8 +434,11 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     def last_run(self, obj: Schedule) -> str:
         if not obj.last_run_id:
             return "-"
-        return format_html('<a href="{}">{}</a>', reverse("admin:durable_run_change", args=[quote(obj.last_run_id)]),
-                           obj.last_run_id)
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:durable_run_change", args=[quote(obj.last_run_id)]),
+            obj.last_run_id,
+        )
 
     @admin.action(description="Pause selected schedules", permissions=["steer"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
@@ -378,8 +457,11 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
         handles, failed = _each(queryset, durable.trigger_schedule)
         started = [handle.id for handle in handles]
         if started:
-            self.message_user(request, ngettext("Started %d run: %s", "Started %d runs: %s", len(started))
-                              % (len(started), _reasons(started)))
+            self.message_user(
+                request,
+                ngettext("Started %d run: %s", "Started %d runs: %s", len(started))
+                % (len(started), _reasons(started)),
+            )
         _tell_failures(self, request, failed, "start a run of")
 
 
@@ -395,7 +477,9 @@ def _each(queryset: QuerySet[Schedule], call: Any) -> tuple[list[Any], list[str]
     return results, failed
 
 
-def _tell_failures(model_admin: admin.ModelAdmin[Any], request: HttpRequest, failed: list[str], verb: str) -> None:
+def _tell_failures(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, failed: list[str], verb: str
+) -> None:
     if failed:
         model_admin.message_user(
             request,

@@ -27,8 +27,8 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or DEV_SECRET_KEY
 if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
     raise ImproperlyConfigured(
         "DJANGO_DEBUG is off but DJANGO_SECRET_KEY is not set: the development key is public. Set "
-        "DJANGO_SECRET_KEY to a long random value, e.g. the output of python -c \"from "
-        "django.core.management.utils import get_random_secret_key; print(get_random_secret_key())\""
+        'DJANGO_SECRET_KEY to a long random value, e.g. the output of python -c "from '
+        'django.core.management.utils import get_random_secret_key; print(get_random_secret_key())"'
     )
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",")
 
@@ -197,5 +197,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"durable": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "durable": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}
+    },
 }

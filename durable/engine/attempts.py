@@ -19,24 +19,9 @@ from . import leases
 log = logging.getLogger("durable.engine")
 
 
-
 def serves(queue: str) -> bool:
     """Whether this process consumes ``queue`` (the harness consumes every queue)."""
     return dispatch.transport.serves(queue)
-
-
-def time_limit() -> float | None:
-    """Seconds of the Celery task running now before its first time limit, if it has one: that
-    limit would also cut short whatever else the task runs (a next turn, a step run in place)."""
-    from celery import current_task
-
-    if not current_task:
-        return None
-    hard, soft = current_task.request.timelimit or (None, None)
-    app = current_task.app.conf
-    limits = (hard, soft, current_task.time_limit, current_task.soft_time_limit,
-              app.task_time_limit, app.task_soft_time_limit)
-    return min((float(x) for x in limits if x), default=None)
 
 
 class InPlace:
@@ -52,7 +37,11 @@ class InPlace:
 
     @classmethod
     def offered(cls, run_id: str, settings: conf.Settings) -> InPlace | None:
-        if not settings.EAGER_STEPS or not dispatch.transport.served_queues or time_limit() is not None:
+        if (
+            not settings.EAGER_STEPS
+            or not dispatch.transport.served_queues
+            or dispatch.time_limit() is not None
+        ):
             return None
         return cls(run_id, settings)
 
@@ -69,9 +58,7 @@ class InPlace:
 
 def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
     """Run the attempt's body in this process; a Celery soft time limit is its timeout."""
-    from celery.exceptions import SoftTimeLimitExceeded
-
-    return run_attempt(step, info, payload, beats, timed_out=(SoftTimeLimitExceeded,))
+    return run_attempt(step, info, payload, beats, timed_out=dispatch.SOFT_TIME_LIMIT_ERRORS)
 
 
 class Beats:

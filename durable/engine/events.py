@@ -46,7 +46,9 @@ def fits(payload: Any, match: dict[str, Any] | None) -> bool:
     return isinstance(payload, dict) and all(k in payload and payload[k] == v for k, v in match.items())
 
 
-def find(name: str, match: dict[str, Any] | None, since: datetime, exclude: set[int]) -> tuple[int, Any] | None:
+def find(
+    name: str, match: dict[str, Any] | None, since: datetime, exclude: set[int]
+) -> tuple[int, Any] | None:
     return Event.objects.using(conf.get().DATABASE).oldest_match(name, match, since, exclude)
 
 

@@ -110,7 +110,9 @@ def _renew_forever() -> None:
                 continue
             _renewed[run_id] = time.monotonic()
             runs = Run.objects.using(settings.DATABASE)
-            renewed = _try(runs.renew, run_id, owner, clock.now(), settings.LEASE, what=f"the lease of run {run_id}")
+            renewed = _try(
+                runs.renew, run_id, owner, clock.now(), settings.LEASE, what=f"the lease of run {run_id}"
+            )
             if renewed is False:
                 with _lock:
                     if active.get(run_id) == owner:
@@ -122,7 +124,9 @@ def _renew_forever() -> None:
             # A hold declared lost (False) is left to the turn that counts it; the step's result
             # will be refused as stale if its attempt moved on meanwhile.
             checkpoints = Checkpoint.objects.using(settings.DATABASE)
-            _try(checkpoints.renew_hold, *key, held[0], clock.now() + settings.LEASE, what=f"the hold of {key}")
+            _try(
+                checkpoints.renew_hold, *key, held[0], clock.now() + settings.LEASE, what=f"the hold of {key}"
+            )
         _watch_turns(settings)
         # Renewals are rare (only long turns and steps): hold no connection between them.
         connections[settings.DATABASE].close()
@@ -254,8 +258,11 @@ def _watch_turns(settings: conf.Settings) -> None:
                     continue
                 entry.interrupted = mono
                 _raise_in(entry.thread, Interrupted)
-            log.warning("durable: stopping the turn of run %s (%s)", run_id,
-                        "its lease is gone" if run_id in lost else "it ran past TURN_TIME_LIMIT")
+            log.warning(
+                "durable: stopping the turn of run %s (%s)",
+                run_id,
+                "its lease is gone" if run_id in lost else "it ran past TURN_TIME_LIMIT",
+            )
         elif not entry.abandoned and mono - entry.interrupted >= ABANDON_AFTER:
             _abandon(run_id, entry)
 
@@ -267,7 +274,8 @@ def _check_held(settings: conf.Settings) -> None:
         if entry.checked is None:
             entry.checked = mono
     due = {
-        run_id: entry for run_id, entry in list(_watched.items())
+        run_id: entry
+        for run_id, entry in list(_watched.items())
         if run_id not in lost and mono - (entry.checked or mono) >= HELD_CHECK_EVERY
     }
     if not due:
@@ -275,7 +283,9 @@ def _check_held(settings: conf.Settings) -> None:
     for entry in due.values():
         entry.checked = mono
     try:
-        holders = dict(Run.objects.using(settings.DATABASE).filter(id__in=list(due)).values_list("id", "locked_by"))
+        holders = dict(
+            Run.objects.using(settings.DATABASE).filter(id__in=list(due)).values_list("id", "locked_by")
+        )
     except Exception:  # noqa: BLE001 - the next pass asks again; renewal still fences the turn
         log.warning("durable: could not check the leases of running turns", exc_info=True)
         return
@@ -296,9 +306,17 @@ def _abandon(run_id: str, entry: _Watch) -> None:
     except Exception:  # noqa: BLE001 - the orphan sweep takes the run back once the lease lapses
         log.warning("durable: could not hand back run %s", run_id, exc_info=True)
     if may_exit:
-        log.error("durable: the turn of run %s ignored being stopped; ending this pool process "
-                  "(pid %s) so the pool starts a fresh one", run_id, os.getpid())
+        log.error(
+            "durable: the turn of run %s ignored being stopped; ending this pool process "
+            "(pid %s) so the pool starts a fresh one",
+            run_id,
+            os.getpid(),
+        )
         os._exit(1)
-    log.error("durable: the turn of run %s ignored being stopped and still holds thread %s of "
-              "process %s; its run was handed back, restart this process to free the thread",
-              run_id, entry.thread, os.getpid())
+    log.error(
+        "durable: the turn of run %s ignored being stopped and still holds thread %s of "
+        "process %s; its run was handed back, restart this process to free the thread",
+        run_id,
+        entry.thread,
+        os.getpid(),
+    )

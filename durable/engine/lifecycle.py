@@ -16,6 +16,7 @@ from ..errors import DurableError, cancelled_error
 from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
+from ..statuses import CheckpointStatus
 from .runs import get_run, hand_over
 
 
@@ -77,17 +78,23 @@ def _tell_parent(run: Run) -> None:
     if run.parent_seq is None:
         return
     if run.status == Status.COMPLETED:
-        status, output, error = "completed", run.output, None
+        status, output, error = CheckpointStatus.COMPLETED, run.output, None
     else:
-        error = dict(run.error or {"message": run.status, "type": run.status, "code": run.status, "details": None})
+        error = dict(
+            run.error or {"message": run.status, "type": run.status, "code": run.status, "details": None}
+        )
         error.setdefault("details", None)
-        status, output = "failed", None
+        status, output = CheckpointStatus.FAILED, None
     checkpoints = Checkpoint.objects.using(db)
     if not checkpoints.settle_child(run.parent_id, run.parent_seq, status, output, error, now):
         return  # nobody waits for it (start_child), or it was settled already
     position = checkpoints.filter(run_id=run.parent_id, seq=run.parent_seq).values("fan", "fail_fast").first()
     parent_id = run.parent_id
-    if position is None or position["fan"] is None or (status == "failed" and position["fail_fast"]):
+    if (
+        position is None
+        or position["fan"] is None
+        or (status == CheckpointStatus.FAILED and position["fail_fast"])
+    ):
         wake(parent_id)
         return
     fan = position["fan"]

@@ -47,7 +47,9 @@ def prune_events(before: datetime) -> int:
     events = Event.objects.using(conf.get().DATABASE)
     pruned = 0
     for _ in range(MAX_BATCHES):
-        batch = list(events.filter(created_at__lt=before).order_by("created_at").values_list("id", flat=True)[:BATCH])
+        batch = list(
+            events.filter(created_at__lt=before).order_by("created_at").values_list("id", flat=True)[:BATCH]
+        )
         pruned += events.filter(id__in=batch).delete()[0] if batch else 0
         if len(batch) < BATCH:
             break
@@ -81,7 +83,9 @@ def delete_trees(root_ids: list[str]) -> int:
     with transaction.atomic(using=db):
         # Locked, and still finished: a retry() racing this pass either reopened the run first
         # (then it is not deleted) or waits and finds it gone.
-        roots = list(runs.select_for_update().filter(id__in=root_ids, status__in=TERMINAL).values_list("id", flat=True))
+        roots = list(
+            runs.select_for_update().filter(id__in=root_ids, status__in=TERMINAL).values_list("id", flat=True)
+        )
         keep = _with_unfinished(roots)
         doomed = [i for i in roots if i not in keep]
         if not doomed:

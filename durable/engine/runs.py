@@ -66,8 +66,11 @@ def start(
         guards.text(workflow, "workflow", max_length=column_length("Run", "workflow"))
     definition = resolve(workflow, version)
     if len(definition.name) > column_length("Run", "workflow"):
-        raise guards.refuse("workflow", f"the name {guards.shown(definition.name)} is longer than "
-                            f"{column_length('Run', 'workflow')} characters; give the workflow a shorter name=")
+        raise guards.refuse(
+            "workflow",
+            f"the name {guards.shown(definition.name)} is longer than "
+            f"{column_length('Run', 'workflow')} characters; give the workflow a shorter name=",
+        )
     if run_id is not None:
         run_id = guards.run_id(run_id, max_length=column_length("Run", "id"), reserved_ok=True)
     stored_input = guards.json_value(
@@ -101,7 +104,9 @@ def _validate_input(definition: Workflow, stored_input: Any) -> None:
         try:
             definition.input_schema.model_validate(stored_input)
         except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
-            raise InvalidInput(f"the input does not fit workflow {definition.name!r}'s input_schema: {exc}") from exc
+            raise InvalidInput(
+                f"the input does not fit workflow {definition.name!r}'s input_schema: {exc}"
+            ) from exc
     if definition.validate_input is not None:
         try:
             definition.validate_input(stored_input)
@@ -170,8 +175,13 @@ def start_children(parent: Run, children: list[ChildStart]) -> None:
         # the parent's history already holds it).
         placed = singletons.place(definition, child.input, queue_limit=False)
         created = _runs().start_child(
-            child, parent=parent, now=now, queue=queue,
-            reconcile=settings.RECONCILE_INTERVAL, **placed, **({"wake_at": None} if placed else {}),
+            child,
+            parent=parent,
+            now=now,
+            queue=queue,
+            reconcile=settings.RECONCILE_INTERVAL,
+            **placed,
+            **({"wake_at": None} if placed else {}),
         )
         if created and placed:
             singletons.admit(placed["singleton_key"], definition.name)
@@ -183,8 +193,13 @@ def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:
     """Write the run that continues ``run`` (before ``run`` is marked completed); return its id."""
     newest = registry.workflow(workflow.name)
     return create(
-        newest, input, namespace=run.namespace or None, tags=run.tags, continued_from=run,
-        parent_id=run.parent_id, parent_seq=run.parent_seq,
+        newest,
+        input,
+        namespace=run.namespace or None,
+        tags=run.tags,
+        continued_from=run,
+        parent_id=run.parent_id,
+        parent_seq=run.parent_seq,
     )
 
 
@@ -213,7 +228,9 @@ def deliver(run_id: str, name: str, payload: Any) -> None:
         run = get_run(run_id)
         now = clock.now()
         if not _runs().wake(run_id, now, now + settings.LEASE):
-            raise RunFinished(f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent")
+            raise RunFinished(
+                f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent"
+            )
         run.signals.create(name=name, payload=payload, created_at=now)
         dispatch.advance(run_id, run.queue)
 
@@ -240,9 +257,13 @@ def retry(run_id: str) -> None:
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
         if run.status not in RETRYABLE:
-            raise DurableError(f"only a failed, dead or cancelled run can be retried; run {run_id!r} is {run.status}")
+            raise DurableError(
+                f"only a failed, dead or cancelled run can be retried; run {run_id!r} is {run.status}"
+            )
         if run.checkpoints.filter(kind="compensation").exists():
-            raise DurableError(f"run {run_id!r} was compensated; its effects were undone, so it cannot be retried")
+            raise DurableError(
+                f"run {run_id!r} was compensated; its effects were undone, so it cannot be retried"
+            )
         if run.failed_seqs:
             _fresh_attempt(run, run.failed_seqs)
         if not _runs().reopen(run_id, clock.now()):
@@ -287,8 +308,12 @@ def delete(run_id: str) -> int:
             frontier = list(_runs().filter(parent_id__in=frontier).values_list("id", flat=True))
             ids.extend(frontier)
         # Unfinished singleton runs deleted here free their slots for the next in line.
-        lines = set(_runs().filter(id__in=ids, status__in=UNFINISHED)
-                    .exclude(singleton_key=None).values_list("singleton_key", "workflow"))
+        lines = set(
+            _runs()
+            .filter(id__in=ids, status__in=UNFINISHED)
+            .exclude(singleton_key=None)
+            .values_list("singleton_key", "workflow")
+        )
         _runs().filter(id__in=ids).delete()
         for key, workflow in lines:
             singletons.admit(key, workflow)

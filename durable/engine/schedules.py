@@ -70,8 +70,12 @@ def _fire_alone(row: Schedule, now: datetime) -> bool | None:
         with transaction.atomic(using=conf.get().DATABASE):
             return _fire(row, now)
     except Exception:  # noqa: BLE001 - one schedule's failure must never stop the others
-        log.exception("durable: schedule %s (cron %r, workflow %s) failed and was skipped", row.key, row.cron,
-                      row.workflow)
+        log.exception(
+            "durable: schedule %s (cron %r, workflow %s) failed and was skipped",
+            row.key,
+            row.cron,
+            row.workflow,
+        )
         return None
 
 
@@ -80,21 +84,27 @@ def _fire(row: Schedule, now: datetime) -> bool:
     schedules = Schedule.objects.using(conf.get().DATABASE)
     tick = latest_tick(row.cron, row.timezone, row.next_at, now)
     following = next_tick(row.cron, row.timezone, tick)
-    busy = row.overlap == "skip" and row.last_run_id is not None and Run.objects.using(
-        conf.get().DATABASE
-    ).filter(id=row.last_run_id, status__in=UNFINISHED).exists()
+    busy = (
+        row.overlap == "skip"
+        and row.last_run_id is not None
+        and Run.objects.using(conf.get().DATABASE).filter(id=row.last_run_id, status__in=UNFINISHED).exists()
+    )
     new_id = None if busy else run_id(row.key, tick)
     if not schedules.advance(row.key, row.next_at, following, new_id, now):
         return False  # another sweep took this tick
     if new_id is None:
-        log.info("durable: schedule %s skipped its %s tick: run %s is still going", row.key, tick, row.last_run_id)
+        log.info(
+            "durable: schedule %s skipped its %s tick: run %s is still going", row.key, tick, row.last_run_id
+        )
         return False
     try:
         runs.start(row.workflow, row.input, run_id=new_id)
     except DurableError as exc:
         # Not registered here, an input its workflow now refuses, a full singleton line: this
         # tick is lost, the next ones are not, and the sweep goes on with the other schedules.
-        log.warning("durable: schedule %s could not start %s for its %s tick: %s", row.key, row.workflow, tick, exc)
+        log.warning(
+            "durable: schedule %s could not start %s for its %s tick: %s", row.key, row.workflow, tick, exc
+        )
         return False
     return True
 
@@ -126,7 +136,12 @@ def _sync_one(name: str, row: Schedule | None, now: datetime) -> None:
 
 
 def _changed(row: Schedule, spec: Spec) -> bool:
-    return (row.cron, row.timezone, row.input, row.overlap) != (spec.cron, spec.timezone, spec.input, spec.overlap)
+    return (row.cron, row.timezone, row.input, row.overlap) != (
+        spec.cron,
+        spec.timezone,
+        spec.input,
+        spec.overlap,
+    )
 
 
 def save(key: str, workflow: str, spec: Spec, now: datetime, *, declared: bool) -> None:
@@ -137,8 +152,13 @@ def save(key: str, workflow: str, spec: Spec, now: datetime, *, declared: bool) 
     row = schedules.filter(key=key).first()
     timing_changed = row is None or (row.cron, row.timezone) != (spec.cron, spec.timezone)
     fields = {
-        "workflow": workflow, "input": spec.input, "cron": spec.cron, "timezone": spec.timezone,
-        "overlap": spec.overlap, "declared": declared, "updated_at": now,
+        "workflow": workflow,
+        "input": spec.input,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "overlap": spec.overlap,
+        "declared": declared,
+        "updated_at": now,
     }
     if timing_changed:
         fields["next_at"] = next_tick(spec.cron, spec.timezone, now)

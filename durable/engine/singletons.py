@@ -29,7 +29,9 @@ def place(definition: Workflow, input: Any, *, queue_limit: bool = True) -> dict
         return {}
     key = f"{definition.name}:{spec.key_for(input)}"
     slot = _lock(key)
-    unfinished = Run.objects.using(conf.get().DATABASE).filter(singleton_key=key, status__in=UNFINISHED).count()
+    unfinished = (
+        Run.objects.using(conf.get().DATABASE).filter(singleton_key=key, status__in=UNFINISHED).count()
+    )
     if queue_limit and spec.max_queue_depth is not None and unfinished >= spec.limit + spec.max_queue_depth:
         raise QueueFull(
             f"singleton key {key!r} already has {unfinished} unfinished runs (limit {spec.limit} + "
@@ -43,7 +45,9 @@ def requeue(run: Run) -> None:
     """Put a run that runs again (a retry) at the back of its key's line, then admit who can go."""
     assert run.singleton_key is not None
     seq = _next_seq(_lock(run.singleton_key))
-    Run.objects.using(conf.get().DATABASE).filter(id=run.id).update(admitted=False, singleton_seq=seq, wake_at=None)
+    Run.objects.using(conf.get().DATABASE).filter(id=run.id).update(
+        admitted=False, singleton_seq=seq, wake_at=None
+    )
     admit(run.singleton_key, run.workflow)
 
 
@@ -63,9 +67,9 @@ def _admit(key: str, workflow: str, settings: conf.Settings) -> list[str]:
         return []
     now = clock.now()
     admitted = []
-    for run_id, queue, wake_at in line.filter(admitted=False).order_by("singleton_seq").values_list(
-        "id", "queue", "wake_at"
-    )[:free]:
+    for run_id, queue, wake_at in (
+        line.filter(admitted=False).order_by("singleton_seq").values_list("id", "queue", "wake_at")[:free]
+    ):
         delayed = wake_at is not None and wake_at > now  # started with a delay not yet over
         runs.filter(id=run_id, admitted=False).update(
             admitted=True, wake_at=wake_at if delayed else now + settings.RECONCILE_INTERVAL, updated_at=now
@@ -82,17 +86,23 @@ def repair() -> int:
     Two reads when nothing is to be done: the keys with waiting runs, and their runs in flight."""
     runs = Run.objects.using(conf.get().DATABASE)
     waiting = dict(
-        runs.filter(admitted=False, status__in=UNFINISHED).order_by()
-        .values_list("singleton_key", "workflow").distinct()[:REPAIR_BATCH]
+        runs.filter(admitted=False, status__in=UNFINISHED)
+        .order_by()
+        .values_list("singleton_key", "workflow")
+        .distinct()[:REPAIR_BATCH]
     )
     if not waiting:
         return 0
     in_flight = dict(
-        runs.filter(singleton_key__in=list(waiting), admitted=True, status__in=UNFINISHED).order_by()
-        .values_list("singleton_key").annotate(n=Count("id"))
+        runs.filter(singleton_key__in=list(waiting), admitted=True, status__in=UNFINISHED)
+        .order_by()
+        .values_list("singleton_key")
+        .annotate(n=Count("id"))
     )
     return sum(
-        len(admit(key, workflow)) for key, workflow in waiting.items() if in_flight.get(key, 0) < _limit(workflow)
+        len(admit(key, workflow))
+        for key, workflow in waiting.items()
+        if in_flight.get(key, 0) < _limit(workflow)
     )
 
 

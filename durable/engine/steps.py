@@ -46,8 +46,13 @@ def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: st
         return None
     # Results of durable's own steps are recorded by the worker that ran them, never by a message.
     if not (row.input or {}).get("task") or not _same_token(row.token, token):
-        log.warning("durable: refused a result for %s#%s attempt %s: not a Celery task step, or not "
-                    "the token durable sent with it", run_id, seq, attempt)
+        log.warning(
+            "durable: refused a result for %s#%s attempt %s: not a Celery task step, or not "
+            "the token durable sent with it",
+            run_id,
+            seq,
+            attempt,
+        )
         return None
     return row
 
@@ -112,10 +117,12 @@ def _error_shape(error: Any) -> dict[str, Any]:
     """The stored error shape from whatever a foreign worker sent as an error."""
     if not isinstance(error, dict):
         return {"message": str(error), "type": "Error", "code": None, "details": None}
-    shaped = {"message": str(error.get("message") or error.get("type") or "the task failed"),
-              "type": str(error.get("type") or "Error"),
-              "code": error.get("code") if isinstance(error.get("code"), str) else None,
-              "details": error.get("details")}
+    shaped = {
+        "message": str(error.get("message") or error.get("type") or "the task failed"),
+        "type": str(error.get("type") or "Error"),
+        "code": error.get("code") if isinstance(error.get("code"), str) else None,
+        "details": error.get("details"),
+    }
     try:
         return roundtrip(shaped, what="the error")
     except InvalidInput:
@@ -135,7 +142,9 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         return False
     if _task_attempt(run_id, seq, attempt, token, db) is None:
         return False
-    return Checkpoint.objects.using(db).beat(run_id, seq, attempt, clock.now(), progress, progress is not None)
+    return Checkpoint.objects.using(db).beat(
+        run_id, seq, attempt, clock.now(), progress, progress is not None
+    )
 
 
 def resend_unsent(run_id: str) -> None:
@@ -153,8 +162,13 @@ def resend_unsent(run_id: str) -> None:
 
 
 def record(
-    row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
-    beats: Beats | None, began: float | None = None,
+    row: Checkpoint,
+    step: Step | None,
+    output: Any,
+    error: dict[str, Any] | None,
+    retryable: bool,
+    beats: Beats | None,
+    began: float | None = None,
 ) -> str:
     """Record one attempt's result exactly once, then wake the run when it should be woken.
 
@@ -185,8 +199,13 @@ def _persistently(write: Callable[[], T], row: Checkpoint) -> T | None:
         try:
             return write()
         except _TRANSIENT:
-            log.warning("durable: could not record %s#%s attempt %s yet", row.run_id, row.seq, row.attempt,
-                        exc_info=True)
+            log.warning(
+                "durable: could not record %s#%s attempt %s yet",
+                row.run_id,
+                row.seq,
+                row.attempt,
+                exc_info=True,
+            )
             connections[db].close()
     return None
 
@@ -199,15 +218,24 @@ def _wake_if_closed(run_id: str, fan: int, settings: conf.Settings) -> str | Non
 
 
 def _record_once(
-    row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
+    row: Checkpoint,
+    step: Step | None,
+    output: Any,
+    error: dict[str, Any] | None,
+    retryable: bool,
     beats: Beats | None,
 ) -> tuple[str | None, str | None, bool]:
     """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later)."""
     try:
         return _write_result(row, step, output, error, retryable, beats)
     except DataError as exc:
-        log.warning("durable: the result of %s#%s attempt %s cannot be stored: %s",
-                    row.run_id, row.seq, row.attempt, exc)
+        log.warning(
+            "durable: the result of %s#%s attempt %s cannot be stored: %s",
+            row.run_id,
+            row.seq,
+            row.attempt,
+            exc,
+        )
         unstorable = {
             "message": f"the result of step {row.name!r} could not be stored: {str(exc).strip()[:300]}",
             "type": "UnstorableResult",
@@ -218,7 +246,11 @@ def _record_once(
 
 
 def _write_result(
-    row: Checkpoint, step: Step | None, output: Any, error: dict[str, Any] | None, retryable: bool,
+    row: Checkpoint,
+    step: Step | None,
+    output: Any,
+    error: dict[str, Any] | None,
+    retryable: bool,
     beats: Beats | None,
 ) -> tuple[str | None, str | None, bool]:
     settings = conf.get()
@@ -257,7 +289,7 @@ def next_turn(run_id: str, queue: str, settings: conf.Settings, began: float | N
 
     A Celery time limit set for the step just recorded (its ``timeout``) goes on ticking: the turn
     runs here only with at least a LEASE of it left, the time a turn is given anyway."""
-    limit = attempts.time_limit()
+    limit = dispatch.time_limit()
     if limit is not None:
         left = limit - (time.monotonic() - began) if began is not None else 0.0
         if left < settings.LEASE.total_seconds():

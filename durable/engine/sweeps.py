@@ -88,7 +88,9 @@ def reclaim(instance_id: str, booted_at: datetime) -> int:
     prefix = f"{instance_id}/"
     now, stale_before = clock.now(), booted_at + settings.LEASE
     with transaction.atomic(using=settings.DATABASE):
-        attempts = Checkpoint.objects.using(settings.DATABASE).let_go(prefix, stale_before, now, settings.TIMER_BATCH_SIZE)
+        attempts = Checkpoint.objects.using(settings.DATABASE).let_go(
+            prefix, stale_before, now, settings.TIMER_BATCH_SIZE
+        )
         _wake(attempts, now, settings)
     held = Run.objects.using(settings.DATABASE).held_by(prefix, settings.TIMER_BATCH_SIZE)
     return len(attempts) + recover(held, now, stale_before=stale_before, owner_prefix=prefix)
@@ -109,9 +111,12 @@ def recover(
     queues = dict(candidates)
     with transaction.atomic(using=settings.DATABASE):
         outcome = runs.recover(
-            list(queues), now, settings.MAX_RECOVERY_ATTEMPTS,
+            list(queues),
+            now,
+            settings.MAX_RECOVERY_ATTEMPTS,
             recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1),
-            stale_before=stale_before, owner_prefix=owner_prefix,
+            stale_before=stale_before,
+            owner_prefix=owner_prefix,
         )
         for run in runs.filter(id__in=outcome[Status.DEAD]):
             lifecycle.finished(run)
@@ -135,6 +140,16 @@ class Sweep:
 SWEEPS = (
     Sweep("durable.sweep_orphans", sweep_orphans, "ORPHAN_SWEEP_INTERVAL", "recovered {} orphaned run(s)"),
     Sweep("durable.sweep_timers", sweep_timers, "TIMER_SWEEP_INTERVAL", "woke {} due run(s)"),
-    Sweep("durable.sweep_schedules", schedules.sweep_schedules, "TIMER_SWEEP_INTERVAL", "started {} scheduled run(s)"),
-    Sweep("durable.sweep_retention", retention.sweep_retention, "RETENTION_SWEEP_INTERVAL", "deleted {} finished run(s)"),
+    Sweep(
+        "durable.sweep_schedules",
+        schedules.sweep_schedules,
+        "TIMER_SWEEP_INTERVAL",
+        "started {} scheduled run(s)",
+    ),
+    Sweep(
+        "durable.sweep_retention",
+        retention.sweep_retention,
+        "RETENTION_SWEEP_INTERVAL",
+        "deleted {} finished run(s)",
+    ),
 )

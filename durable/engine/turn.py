@@ -21,6 +21,7 @@ from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import Checkpoint, Run, Signal, Status
 from ..replay.context import RunFacts, TurnState, replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
+from ..statuses import Decided
 from . import attempts, events, leases, lifecycle, runs
 
 log = logging.getLogger("durable.engine")
@@ -106,15 +107,21 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
     db = settings.DATABASE
     error = turn_time_limit_exhausted(run.recovery_attempts + 1, settings.TURN_TIME_LIMIT)
     with transaction.atomic(using=db):
-        became = Run.objects.using(db).give_back(run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error)
+        became = Run.objects.using(db).give_back(
+            run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error
+        )
         if became == Status.DEAD:
             lifecycle.finished(run.ended_as(Status.DEAD, error=error))
         elif became == Status.SUSPENDED:
             dispatch.advance(run.id, run.queue or settings.DEFAULT_QUEUE)
     if became is None:
         return "lost"
-    log.warning("durable: the turn of run %s ran past TURN_TIME_LIMIT (%s); the run is %s",
-                run.id, settings.TURN_TIME_LIMIT, became)
+    log.warning(
+        "durable: the turn of run %s ran past TURN_TIME_LIMIT (%s); the run is %s",
+        run.id,
+        settings.TURN_TIME_LIMIT,
+        became,
+    )
     return became
 
 
@@ -127,7 +134,11 @@ def turn_time_limit_exhausted(attempts: int, limit: timedelta) -> dict[str, Any]
         ),
         "type": "RecoveryExhausted",
         "code": "max_recovery_attempts",
-        "details": {"recovery_attempts": attempts, "cause": "turn_time_limit", "turn_time_limit": limit.total_seconds()},
+        "details": {
+            "recovery_attempts": attempts,
+            "cause": "turn_time_limit",
+            "turn_time_limit": limit.total_seconds(),
+        },
     }
 
 
@@ -146,12 +157,18 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         workflow = registry.workflow(run.workflow, run.version)
     except WorkflowNotRegistered:
         # A rolling deploy: this worker lacks the code. Leave the run for one that has it.
-        log.warning("durable: %s@%s is not registered here; run %s left for another worker",
-                    run.workflow, run.version, run.id)
+        log.warning(
+            "durable: %s@%s is not registered here; run %s left for another worker",
+            run.workflow,
+            run.version,
+            run.id,
+        )
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
     state = TurnState(
-        records=_load_records(run.id, db), load_signals=lambda: _load_signals(run.id, db), find_event=events.find
+        records=_load_records(run.id, db),
+        load_signals=lambda: _load_signals(run.id, db),
+        find_event=events.find,
     )
 
     def renew() -> None:
@@ -174,7 +191,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
     try:
         body_input = _parse_input(workflow, run.input)
     except InvalidInput as exc:
-        outcome = Decision("failed", error=exc.to_dict())
+        outcome = Decision(Decided.FAILED, error=exc.to_dict())
         with transaction.atomic(using=db):
             _settle(run, owner, outcome, settings)
         return outcome
@@ -194,19 +211,29 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             if outcome.status == "continued":
                 outcome.output = {"continued_as": runs.continue_as_new(run, workflow, outcome.next_input)}
             _settle(run, owner, outcome, settings, state)
-    if outcome.status == "suspended" and events.arrived_since(state.records):
+    if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return outcome
 
 
 def _replay(
-    run: Run, workflow: Workflow, body_input: Any, state: TurnState, settings: conf.Settings,
-    flush: Callable[[TurnState], None], renew: Callable[[], None],
+    run: Run,
+    workflow: Workflow,
+    body_input: Any,
+    state: TurnState,
+    settings: conf.Settings,
+    flush: Callable[[TurnState], None],
+    renew: Callable[[], None],
 ) -> Decision:
     return replay(
         workflow,
         RunFacts(
-            run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline,
+            run.id,
+            run.workflow,
+            run.version,
+            run.namespace or None,
+            body_input,
+            run.deadline,
             run.cancel_request,
         ),
         state,
@@ -225,17 +252,21 @@ def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
     if state.unsaved() or state.consumed or state.dispatch or state.children:
         return False
     finishing_alone = not run.parent_id and not run.singleton_key  # else it tells its parent or line
-    return outcome.status == "suspended" or (outcome.status == "completed" and finishing_alone)
+    return outcome.status == Decided.SUSPENDED or (outcome.status == Decided.COMPLETED and finishing_alone)
 
 
-def _settle(run: Run, owner: str, outcome: Decision, settings: conf.Settings, state: TurnState | None = None) -> None:
+def _settle(
+    run: Run, owner: str, outcome: Decision, settings: conf.Settings, state: TurnState | None = None
+) -> None:
     fields = _run_fields(outcome)
     if state is not None and state.search_attributes is not None:
         fields["search_attributes"] = state.search_attributes
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
-    if outcome.status in ("completed", "failed", "cancelled"):
-        lifecycle.finished(run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")))
+    if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
+        lifecycle.finished(
+            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error"))
+        )
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:
@@ -250,11 +281,11 @@ def _parse_input(workflow: Workflow, raw: Any) -> Any:
 
 def _run_fields(outcome: Decision) -> dict[str, Any]:
     now = clock.now()
-    if outcome.status in ("completed", "continued"):
+    if outcome.status in (Decided.COMPLETED, Decided.CONTINUED):
         return {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}
-    if outcome.status == "cancelled":
+    if outcome.status == Decided.CANCELLED:
         return {"status": Status.CANCELLED, "error": outcome.error, "finished_at": now, "wake_at": None}
-    if outcome.status == "failed":
+    if outcome.status == Decided.FAILED:
         return {
             "status": Status.FAILED,
             "error": outcome.error,
@@ -298,8 +329,17 @@ def _load_signals(run_id: str, db: str) -> list[BufferedSignal]:
 
 
 _WRITTEN = (
-    "status", "attempt", "output", "error", "wake_at", "enqueued_at", "started_at",
-    "finished_at", "last_heartbeat_at", "token", "held_until",
+    "status",
+    "attempt",
+    "output",
+    "error",
+    "wake_at",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_heartbeat_at",
+    "token",
+    "held_until",
 )
 
 
@@ -316,8 +356,15 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
         fields = {f: getattr(rec, f) for f in _WRITTEN}
         if rec.stored_as is None:
             row = Checkpoint(
-                run_id=run_id, seq=rec.seq, kind=rec.kind, name=rec.name, queue=rec.queue,
-                input=rec.input, fan=rec.fan, fail_fast=rec.fail_fast, **fields,
+                run_id=run_id,
+                seq=rec.seq,
+                kind=rec.kind,
+                name=rec.name,
+                queue=rec.queue,
+                input=rec.input,
+                fan=rec.fan,
+                fail_fast=rec.fail_fast,
+                **fields,
             )
             if fenced_by is None:
                 new.append(row)
@@ -337,7 +384,14 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     for rec in state.dispatch:
         if (rec.input or {}).get("task"):
             dispatch.celery_task(
-                run_id, rec.seq, rec.attempt, rec.token, rec.name, rec.input, rec.queue, settings.DEFAULT_QUEUE
+                run_id,
+                rec.seq,
+                rec.attempt,
+                rec.token,
+                rec.name,
+                rec.input,
+                rec.queue,
+                settings.DEFAULT_QUEUE,
             )
             continue
         step = registry.step(rec.name)

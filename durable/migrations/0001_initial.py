@@ -5,102 +5,155 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('workflow', models.CharField(db_index=True, max_length=200)),
-                ('version', models.CharField(max_length=32)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('suspended', 'Suspended'), ('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('dead', 'Dead')], default='pending', max_length=16)),
-                ('queue', models.CharField(max_length=200)),
-                ('input', models.JSONField(blank=True, null=True)),
-                ('output', models.JSONField(blank=True, null=True)),
-                ('error', models.JSONField(blank=True, null=True)),
-                ('namespace', models.CharField(blank=True, default='', max_length=100)),
-                ('tags', models.JSONField(blank=True, default=list)),
-                ('search_attributes', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('wake_at', models.DateTimeField(blank=True, null=True)),
-                ('recovery_attempts', models.PositiveIntegerField(default=0)),
-                ('locked_by', models.CharField(blank=True, max_length=255, null=True)),
-                ('locked_until', models.DateTimeField(blank=True, null=True)),
-                ('wakes', models.BigIntegerField(default=0)),
-                ('failed_seqs', models.JSONField(blank=True, null=True)),
-                ('continued_from', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='continued_by', to='durable.run')),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='durable.run')),
+                ("id", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("workflow", models.CharField(db_index=True, max_length=200)),
+                ("version", models.CharField(max_length=32)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("suspended", "Suspended"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("dead", "Dead"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("queue", models.CharField(max_length=200)),
+                ("input", models.JSONField(blank=True, null=True)),
+                ("output", models.JSONField(blank=True, null=True)),
+                ("error", models.JSONField(blank=True, null=True)),
+                ("namespace", models.CharField(blank=True, default="", max_length=100)),
+                ("tags", models.JSONField(blank=True, default=list)),
+                ("search_attributes", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("wake_at", models.DateTimeField(blank=True, null=True)),
+                ("recovery_attempts", models.PositiveIntegerField(default=0)),
+                ("locked_by", models.CharField(blank=True, max_length=255, null=True)),
+                ("locked_until", models.DateTimeField(blank=True, null=True)),
+                ("wakes", models.BigIntegerField(default=0)),
+                ("failed_seqs", models.JSONField(blank=True, null=True)),
+                (
+                    "continued_from",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="continued_by",
+                        to="durable.run",
+                    ),
+                ),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="children",
+                        to="durable.run",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField()),
-                ('kind', models.CharField(max_length=16)),
-                ('name', models.CharField(max_length=255)),
-                ('status', models.CharField(default='pending', max_length=16)),
-                ('attempt', models.PositiveIntegerField(default=1)),
-                ('queue', models.CharField(blank=True, default='', max_length=200)),
-                ('input', models.JSONField(blank=True, null=True)),
-                ('output', models.JSONField(blank=True, null=True)),
-                ('error', models.JSONField(blank=True, null=True)),
-                ('wake_at', models.DateTimeField(blank=True, null=True)),
-                ('enqueued_at', models.DateTimeField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('progress', models.JSONField(blank=True, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='durable.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField()),
+                ("kind", models.CharField(max_length=16)),
+                ("name", models.CharField(max_length=255)),
+                ("status", models.CharField(default="pending", max_length=16)),
+                ("attempt", models.PositiveIntegerField(default=1)),
+                ("queue", models.CharField(blank=True, default="", max_length=200)),
+                ("input", models.JSONField(blank=True, null=True)),
+                ("output", models.JSONField(blank=True, null=True)),
+                ("error", models.JSONField(blank=True, null=True)),
+                ("wake_at", models.DateTimeField(blank=True, null=True)),
+                ("enqueued_at", models.DateTimeField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("progress", models.JSONField(blank=True, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="checkpoints",
+                        to="durable.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
+                "ordering": ["run", "seq"],
             },
         ),
         migrations.CreateModel(
-            name='Signal',
+            name="Signal",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=255)),
-                ('payload', models.JSONField(blank=True, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('consumed_seq', models.PositiveIntegerField(blank=True, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='signals', to='durable.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=255)),
+                ("payload", models.JSONField(blank=True, null=True)),
+                ("created_at", models.DateTimeField()),
+                ("consumed_seq", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="signals", to="durable.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
+                "ordering": ["id"],
             },
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', 'wake_at'], name='durable_run_due'),
+            model_name="run",
+            index=models.Index(fields=["status", "wake_at"], name="durable_run_due"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', 'locked_until'], name='durable_run_lease'),
+            model_name="run",
+            index=models.Index(fields=["status", "locked_until"], name="durable_run_lease"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['created_at'], name='durable_run_created'),
+            model_name="run",
+            index=models.Index(fields=["created_at"], name="durable_run_created"),
         ),
         migrations.AddIndex(
-            model_name='checkpoint',
-            index=models.Index(fields=['run', 'status'], name='durable_checkpoint_status'),
+            model_name="checkpoint",
+            index=models.Index(fields=["run", "status"], name="durable_checkpoint_status"),
         ),
         migrations.AddConstraint(
-            model_name='checkpoint',
-            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='durable_checkpoint_position'),
+            model_name="checkpoint",
+            constraint=models.UniqueConstraint(fields=("run", "seq"), name="durable_checkpoint_position"),
         ),
         migrations.AddIndex(
-            model_name='signal',
-            index=models.Index(fields=['run', 'consumed_seq'], name='durable_signal_unconsumed'),
+            model_name="signal",
+            index=models.Index(fields=["run", "consumed_seq"], name="durable_signal_unconsumed"),
         ),
     ]

@@ -4,30 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0001_initial'),
+        ("durable", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='checkpoint',
-            name='fail_fast',
+            model_name="checkpoint",
+            name="fail_fast",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='checkpoint',
-            name='fan',
+            model_name="checkpoint",
+            name="fan",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='run',
-            name='deadline',
+            model_name="run",
+            name="deadline",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='run',
-            name='parent_seq',
+            model_name="run",
+            name="parent_seq",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
     ]

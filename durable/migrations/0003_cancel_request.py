@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0002_fans_children_deadline'),
+        ("durable", "0002_fans_children_deadline"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='cancel_request',
+            model_name="run",
+            name="cancel_request",
             field=models.JSONField(blank=True, null=True),
         ),
     ]

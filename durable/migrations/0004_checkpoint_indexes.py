@@ -5,23 +5,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0003_cancel_request'),
+        ("durable", "0003_cancel_request"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='checkpoint',
-            name='durable_checkpoint_status',
+            model_name="checkpoint",
+            name="durable_checkpoint_status",
         ),
         migrations.AlterField(
-            model_name='checkpoint',
-            name='run',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='durable.run'),
+            model_name="checkpoint",
+            name="run",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="checkpoints",
+                to="durable.run",
+            ),
         ),
         migrations.AddIndex(
-            model_name='checkpoint',
-            index=models.Index(fields=['run', 'fan', 'status'], name='durable_checkpoint_fan'),
+            model_name="checkpoint",
+            index=models.Index(fields=["run", "fan", "status"], name="durable_checkpoint_fan"),
         ),
     ]

@@ -4,14 +4,13 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0004_checkpoint_indexes'),
+        ("durable", "0004_checkpoint_indexes"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', 'finished_at'], name='durable_run_finished'),
+            model_name="run",
+            index=models.Index(fields=["status", "finished_at"], name="durable_run_finished"),
         ),
     ]

@@ -4,31 +4,34 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0005_run_finished_index'),
+        ("durable", "0005_run_finished_index"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=255)),
-                ('payload', models.JSONField(blank=True, null=True)),
-                ('created_at', models.DateTimeField()),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=255)),
+                ("payload", models.JSONField(blank=True, null=True)),
+                ("created_at", models.DateTimeField()),
             ],
         ),
         migrations.AddIndex(
-            model_name='checkpoint',
-            index=models.Index(condition=models.Q(('kind', 'event')), fields=['name', 'status'], name='durable_checkpoint_event_wait'),
+            model_name="checkpoint",
+            index=models.Index(
+                condition=models.Q(("kind", "event")),
+                fields=["name", "status"],
+                name="durable_checkpoint_event_wait",
+            ),
         ),
         migrations.AddIndex(
-            model_name='event',
-            index=models.Index(fields=['name', 'created_at'], name='durable_event_name'),
+            model_name="event",
+            index=models.Index(fields=["name", "created_at"], name="durable_event_name"),
         ),
         migrations.AddIndex(
-            model_name='event',
-            index=models.Index(fields=['created_at'], name='durable_event_created'),
+            model_name="event",
+            index=models.Index(fields=["created_at"], name="durable_event_created"),
         ),
     ]

@@ -4,30 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0006_events'),
+        ("durable", "0006_events"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Schedule',
+            name="Schedule",
             fields=[
-                ('key', models.CharField(max_length=200, primary_key=True, serialize=False)),
-                ('workflow', models.CharField(max_length=200)),
-                ('input', models.JSONField(blank=True, null=True)),
-                ('cron', models.CharField(max_length=200)),
-                ('timezone', models.CharField(default='UTC', max_length=64)),
-                ('overlap', models.CharField(default='skip', max_length=16)),
-                ('paused', models.BooleanField(default=False)),
-                ('next_at', models.DateTimeField()),
-                ('last_run_id', models.CharField(blank=True, max_length=255, null=True)),
-                ('declared', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
+                ("key", models.CharField(max_length=200, primary_key=True, serialize=False)),
+                ("workflow", models.CharField(max_length=200)),
+                ("input", models.JSONField(blank=True, null=True)),
+                ("cron", models.CharField(max_length=200)),
+                ("timezone", models.CharField(default="UTC", max_length=64)),
+                ("overlap", models.CharField(default="skip", max_length=16)),
+                ("paused", models.BooleanField(default=False)),
+                ("next_at", models.DateTimeField()),
+                ("last_run_id", models.CharField(blank=True, max_length=255, null=True)),
+                ("declared", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
             ],
             options={
-                'indexes': [models.Index(fields=['paused', 'next_at'], name='durable_schedule_due')],
+                "indexes": [models.Index(fields=["paused", "next_at"], name="durable_schedule_due")],
             },
         ),
     ]

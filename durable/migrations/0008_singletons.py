@@ -4,40 +4,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0007_schedules'),
+        ("durable", "0007_schedules"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SingletonSlot',
+            name="SingletonSlot",
             fields=[
-                ('key', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('next_seq', models.BigIntegerField(default=0)),
+                ("key", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("next_seq", models.BigIntegerField(default=0)),
             ],
         ),
         migrations.AddField(
-            model_name='run',
-            name='admitted',
+            model_name="run",
+            name="admitted",
             field=models.BooleanField(default=True),
         ),
         migrations.AddField(
-            model_name='run',
-            name='singleton_key',
+            model_name="run",
+            name="singleton_key",
             field=models.CharField(blank=True, max_length=255, null=True),
         ),
         migrations.AddField(
-            model_name='run',
-            name='singleton_seq',
+            model_name="run",
+            name="singleton_seq",
             field=models.BigIntegerField(blank=True, null=True),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['singleton_key', 'status'], name='durable_run_singleton'),
+            model_name="run",
+            index=models.Index(fields=["singleton_key", "status"], name="durable_run_singleton"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(condition=models.Q(('admitted', False)), fields=['singleton_seq'], name='durable_run_waiting'),
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(("admitted", False)), fields=["singleton_seq"], name="durable_run_waiting"
+            ),
         ),
     ]

@@ -23,7 +23,9 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="checkpoint",
             index=models.Index(
-                condition=models.Q(("held_by__isnull", False)), fields=["held_until"], name="durable_checkpoint_held"
+                condition=models.Q(("held_by__isnull", False)),
+                fields=["held_until"],
+                name="durable_checkpoint_held",
             ),
         ),
     ]

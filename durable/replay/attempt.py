@@ -47,7 +47,9 @@ def run_attempt(
     except timed_out:
         return None, step_timeout(f"step {step.name!r} ran past its timeout of {step.timeout}"), True
     except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
-        log.info("durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc)
+        log.info(
+            "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc
+        )
         return None, error_dict(exc), step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
     try:
         return roundtrip(output, what=f"the output of step {step.name!r}"), None, True

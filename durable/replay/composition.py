@@ -63,7 +63,9 @@ class Composition(Positions):
         """Describe a step for ``ctx.all`` / ``ctx.all_settled``; nothing runs yet."""
         return Deferred("step", self._step_definition(step), args, kwargs)
 
-    def defer_child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Deferred:
+    def defer_child(
+        self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None
+    ) -> Deferred:
         """Describe a child run for ``ctx.all`` / ``ctx.all_settled``; nothing starts yet."""
         return Deferred("child", _workflow(workflow), (input,), {"run_id": run_id})
 
@@ -150,7 +152,9 @@ class Composition(Positions):
         child_id = run_id or child_run_id(self._facts.id, self._here)
         rec = self._new("child", definition.name, input={"run_id": child_id, "version": definition.version})
         rec.enqueued_at = self._now()
-        self._turn.children.append(ChildStart(child_id, definition.name, definition.version, payload, rec.seq))
+        self._turn.children.append(
+            ChildStart(child_id, definition.name, definition.version, payload, rec.seq)
+        )
         return rec
 
     def _resolve_child(self, rec: Record) -> Any:

@@ -25,8 +25,10 @@ from ..errors import (
     StepFailed,
     Suspend,
     WorkerLost,
+    cancelled_error,
     error_dict,
 )
+from ..statuses import Decided
 from . import saga, stopping
 from .attempt import Result, run_attempt, step_timeout
 from .composition import Composition
@@ -80,7 +82,9 @@ class TurnState:
     #: Loads ``signals`` on first use, so turns that wait for no signal skip the query.
     load_signals: Callable[[], list[BufferedSignal]] | None = None
     #: (id, payload) of the oldest event (name, match, since, excluding ids), or None.
-    find_event: Callable[[str, dict[str, Any] | None, datetime, set[int]], tuple[int, Any] | None] | None = None
+    find_event: Callable[[str, dict[str, Any] | None, datetime, set[int]], tuple[int, Any] | None] | None = (
+        None
+    )
     dispatch: list[Record] = field(default_factory=list)
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
@@ -187,19 +191,29 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         return self._settle(self._resolve_step(rec, definition))
 
     def _step_position(
-        self, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any], *, fan: int | None, fail_fast: bool,
+        self,
+        step: Step,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        fan: int | None,
+        fail_fast: bool,
         send: bool = True,
     ) -> Record:
         rec = self._position("step", step.name)
         if rec is None:
-            payload = roundtrip({"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {step.name!r}")
+            payload = roundtrip(
+                {"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {step.name!r}"
+            )
             if step.celery_task:
                 payload["task"] = True  # sent as the task itself, routed by Celery unless it names a queue
             rec = self._new(
                 "step",
                 step.name,
                 input=payload,
-                queue="" if step.local else (step.queue or ("" if step.celery_task else self._limits.default_queue)),
+                queue=""
+                if step.local
+                else (step.queue or ("" if step.celery_task else self._limits.default_queue)),
             )
             rec.fan, rec.fail_fast = fan, fail_fast
             if not step.local and send:
@@ -345,11 +359,17 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             earliest = self._deadline(rec, step, since=rec.enqueued_at)
             return Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
         if rec.held_until is not None and rec.held_until <= now:
-            return self._attempt_lost(rec, step, "its worker process stopped renewing it (killed, out of "
-                                      "memory, or its result could not be recorded)")
+            return self._attempt_lost(
+                rec,
+                step,
+                "its worker process stopped renewing it (killed, out of "
+                "memory, or its result could not be recorded)",
+            )
         deadline = self._deadline(rec, step, since=rec.started_at)
         if deadline is not None and now >= deadline:
-            err = step_timeout(f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time")
+            err = step_timeout(
+                f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time"
+            )
             self._attempt_failed(rec, step, err, retryable=True)
             return self._resolve_step(rec, step)
         return Pending(deadline)
@@ -417,7 +437,9 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         info = StepInfo(self._facts.id, rec.seq, rec.attempt, step.name)
         rec.started_at = self._clock()
         # A local step's beat proves the turn alive: it renews the turn's lease.
-        return self._attempt_ended(rec, step, *run_attempt(step, info, rec.input, lambda progress: self._renew()))
+        return self._attempt_ended(
+            rec, step, *run_attempt(step, info, rec.input, lambda progress: self._renew())
+        )
 
     def _run_in_place(self, rec: Record, step: Step) -> Any:
         """Run a dispatched step here, under the turn's lease. It is written as started (never
@@ -487,14 +509,19 @@ def replay(
         run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
     )
     if run.cancel_request is not None:
-        return saga.unwind(ctx, Decision("cancelled", error=saga.cancelled_error(run.cancel_request.get("reason"))))
+        return saga.unwind(
+            ctx, Decision(Decided.CANCELLED, error=cancelled_error(run.cancel_request.get("reason")))
+        )
     if run.deadline is not None and clock() >= run.deadline:
-        return Decision("failed", error={
-            "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
-            "type": "WorkflowTimeout",
-            "code": "timeout",
-            "details": {"deadline": run.deadline.isoformat()},
-        })
+        return Decision(
+            Decided.FAILED,
+            error={
+                "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
+                "type": "WorkflowTimeout",
+                "code": "timeout",
+                "details": {"deadline": run.deadline.isoformat()},
+            },
+        )
     escaped: BaseException | None = None
     try:
         value = workflow.fn(ctx, run.input)
@@ -517,7 +544,7 @@ def replay(
     except InvalidInput as exc:
         exc.code = "invalid_output"
         return _failed(exc, state)
-    return Decision("completed", output=output)
+    return Decision(Decided.COMPLETED, output=output)
 
 
 def _failed(exc: BaseException, state: TurnState) -> Decision:
@@ -528,5 +555,4 @@ def _failed(exc: BaseException, state: TurnState) -> Decision:
         seen.add(id(cursor))
         seqs.extend(state.raised.get(id(cursor), []))
         cursor = cursor.__cause__ or cursor.__context__
-    return Decision("failed", error=error_dict(exc), failed_seqs=sorted(set(seqs)))
-
+    return Decision(Decided.FAILED, error=error_dict(exc), failed_seqs=sorted(set(seqs)))

@@ -12,8 +12,9 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..guards import json_value
+from ..statuses import CheckpointStatus, Decided
 
-PENDING, COMPLETED, FAILED = "pending", "completed", "failed"
+PENDING, COMPLETED, FAILED = CheckpointStatus.PENDING, CheckpointStatus.COMPLETED, CheckpointStatus.FAILED
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Limits:
 class Decision:
     """What a turn decided for the run (not ``durable.Outcome``, which is how a member of a fan ended)."""
 
-    status: str  # completed | failed | suspended | continued
+    status: Decided
     output: Any = None
     error: dict[str, Any] | None = None
     wake_at: datetime | None = None

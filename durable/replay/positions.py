@@ -93,7 +93,13 @@ class Positions(ABC):
 
     @abstractmethod
     def _step_position(
-        self, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any], *, fan: int | None, fail_fast: bool,
+        self,
+        step: Step,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        fan: int | None,
+        fail_fast: bool,
         send: bool = True,
     ) -> Record:
         """Take the position of a step, recording (and sending) it when new."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..definitions import COMPENSATE_PREFIX, compensation_of, registry
 from ..errors import StepFailed, WorkflowNotRegistered
+from ..statuses import Decided
 from .history import COMPLETED, PENDING, Decision, Record
 from .positions import Pending, Positions
 
@@ -28,8 +29,12 @@ def unwind(ctx: Positions, final: Decision) -> Decision:
     """Compensate, then settle as ``final``; suspend while a compensation or a step is in flight."""
     records = ctx._turn.records
     in_flight = [
-        rec for rec in records.values()
-        if rec.kind == "step" and rec.status == PENDING and rec.enqueued_at is not None and rec.seq < COMPENSATION_BASE
+        rec
+        for rec in records.values()
+        if rec.kind == "step"
+        and rec.status == PENDING
+        and rec.enqueued_at is not None
+        and rec.seq < COMPENSATION_BASE
     ]
     for rec in in_flight:
         answer = ctx._resolve_step(rec, ctx._definition_of(rec))
@@ -48,7 +53,9 @@ def unwind(ctx: Positions, final: Decision) -> Decision:
         if comp is None:
             args = rec.input or {}
             comp = Record(
-                seq=position, kind="compensation", name=step.name,
+                seq=position,
+                kind="compensation",
+                name=step.name,
                 input={"args": [rec.output, *args.get("args", [])], "kwargs": args.get("kwargs", {})},
                 queue="" if step.local else (step.queue or ctx._limits.default_queue),
             )
@@ -75,9 +82,6 @@ def _undo_of(rec: Record) -> Any:
 
 def _suspended(ctx: Positions, wake_at: Any) -> Decision:
     now = ctx._now()
-    return Decision("suspended", wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval])))
-
-
-def cancelled_error(reason: str | None) -> dict[str, Any]:
-    return {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
-
+    return Decision(
+        Decided.SUSPENDED, wake_at=min(filter(None, [wake_at, now + ctx._limits.reconcile_interval]))
+    )

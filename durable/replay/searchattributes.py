@@ -19,7 +19,9 @@ class SearchAttributes(Positions):
     def upsert_search_attributes(self, mapping: dict[str, Any]) -> None:
         """Merge ``mapping`` into the run's search attributes (a None value removes one), checked
         against the workflow's ``search_attributes_schema``; query them with the ORM."""
-        checked = check_search_attributes(mapping, registry.workflow(self._facts.workflow, self._facts.version))
+        checked = check_search_attributes(
+            mapping, registry.workflow(self._facts.workflow, self._facts.version)
+        )
         if self._position("value", SEARCH_ATTRIBUTES) is not None:
             return  # recorded by an earlier turn, and merged into the row then
         rec = self._new("value", SEARCH_ATTRIBUTES, status=COMPLETED, output=checked)
@@ -45,7 +47,9 @@ def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
                 f"search attribute {name!r} is not in {workflow.name}'s search_attributes_schema ({', '.join(schema)})"
             )
         kinds = schema[name] if isinstance(schema[name], tuple) else (schema[name],)
-        fits = any(isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool) for kind in kinds)
+        fits = any(
+            isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool) for kind in kinds
+        )
         if value is not None and not fits:
             names = " or ".join(kind.__name__ for kind in kinds)
             raise InvalidInput(f"search attribute {name!r} must be {names}, got {value!r}")

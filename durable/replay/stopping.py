@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import DurableError, Suspend, _ControlFlow
+from ..statuses import Decided
 from .composition import ContinueAsNew
 from .history import Decision
 from .positions import Positions
@@ -48,12 +49,14 @@ class Stopping(Positions):
         if threading.get_ident() != self._thread:
             # Positions are handed out in call order, so a primitive racing from another thread
             # would make the history depend on scheduling: refused, and the run fails with it.
-            raise self._stop(DurableError(
-                f"a workflow primitive of run {self._facts.id} was called from thread "
-                f"{threading.current_thread().name!r}, not the thread running the workflow body: call "
-                "ctx methods only from the body itself (use ctx.all / ctx.map for parallel steps)",
-                code="wrong_thread",
-            ))
+            raise self._stop(
+                DurableError(
+                    f"a workflow primitive of run {self._facts.id} was called from thread "
+                    f"{threading.current_thread().name!r}, not the thread running the workflow body: call "
+                    "ctx methods only from the body itself (use ctx.all / ctx.map for parallel steps)",
+                    code="wrong_thread",
+                )
+            )
         if self._stopping is not None:
             raise Suspend() if isinstance(self._stopping, Suspend) else self._stopping
 
@@ -82,9 +85,11 @@ def ended(ctx: Stopping, escaped: BaseException | None) -> Decision | None:
             raise stop
     stop = ctx._stopping or escaped
     if isinstance(stop, ContinueAsNew):
-        return Decision("continued", next_input=stop.input)
+        return Decision(Decided.CONTINUED, next_input=stop.input)
     if not isinstance(stop, Suspend):
         return None
     now = ctx._now()
-    wake_at = min([*ctx._turn.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._facts.deadline])])
-    return Decision("suspended", wake_at=wake_at)
+    wake_at = min(
+        [*ctx._turn.wakes, now + ctx._limits.reconcile_interval, *filter(None, [ctx._facts.deadline])]
+    )
+    return Decision(Decided.SUSPENDED, wake_at=wake_at)

@@ -37,7 +37,9 @@ class Waits(Positions):
             self._turn.consumed.append(buffered)
             return True, buffered.payload
 
-        return self._settle(self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout"))
+        return self._settle(
+            self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout")
+        )
 
     def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
         """Return the payload of the oldest event ``name`` published within EVENT_BUFFER_TTL whose
@@ -50,7 +52,9 @@ class Waits(Positions):
             if self._turn.find_event is None:
                 return False, None
             since = now - self._limits.event_ttl
-            found = self._turn.find_event(rec.name, rec.input.get("match"), since, received_events(self._turn.records))
+            found = self._turn.find_event(
+                rec.name, rec.input.get("match"), since, received_events(self._turn.records)
+            )
             if found is None:
                 return False, None
             rec.input = {**rec.input, "event_id": found[0]}
@@ -67,7 +71,9 @@ class Waits(Positions):
             raise InvalidInput(str(exc)) from None
         rec = self._position(kind, name)
         if rec is None:
-            rec = self._new(kind, name, input={**input, "timeout": None if delta is None else delta.total_seconds()})
+            rec = self._new(
+                kind, name, input={**input, "timeout": None if delta is None else delta.total_seconds()}
+            )
             rec.wake_at = None if delta is None else self._now() + delta
         return rec
 
@@ -96,7 +102,9 @@ def check_match(match: Any) -> dict[str, Any] | None:
     if match is None:
         return None
     scalars = (str, int, float, bool, type(None))
-    if not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, scalars) for k, v in match.items()):
+    if not isinstance(match, dict) or not all(
+        isinstance(k, str) and isinstance(v, scalars) for k, v in match.items()
+    ):
         raise InvalidInput(
             f"match must be a dict of payload keys to JSON scalars (str, number, bool, None), got {match!r}"
         )
@@ -106,6 +114,7 @@ def check_match(match: Any) -> dict[str, Any] | None:
 def received_events(records: dict[int, Record]) -> set[int]:
     """Ids of the events this run's waits have received."""
     return {
-        rec.input["event_id"] for rec in records.values()
+        rec.input["event_id"]
+        for rec in records.values()
         if rec.kind == "event" and rec.status == COMPLETED and "event_id" in (rec.input or {})
     }

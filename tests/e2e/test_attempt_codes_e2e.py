@@ -36,7 +36,10 @@ def one_step(ctx, name):
 
 
 def test_a_non_json_step_result_is_invalid_output_on_every_path(durable_worker):
-    runs = {name: durable.start(one_step, f"tests.e2e_codes.{name}") for name in ("local", "in_place", "dispatched")}
+    runs = {
+        name: durable.start(one_step, f"tests.e2e_codes.{name}")
+        for name in ("local", "in_place", "dispatched")
+    }
     codes = {}
     for name, run in runs.items():
         with pytest.raises(durable.RunFailed):

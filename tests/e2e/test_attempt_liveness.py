@@ -123,7 +123,8 @@ def interrupted_flow(ctx, _):
 def _ended(run_id: str, timeout: float):
     return wait_for(
         lambda: (r := durable.get_run(run_id)).status in ("completed", "failed", "dead", "cancelled") and r,
-        timeout, what=f"run {run_id} to end",
+        timeout,
+        what=f"run {run_id} to end",
     )
 
 
@@ -157,7 +158,9 @@ def test_keyboard_interrupt_in_a_step_fails_the_attempt_with_its_cause(durable_w
     assert ended.status == "failed"
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert (row.status, row.error["type"], row.error["message"]) == (
-        "failed", "KeyboardInterrupt", "stop right there"
+        "failed",
+        "KeyboardInterrupt",
+        "stop right there",
     )
     assert ran(run.id) == ["interrupted:1"]
     # The worker lives on and serves the next run.

@@ -71,7 +71,9 @@ def quick(ctx, value):
 
 
 def serves_on(worker_logs: str = "") -> None:
-    assert durable.result(durable.start(quick, "still serving").id, timeout=30) == "still serving", worker_logs
+    assert durable.result(durable.start(quick, "still serving").id, timeout=30) == "still serving", (
+        worker_logs
+    )
 
 
 @pytest.mark.parametrize("swallow", [False, True], ids=["loops", "loops-and-swallows"])
@@ -79,9 +81,13 @@ def test_a_body_looping_without_primitives_ends_dead_at_turn_time_limit(durable_
     worker = durable_worker.add_worker(SHORT, concurrency=1)
     began = time.monotonic()
     run = durable.start(spinning, swallow)
-    record = wait_for(lambda: (r := durable.get_run(run.id)).status == "dead" and r, 60, 0.2, "the run to go dead")
-    print(f"bodies: a spinning body ({'swallowing' if swallow else 'plain'}) went dead after two turns "
-          f"of TURN_TIME_LIMIT 2s in {time.monotonic() - began:.1f} s")
+    record = wait_for(
+        lambda: (r := durable.get_run(run.id)).status == "dead" and r, 60, 0.2, "the run to go dead"
+    )
+    print(
+        f"bodies: a spinning body ({'swallowing' if swallow else 'plain'}) went dead after two turns "
+        f"of TURN_TIME_LIMIT 2s in {time.monotonic() - began:.1f} s"
+    )
     assert record.error["details"]["cause"] == "turn_time_limit", record.error
     assert "TURN_TIME_LIMIT" in record.error["message"]
     serves_on(worker.logs())
@@ -112,7 +118,9 @@ def test_cancel_stops_a_turn_that_never_calls_a_primitive(durable_worker):
     assert durable.cancel(run.id)
     began = time.monotonic()
     serves_on(worker.logs())  # one process: it is free again only once the spinning turn stopped
-    print(f"bodies: a spinning turn stopped and the worker served the next run {time.monotonic() - began:.1f} s "
-          "after cancel()")
+    print(
+        f"bodies: a spinning turn stopped and the worker served the next run {time.monotonic() - began:.1f} s "
+        "after cancel()"
+    )
     assert durable.get_run(run.id).status == "cancelled"
     assert "stopping the turn of run" in worker.logs()

@@ -122,8 +122,16 @@ def expected_output(n: int) -> dict:
     return {"n": n, "c": c, "fan": 5 * c + 15, "kid": c + 1, "d": c + n + 1}
 
 
-KINDS = {0: "step", 1: "step", 2: "step", **{s: "step" for s in range(3, 8)}, 8: "child", 9: "sleep",
-         10: "signal", 11: "step"}
+KINDS = {
+    0: "step",
+    1: "step",
+    2: "step",
+    **{s: "step" for s in range(3, 8)},
+    8: "child",
+    9: "sleep",
+    10: "signal",
+    11: "step",
+}
 # Executions per step position without chaos.
 RUNS_PER_STEP = {0: 1, 1: 1, 2: 2, **{s: 1 for s in range(3, 8)}, 11: 1}
 
@@ -163,8 +171,10 @@ def describe(run_ids) -> str:
     lines = []
     for run in Run.objects.filter(id__in=run_ids)[:10]:
         steps = list(Checkpoint.objects.filter(run=run).values_list("seq", "kind", "status", "attempt"))
-        lines.append(f"{run.id} {run.status} wake_at={run.wake_at} locked={run.locked_by} "
-                     f"recovery={run.recovery_attempts} error={run.error} history={steps}")
+        lines.append(
+            f"{run.id} {run.status} wake_at={run.wake_at} locked={run.locked_by} "
+            f"recovery={run.recovery_attempts} error={run.error} history={steps}"
+        )
     return "\n".join(lines)
 
 
@@ -224,9 +234,13 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
             return not Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).exists()
 
         try:
-            wait_for(all_terminal, CONVERGE_DEADLINE, interval=0.5, what="every run to finish after the chaos")
+            wait_for(
+                all_terminal, CONVERGE_DEADLINE, interval=0.5, what="every run to finish after the chaos"
+            )
         except AssertionError:
-            stuck = list(Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).values_list("id", flat=True))
+            stuck = list(
+                Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).values_list("id", flat=True)
+            )
             statuses = Counter(Run.objects.filter(id__in=ids).values_list("status", flat=True))
             print(f"{len(stuck)} runs stuck ({dict(statuses)}), e.g.:\n{describe(stuck)}")
             raise
@@ -242,8 +256,12 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
         "run_id", "seq", "kind", "status", "attempt"
     ):
         history[rid][seq] = (kind, status, attempt)
-    bad_history = [rid for rid in ids if {s: h[0] for s, h in history[rid].items()} != KINDS
-                   or any(h[1] != "completed" for h in history[rid].values())]
+    bad_history = [
+        rid
+        for rid in ids
+        if {s: h[0] for s, h in history[rid].items()} != KINDS
+        or any(h[1] != "completed" for h in history[rid].values())
+    ]
     assert not bad_history, f"unexpected histories:\n{describe(bad_history)}"
     recorded = Checkpoint.objects.filter(run_id__in=ids, kind="step", status="completed").count()
     assert recorded == RUNS * len(RUNS_PER_STEP)  # one completed row per (run, step position)
@@ -264,8 +282,12 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
     assert not never_ran, f"steps recorded without any execution in the ledger: {never_ran[:10]}"
     # The attempt whose result was recorded really ran, and the flaky step never succeeded on its
     # first attempt (which a kill may end before the body writes the ledger: not asserted).
-    unbacked = [(rid, seq) for rid in ids for seq in RUNS_PER_STEP
-                if (rid, seq, history[rid][seq][2]) not in attempts_run]
+    unbacked = [
+        (rid, seq)
+        for rid in ids
+        for seq in RUNS_PER_STEP
+        if (rid, seq, history[rid][seq][2]) not in attempts_run
+    ]
     assert not unbacked, f"recorded attempts that never ran: {unbacked[:10]}"
     first_won = [rid for rid in ids if history[rid][2][2] < 2]
     assert not first_won, f"the flaky step was recorded on attempt 1:\n{describe(first_won)}"

@@ -25,8 +25,13 @@ LEDGER = Path(tempfile.gettempdir()) / "durable-e2e-composition"
 @pytest.fixture
 def durable_worker_options():
     # Short leases so a crash-looping grandchild goes dead within seconds.
-    return {"env": {"DURABLE_LEASE": "2s", "DURABLE_MAX_RECOVERY_ATTEMPTS": "1",
-                    "DURABLE_ORPHAN_SWEEP_INTERVAL": "1s"}}
+    return {
+        "env": {
+            "DURABLE_LEASE": "2s",
+            "DURABLE_MAX_RECOVERY_ATTEMPTS": "1",
+            "DURABLE_ORPHAN_SWEEP_INTERVAL": "1s",
+        }
+    }
 
 
 def events(key: str) -> list[str]:
@@ -149,4 +154,8 @@ def test_plain_celery_shared_task_as_a_step(durable_worker):
     run = durable.start(legacy_flow, 6)
     assert durable.result(run.id, timeout=60) == 42
     step = Checkpoint.objects.get(run_id=run.id)
-    assert (step.name, step.status, step.started_at is not None) == ("tests.e2e_legacy_multiply", "completed", True)
+    assert (step.name, step.status, step.started_at is not None) == (
+        "tests.e2e_legacy_multiply",
+        "completed",
+        True,
+    )

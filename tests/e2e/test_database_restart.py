@@ -46,7 +46,9 @@ def test_worker_that_reuses_connections_runs_new_work_at_once_after_the_database
 ):
     assert settings.CELERY_DB_REUSE_MAX, "the case under test: Celery keeps connections across tasks"
     warm = start(WARM_UP)
-    wait_for(lambda: not unfinished(warm), 60, what="the warm-up runs to finish")  # a connection per pool process
+    wait_for(
+        lambda: not unfinished(warm), 60, what="the warm-up runs to finish"
+    )  # a connection per pool process
     cut = cut_database_connections()
     assert cut, "no worker connection to cut"
     began = time.monotonic()
@@ -55,9 +57,11 @@ def test_worker_that_reuses_connections_runs_new_work_at_once_after_the_database
         wait_for(lambda: not unfinished(ids), BOUND, what=f"{AFTER_CUT} runs started after the cut to finish")
     finally:
         log = durable_worker.logs()
-        print(f"\ndatabase cut ({cut} backends): {AFTER_CUT - unfinished(ids)} of {AFTER_CUT} new runs finished in "
-              f"{time.monotonic() - began:.2f} s; worker log: {log.count('the connection is closed')} "
-              f"'the connection is closed', {log.count('raised unexpected')} failed tasks")
+        print(
+            f"\ndatabase cut ({cut} backends): {AFTER_CUT - unfinished(ids)} of {AFTER_CUT} new runs finished in "
+            f"{time.monotonic() - began:.2f} s; worker log: {log.count('the connection is closed')} "
+            f"'the connection is closed', {log.count('raised unexpected')} failed tasks"
+        )
     ended = {run.id: (run.status, run.output) for run in Run.objects.filter(id__in=ids)}
     assert ended == {run_id: ("completed", 2 * n + 1) for run_id, n in ids.items()}
     assert "raised unexpected" not in log

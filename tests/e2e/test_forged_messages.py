@@ -116,13 +116,19 @@ def forged_values(run_id: str) -> list[tuple[int, str, Any]]:
 
 
 @pytest.mark.parametrize("flow", [dispatched_flow, fan_member_flow, in_place_flow], ids=lambda f: f.name)
-def test_forged_step_result_for_an_ordinary_step_changes_nothing(postgres, redis_broker, durable_worker, gate, flow):
+def test_forged_step_result_for_an_ordinary_step_changes_nothing(
+    postgres, redis_broker, durable_worker, gate, flow
+):
     run_id = start_and_wait_until_running(gate, flow)
     try:
         forged = forge("durable.step_result", run_id=run_id, seq=0, attempt=1, output={"forged": True})
-        line = wait_for(lambda: handled(durable_worker, forged), 30, what="the worker to handle the forged message")
+        line = wait_for(
+            lambda: handled(durable_worker, forged), 30, what="the worker to handle the forged message"
+        )
         run = Run.objects.get(id=run_id)
-        assert run.status not in TERMINAL, f"the forged step_result ended the run: {run.status} {run.output} ({line})"
+        assert run.status not in TERMINAL, (
+            f"the forged step_result ended the run: {run.status} {run.output} ({line})"
+        )
         assert not forged_values(run_id), f"the forged output was stored: {forged_values(run_id)} ({line})"
     finally:
         (gate / f"{run_id}.release").touch()
@@ -132,15 +138,25 @@ def test_forged_step_result_for_an_ordinary_step_changes_nothing(postgres, redis
     ]
 
 
-def test_forged_heartbeat_does_not_store_twenty_megabytes_of_progress(postgres, redis_broker, durable_worker, gate):
+def test_forged_heartbeat_does_not_store_twenty_megabytes_of_progress(
+    postgres, redis_broker, durable_worker, gate
+):
     run_id = start_and_wait_until_running(gate, dispatched_flow)
     try:
         forged = forge(
-            "durable.heartbeat", run_id=run_id, seq=0, attempt=1, progress={"forged": "x" * FORGED_PROGRESS_BYTES}
+            "durable.heartbeat",
+            run_id=run_id,
+            seq=0,
+            attempt=1,
+            progress={"forged": "x" * FORGED_PROGRESS_BYTES},
         )
-        line = wait_for(lambda: handled(durable_worker, forged), 60, what="the worker to handle the forged message")
+        line = wait_for(
+            lambda: handled(durable_worker, forged), 60, what="the worker to handle the forged message"
+        )
         stored = [(seq, field, len(value["forged"])) for seq, field, value in forged_values(run_id)]
-        assert not stored, f"the forged progress was stored (position, field, characters): {stored} ({line[:300]})"
+        assert not stored, (
+            f"the forged progress was stored (position, field, characters): {stored} ({line[:300]})"
+        )
     finally:
         (gate / f"{run_id}.release").touch()
     assert durable.result(run_id, timeout=30) == {"real": "x"}

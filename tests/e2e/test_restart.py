@@ -53,7 +53,9 @@ def test_restarted_worker_with_the_same_instance_id_resumes_within_two_seconds(d
     ready = time.time()
     assert durable.result(run.id, timeout=20) == "resumed"
     resumed = starts(run.id)[1]
-    print(f"restart: run resumed {resumed - asked:.2f} s after the restart began, worker boot "
-          f"included ({max(resumed - ready, 0):.2f} s after it was seen ready; the lease is 30 s)")
+    print(
+        f"restart: run resumed {resumed - asked:.2f} s after the restart began, worker boot "
+        f"included ({max(resumed - ready, 0):.2f} s after it was seen ready; the lease is 30 s)"
+    )
     assert resumed - ready <= 2.0
     assert durable.get_run(run.id).recovery_attempts == 0  # reset by the turn that completed

@@ -185,10 +185,14 @@ def describe(run_ids: list[str]) -> str:
     lines = []
     for run in Run.objects.filter(id__in=run_ids)[:10]:
         history = list(
-            Checkpoint.objects.filter(run=run).order_by("seq").values_list("seq", "status", "attempt", "started_at")
+            Checkpoint.objects.filter(run=run)
+            .order_by("seq")
+            .values_list("seq", "status", "attempt", "started_at")
         )
-        lines.append(f"{run.id} {run.status} wake_at={run.wake_at} locked={run.locked_by} "
-                     f"recovery={run.recovery_attempts} error={run.error} history={history}")
+        lines.append(
+            f"{run.id} {run.status} wake_at={run.wake_at} locked={run.locked_by} "
+            f"recovery={run.recovery_attempts} error={run.error} history={history}"
+        )
     return "\n".join(lines)
 
 
@@ -244,7 +248,9 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
             return not Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).exists()
 
         try:
-            wait_for(all_terminal, CONVERGE_DEADLINE, interval=0.5, what="every run to end after the last fault")
+            wait_for(
+                all_terminal, CONVERGE_DEADLINE, interval=0.5, what="every run to end after the last fault"
+            )
             converged: float | None = time.monotonic() - last_fault
         except AssertionError:
             converged = None
@@ -253,33 +259,44 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
     executions = read_ledger(ledger_dir, ids)
     recorded = {
         (run_id, seq): (kind, status, attempt, output)
-        for run_id, seq, kind, status, attempt, output in Checkpoint.objects.filter(run_id__in=ids).values_list(
-            "run_id", "seq", "kind", "status", "attempt", "output"
-        )
+        for run_id, seq, kind, status, attempt, output in Checkpoint.objects.filter(
+            run_id__in=ids
+        ).values_list("run_id", "seq", "kind", "status", "attempt", "output")
     }
     died = {path.name: int(os.readlink(path)) for path in (ledger_dir / "died").iterdir()}
-    per_attempt = Counter((run_id, seq, attempt) for run_id, done in executions.items() for seq, attempt in done)
+    per_attempt = Counter(
+        (run_id, seq, attempt) for run_id, done in executions.items() for seq, attempt in done
+    )
     per_position = Counter((run_id, seq) for run_id, seq, _ in per_attempt.elements())
     statuses = Counter(run.status for run in runs.values())
     finished = max(filter(None, (run.finished_at for run in runs.values())), default=last_fault_at)
-    ended = (f"every run ended {converged:.1f} s after the last fault" if converged is not None
-             else f"runs were left {CONVERGE_DEADLINE} s after the last fault")
-    print("\n".join([
-        f"runs: {len(runs)} ({unfinished} unfinished at the last fault), by status: {dict(statuses)}",
-        f"faults: {faults.kills} pool children SIGKILLed ({faults.kill_misses} times none to kill), "
-        f"{len(died)} steps ended their process, connections cut {faults.cuts}",
-        f"step executions: {sum(per_attempt.values())} (without faults: {RUNS * (len(DISPATCHED) + len(LOCAL))}), "
-        f"max attempt seen: {max((key[2] for key in per_attempt), default=0)} (of {MAX_ATTEMPTS}), "
-        f"max attempt recorded: {max((row[2] for row in recorded.values()), default=0)}",
-        summarize_reruns(per_attempt, per_position),
-        f"convergence: {ended}; the last finished {(finished - last_fault_at).total_seconds():.1f} s after it",
-        f"wall time: {time.monotonic() - began:.1f} s",
-    ]))
+    ended = (
+        f"every run ended {converged:.1f} s after the last fault"
+        if converged is not None
+        else f"runs were left {CONVERGE_DEADLINE} s after the last fault"
+    )
+    print(
+        "\n".join(
+            [
+                f"runs: {len(runs)} ({unfinished} unfinished at the last fault), by status: {dict(statuses)}",
+                f"faults: {faults.kills} pool children SIGKILLed ({faults.kill_misses} times none to kill), "
+                f"{len(died)} steps ended their process, connections cut {faults.cuts}",
+                f"step executions: {sum(per_attempt.values())} (without faults: {RUNS * (len(DISPATCHED) + len(LOCAL))}), "
+                f"max attempt seen: {max((key[2] for key in per_attempt), default=0)} (of {MAX_ATTEMPTS}), "
+                f"max attempt recorded: {max((row[2] for row in recorded.values()), default=0)}",
+                summarize_reruns(per_attempt, per_position),
+                f"convergence: {ended}; the last finished {(finished - last_fault_at).total_seconds():.1f} s after it",
+                f"wall time: {time.monotonic() - began:.1f} s",
+            ]
+        )
+    )
     stuck = [run_id for run_id, run in runs.items() if run.status not in TERMINAL]
     assert converged is not None, (
         f"{len(stuck)} runs not ended {CONVERGE_DEADLINE} s after the last fault, e.g.:\n{describe(stuck)}"
     )
-    assert all(worker.alive for worker in workers), "a worker's main process died: only pool children were killed"
+    assert all(worker.alive for worker in workers), (
+        "a worker's main process died: only pool children were killed"
+    )
 
     not_completed = [run_id for run_id, run in runs.items() if run.status != "completed"]
     assert not not_completed, f"{len(not_completed)} runs did not complete:\n{describe(not_completed)}"
@@ -292,15 +309,20 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
         (run_id, seq, recorded.get((run_id, seq)))
         for run_id, n in numbers.items()
         for seq, output in expected_positions(n).items()
-        if recorded.get((run_id, seq), (None,) * 4)[:2] != ("step", "completed") or recorded[run_id, seq][3] != output
+        if recorded.get((run_id, seq), (None,) * 4)[:2] != ("step", "completed")
+        or recorded[run_id, seq][3] != output
     ]
     assert not bad_rows, f"positions not recorded once as completed with their output: {bad_rows[:10]}"
 
     twice = sorted(key for key, count in per_attempt.items() if count > 1 and key[1] in DISPATCHED)
-    assert not twice, f"{len(twice)} attempts of a dispatched step ran more than once (run, seq, attempt): {twice[:10]}"
+    assert not twice, (
+        f"{len(twice)} attempts of a dispatched step ran more than once (run, seq, attempt): {twice[:10]}"
+    )
     beyond = sorted(key for key in per_attempt if key[2] > MAX_ATTEMPTS)
     assert not beyond, f"attempts past Retry(max_attempts={MAX_ATTEMPTS}) ran: {beyond[:10]}"
-    too_often = sorted(key for key, count in per_position.items() if count > MAX_ATTEMPTS and key[1] in DISPATCHED)
+    too_often = sorted(
+        key for key, count in per_position.items() if count > MAX_ATTEMPTS and key[1] in DISPATCHED
+    )
     assert not too_often, f"positions executed more than {MAX_ATTEMPTS} times: {too_often[:10]}"
     unbacked = [key for key, row in recorded.items() if (*key, row[2]) not in per_attempt]
     assert not unbacked, f"recorded attempts that never ran: {unbacked[:10]}"
@@ -308,4 +330,3 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
     assert len(died) == len(numbers) // DIES_EVERY
     death_ignored = sorted(run_id for run_id, attempt in died.items() if recorded[run_id, 0][2] <= attempt)
     assert not death_ignored, f"a process death did not count as a failed attempt:\n{describe(death_ignored)}"
-

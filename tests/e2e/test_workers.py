@@ -114,8 +114,9 @@ def test_example_workflow_completes(durable_worker):
     durable_worker.start_beat()
     order = {"id": 1, "items": [{"sku": "a", "cents": 500, "qty": 2}], "cooling_off": "1s"}
     run = durable.start("shop.fulfil", order)
-    wait_for(lambda: Checkpoint.objects.filter(run_id=run.id, kind="signal").exists(), 60,
-             what="the approval wait")
+    wait_for(
+        lambda: Checkpoint.objects.filter(run_id=run.id, kind="signal").exists(), 60, what="the approval wait"
+    )
     durable.signal(run.id, "approve", {"address": "1 Main St, Springfield"})
     output = durable.result(run.id, timeout=60)
     assert output["cents"] == 1000 and output["tracking"] == "TRACK-1-SPRINGFIELD"
@@ -173,8 +174,11 @@ def test_signal_sent_before_the_wait_is_not_lost(durable_worker):
 def test_events_reach_waiting_runs_across_processes(durable_worker):
     durable.publish_event("e2e.shipped", {"carrier": "post"})  # kept for the wait that comes later
     runs = [durable.start(event_flow, order) for order in (1, 2)]
-    wait_for(lambda: Checkpoint.objects.filter(kind="event", status="pending").count() == 2, 60,
-             what="both runs waiting for their payment")
+    wait_for(
+        lambda: Checkpoint.objects.filter(kind="event", status="pending").count() == 2,
+        60,
+        what="both runs waiting for their payment",
+    )
     durable.publish_event("e2e.paid", {"order": 2})
     assert durable.result(runs[1].id, timeout=30) == [{"order": 2}, {"carrier": "post"}]
     assert durable.get_run(runs[0].id).status == "suspended"

@@ -293,7 +293,9 @@ def test_schedules_are_listed_paused_resumed_and_triggered(admin_client: Client,
     page = admin_client.get(reverse(SCHEDULES)).content.decode()
     assert "admin-report" in page and "0 * * * *" in page
     for action, paused in (("pause", True), ("resume", False)):
-        admin_client.post(reverse(SCHEDULES), {"action": action, "_selected_action": ["admin-report"]}, follow=True)
+        admin_client.post(
+            reverse(SCHEDULES), {"action": action, "_selected_action": ["admin-report"]}, follow=True
+        )
         assert Schedule.objects.get(key="admin-report").paused is paused
     response = admin_client.post(
         reverse(SCHEDULES), {"action": "trigger", "_selected_action": ["admin-report"]}, follow=True
@@ -310,14 +312,22 @@ def test_published_events_are_listed(admin_client: Client, durable_env: Any) -> 
     assert "admin.paid" in page
 
 
-def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(admin_client: Client, durable_env: Any) -> None:
+def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(
+    admin_client: Client, durable_env: Any
+) -> None:
     from durable import clock
     from durable.models import Schedule
 
     durable.schedule("adds", add_flow, cron="0 * * * *", input=1)
     now = clock.now()
-    Schedule.objects.create(key="gone", workflow="tests.admin_no_longer_here", cron="0 * * * *", next_at=now,
-                            created_at=now, updated_at=now)
+    Schedule.objects.create(
+        key="gone",
+        workflow="tests.admin_no_longer_here",
+        cron="0 * * * *",
+        next_at=now,
+        created_at=now,
+        updated_at=now,
+    )
     response = admin_client.post(
         reverse("admin:durable_schedule_changelist"),
         {"action": "trigger", "_selected_action": ["adds", "gone"]},
@@ -326,6 +336,8 @@ def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(admin_clien
     assert response.status_code == 200
     shown = [str(message) for message in response.context["messages"]]
     assert any(text.startswith("Started 1 run: schedule:adds:") for text in shown), shown
-    assert any("Could not start a run of 1 schedule: gone:" in text and "tests.admin_no_longer_here" in text
-               for text in shown), shown
+    assert any(
+        "Could not start a run of 1 schedule: gone:" in text and "tests.admin_no_longer_here" in text
+        for text in shown
+    ), shown
     assert list(Run.objects.values_list("workflow", flat=True)) == ["tests.admin_add"]

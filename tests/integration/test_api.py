@@ -122,8 +122,12 @@ def test_cancel_stops_a_waiting_run(durable_env):
     assert durable.cancel(run.id, reason="customer changed their mind") is True
     record = durable.get_run(run.id)
     assert record.status == "cancelled"
-    assert record.error == {"message": "customer changed their mind", "type": "Cancelled",
-                            "code": "cancelled", "details": None}
+    assert record.error == {
+        "message": "customer changed their mind",
+        "type": "Cancelled",
+        "code": "cancelled",
+        "details": None,
+    }
     with pytest.raises(durable.RunCancelled):
         durable.result(run.id)
 
@@ -196,15 +200,30 @@ def test_delete_run_removes_its_rows_and_children(durable_env):
     run = durable.start(wait_flow)
     durable_env.run_until_idle()
     durable.signal(run.id, "other", 1)
-    child = Run.objects.create(id="child-1", workflow="x", version="1", queue="durable",
-                               parent_id=run.id, created_at=durable_env.now(), updated_at=durable_env.now())
-    Run.objects.create(id="grandchild-1", workflow="x", version="1", queue="durable",
-                       parent_id=child.id, created_at=durable_env.now(), updated_at=durable_env.now())
+    child = Run.objects.create(
+        id="child-1",
+        workflow="x",
+        version="1",
+        queue="durable",
+        parent_id=run.id,
+        created_at=durable_env.now(),
+        updated_at=durable_env.now(),
+    )
+    Run.objects.create(
+        id="grandchild-1",
+        workflow="x",
+        version="1",
+        queue="durable",
+        parent_id=child.id,
+        created_at=durable_env.now(),
+        updated_at=durable_env.now(),
+    )
     assert durable.delete_run(run.id) == 3
     assert not Run.objects.exists() and not Checkpoint.objects.exists() and not Signal.objects.exists()
 
 
 # -- bad input: a clear error naming the problem, nothing half-written ---------------------
+
 
 def test_unregistered_workflow_name_is_refused(durable_env):
     with pytest.raises(durable.WorkflowNotRegistered, match="'tests.api_nope'"):
@@ -224,15 +243,23 @@ def test_non_json_input_is_refused_before_anything_is_stored(durable_env):
 
 
 def test_oversized_input_is_refused(durable_env):
-    with override_settings(DURABLE={"MAX_PAYLOAD_BYTES": 100}), pytest.raises(durable.InvalidInput, match="MAX_PAYLOAD_BYTES"):
+    with (
+        override_settings(DURABLE={"MAX_PAYLOAD_BYTES": 100}),
+        pytest.raises(durable.InvalidInput, match="MAX_PAYLOAD_BYTES"),
+    ):
         durable.start(echo_flow, "x" * 200)
     assert not Run.objects.exists()
 
 
 def test_unknown_run_id_is_refused_everywhere(durable_env):
-    for call in (lambda: durable.signal("ghost", "go"), lambda: durable.cancel("ghost"),
-                 lambda: durable.retry("ghost"), lambda: durable.get_run("ghost"),
-                 lambda: durable.result("ghost"), lambda: durable.delete_run("ghost")):
+    for call in (
+        lambda: durable.signal("ghost", "go"),
+        lambda: durable.cancel("ghost"),
+        lambda: durable.retry("ghost"),
+        lambda: durable.get_run("ghost"),
+        lambda: durable.result("ghost"),
+        lambda: durable.delete_run("ghost"),
+    ):
         with pytest.raises(durable.RunNotFound, match="'ghost'"):
             call()
     assert not Signal.objects.exists()

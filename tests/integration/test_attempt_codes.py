@@ -95,7 +95,10 @@ def dispatched(durable_env):
 def test_a_non_json_step_result_is_invalid_output_and_not_retried(where, request):
     row, _ = request.getfixturevalue(where)("opaque")
     assert (row.status, row.attempt, row.error["type"], row.error["code"]) == (
-        "failed", 1, "InvalidInput", "invalid_output"
+        "failed",
+        1,
+        "InvalidInput",
+        "invalid_output",
     )
     assert "the output of step" in row.error["message"]
 

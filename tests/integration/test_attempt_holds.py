@@ -156,7 +156,9 @@ def test_a_live_holder_keeps_its_attempt_past_any_lease(durable_env):
     assert Checkpoint.objects.take(run_id, seq, attempt, token, "alive/1", now, now + timedelta(seconds=30))
     for _ in range(6):  # the keeper renews it every few seconds
         durable_env.advance_time("20s")
-        assert Checkpoint.objects.renew_hold(run_id, seq, attempt, "alive/1", clock.now() + timedelta(seconds=30))
+        assert Checkpoint.objects.renew_hold(
+            run_id, seq, attempt, "alive/1", clock.now() + timedelta(seconds=30)
+        )
     assert (_row(run.id).status, _row(run.id).attempt) == ("pending", 1)
     assert durable.get_run(run.id).status == "suspended"
 
@@ -214,7 +216,9 @@ def test_an_orphaned_run_sends_again_what_its_dead_turn_may_not_have_published(d
     old = _sent(durable_env)
     now = clock.now()
     # A later turn of this run died holding the lease (its sends possibly unpublished).
-    Run.objects.filter(id=run.id).update(status="running", locked_by="dead/2", locked_until=now - timedelta(seconds=1))
+    Run.objects.filter(id=run.id).update(
+        status="running", locked_by="dead/2", locked_until=now - timedelta(seconds=1)
+    )
     durable_env.sweep()
     assert durable.result(run.id) == "a"
     assert steps.run_step(*old.args) == "stale"

@@ -62,8 +62,9 @@ def interrupted(ctx, kind):
     raise KeyboardInterrupt("^C in the body") if kind == "interrupt" else SystemExit(2)
 
 
-@pytest.mark.parametrize(("kind", "error"), [("interrupt", ("KeyboardInterrupt", "^C in the body")),
-                                             ("exit", ("SystemExit", "2"))])
+@pytest.mark.parametrize(
+    ("kind", "error"), [("interrupt", ("KeyboardInterrupt", "^C in the body")), ("exit", ("SystemExit", "2"))]
+)
 def test_keyboard_interrupt_or_system_exit_in_a_body_fails_the_run_with_its_cause(env, kind, error):
     run = durable.start(interrupted, kind)
     env.run_until_idle()  # the exception does not escape the turn

@@ -47,7 +47,9 @@ def test_celery_task_object_and_name_run_as_steps(durable_env):
     durable_env.run_until_idle()
     assert durable.result(run.id) == [2, 12]
     assert list(Checkpoint.objects.filter(run_id=run.id).values_list("name", "status")) == [
-        ("tests.celery_add", "completed"), ("tests.celery_add", "completed")]
+        ("tests.celery_add", "completed"),
+        ("tests.celery_add", "completed"),
+    ]
 
 
 def test_failed_celery_task_fails_the_step(durable_env):

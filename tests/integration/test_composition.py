@@ -120,7 +120,9 @@ def test_a_result_before_the_fan_closes_touches_only_its_own_row(durable_env):
 
         steps.run_step(*message.args)
     # Take the attempt, record it, ask whether the fan is closed: no fan-wide read.
-    statements = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
+    statements = [
+        q["sql"] for q in queries.captured_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
+    ]
     assert len(statements) == 3, "\n".join(q[:90] for q in statements)
     assert Run.objects.get(id=run.id).wakes == 0
 
@@ -188,7 +190,11 @@ def test_workflow_timeout_fails_the_run_at_its_deadline(durable_env):
     assert durable.get_run(run.id).status == "suspended"
     durable_env.advance_time("1m")
     record = durable.get_run(run.id)
-    assert (record.status, record.error["code"], record.error["type"]) == ("failed", "timeout", "WorkflowTimeout")
+    assert (record.status, record.error["code"], record.error["type"]) == (
+        "failed",
+        "timeout",
+        "WorkflowTimeout",
+    )
 
 
 def test_defer_takes_only_steps(durable_env):
@@ -237,8 +243,7 @@ def other_handler(ctx, failure):
     return "other"
 
 
-@durable.workflow(name="tests.comp_routed",
-                  on_error={"declined": failure_handler, "*": other_handler})
+@durable.workflow(name="tests.comp_routed", on_error={"declined": failure_handler, "*": other_handler})
 def routed_flow(ctx, code):
     raise durable.ApplicationError("no", code=code)
 

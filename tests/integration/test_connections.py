@@ -25,7 +25,9 @@ def lose_own_connection() -> None:
 def run_in_worker(name: str, **request: object) -> object:
     """Run task ``name`` as a worker does (prerun and postrun signals included); return its outcome."""
     task = current_app.tasks[name]
-    return build_tracer(name, task, eager=False, propagate=False, app=current_app)(uuid.uuid4().hex, (), {}, request).retval
+    return build_tracer(name, task, eager=False, propagate=False, app=current_app)(
+        uuid.uuid4().hex, (), {}, request
+    ).retval
 
 
 def terminate_from_elsewhere() -> None:

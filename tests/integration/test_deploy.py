@@ -22,8 +22,8 @@ def compose_environment() -> dict[str, str]:
     """The ``environment:`` of the ``x-app`` block every durable service uses, with compose's
     defaults applied as ``docker compose up`` would with nothing set in the shell."""
     lines = (ROOT / "docker-compose.yml").read_text().splitlines()
-    block = lines[lines.index("x-app: &app") + 1:]
-    block = block[block.index("  environment:") + 1:]
+    block = lines[lines.index("x-app: &app") + 1 :]
+    block = block[block.index("  environment:") + 1 :]
     found: dict[str, str] = {}
     for line in block:
         if not line.startswith("    "):
@@ -37,8 +37,12 @@ def compose_environment() -> dict[str, str]:
 
 def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env={"PATH": os.environ["PATH"], **env},
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

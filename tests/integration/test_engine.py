@@ -201,8 +201,14 @@ def test_crash_between_commit_and_publish_is_repaired(durable_env):
 
 
 def test_worker_without_the_workflow_code_leaves_the_run_alone(durable_env):
-    run = Run.objects.create(id="from-the-future", workflow="tests.engine_unknown", version="1",
-                             queue="durable", created_at=durable_env.now(), updated_at=durable_env.now())
+    run = Run.objects.create(
+        id="from-the-future",
+        workflow="tests.engine_unknown",
+        version="1",
+        queue="durable",
+        created_at=durable_env.now(),
+        updated_at=durable_env.now(),
+    )
     assert turn.advance(run.id) == "parked"
     record_ = durable.get_run(run.id)
     assert record_.status == "suspended" and record_.locked_by is None
@@ -220,8 +226,16 @@ def test_repeated_timer_sweeps_do_not_resend_a_woken_run(durable_env):
 def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transactional_db):
     now = clock.now()
     Run.objects.bulk_create(
-        Run(id=f"due-{i}", workflow="x", version="1", queue="q", status="suspended",
-            wake_at=now - timedelta(seconds=1), created_at=now, updated_at=now)
+        Run(
+            id=f"due-{i}",
+            workflow="x",
+            version="1",
+            queue="q",
+            status="suspended",
+            wake_at=now - timedelta(seconds=1),
+            created_at=now,
+            updated_at=now,
+        )
         for i in range(10)
     )
     taken: dict[str, list[str]] = {}

@@ -9,8 +9,11 @@ from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
 
-ORDER = {"id": 7, "items": [{"sku": "mug", "cents": 1250, "qty": 2}, {"sku": "tea", "cents": 800, "qty": 1}],
-         "cooling_off": "2s"}
+ORDER = {
+    "id": 7,
+    "items": [{"sku": "mug", "cents": 1250, "qty": 2}, {"sku": "tea", "cents": 800, "qty": 1}],
+    "cooling_off": "2s",
+}
 
 
 def test_fulfil_retries_the_charge_sleeps_and_waits_for_approval(durable_env):
@@ -31,8 +34,11 @@ def test_wholesale_fans_out_invoices_in_a_child_and_holds_stock(durable_env):
     durable_env.run_until_idle()
     durable_env.advance_time("1s")  # the child's charge retry
     output = durable.result(run.id)
-    assert output == {"holds": ["hold-mug-2", "hold-tea-1"], "labels": ["LABEL-MUGx2", "LABEL-TEAx1"],
-                      "invoice": "INV-7"}
+    assert output == {
+        "holds": ["hold-mug-2", "hold-tea-1"],
+        "labels": ["LABEL-MUGx2", "LABEL-TEAx1"],
+        "invoice": "INV-7",
+    }
     assert Run.objects.filter(parent_id=run.id, workflow="shop.send_invoice", status="completed").count() == 1
 
 

@@ -13,7 +13,7 @@ from django.test import override_settings
 
 import durable
 from durable import dispatch
-from durable.engine import attempts, steps, turn
+from durable.engine import steps, turn
 from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
@@ -217,18 +217,18 @@ def test_eager_steps_can_be_turned_off(env):
 
 @shared_task(name="tests.in_place.limited", time_limit=60, soft_time_limit=50)
 def limited():
-    return attempts.time_limit()
+    return dispatch.time_limit()
 
 
 @shared_task(name="tests.in_place.unlimited")
 def unlimited():
-    return attempts.time_limit()
+    return dispatch.time_limit()
 
 
 def test_the_time_limit_of_the_running_celery_task_is_seen():
     assert limited.apply().get() == 50.0
     assert unlimited.apply().get() is None
-    assert attempts.time_limit() is None  # no task at all
+    assert dispatch.time_limit() is None  # no task at all
 
 
 @shared_task(name="tests.in_place.step_with_long_limit", time_limit=120)

@@ -190,7 +190,9 @@ def test_publish_event_refuses_bad_values(durable_env: Any, name: str, payload: 
 # -- cancel and lookups -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("reason", "says"), [(TWO_MB, "MAX_PAYLOAD_BYTES"), (NUL, "NUL"), (SURROGATE, "surrogate")])
+@pytest.mark.parametrize(
+    ("reason", "says"), [(TWO_MB, "MAX_PAYLOAD_BYTES"), (NUL, "NUL"), (SURROGATE, "surrogate")]
+)
 def test_cancel_refuses_a_reason_that_cannot_be_stored(waiting: str, reason: str, says: str) -> None:
     assert says in str(refused(lambda: durable.cancel(waiting, reason=reason), "reason"))
     assert durable.get_run(waiting).status == "suspended"
@@ -198,8 +200,14 @@ def test_cancel_refuses_a_reason_that_cannot_be_stored(waiting: str, reason: str
 
 @pytest.mark.parametrize(
     "call",
-    [durable.get_run, durable.result, durable.retry, durable.delete_run, durable.cancel,
-     lambda run_id: durable.signal(run_id, "go")],
+    [
+        durable.get_run,
+        durable.result,
+        durable.retry,
+        durable.delete_run,
+        durable.cancel,
+        lambda run_id: durable.signal(run_id, "go"),
+    ],
 )
 @pytest.mark.parametrize("run_id", [NUL, SURROGATE, "r" * 256, 7])
 def test_lookups_refuse_run_ids_that_cannot_exist(durable_env: Any, call: Any, run_id: Any) -> None:

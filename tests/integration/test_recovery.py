@@ -57,7 +57,9 @@ def plain_flow(ctx, _):
 def _orphan(run_id, *, owner="dead-worker/1", attempts=0, expired=True):
     now = clock.now()
     Run.objects.filter(id=run_id).update(
-        status="running", locked_by=owner, recovery_attempts=attempts,
+        status="running",
+        locked_by=owner,
+        recovery_attempts=attempts,
         locked_until=now - timedelta(seconds=1) if expired else now + timedelta(seconds=30),
     )
 
@@ -66,8 +68,15 @@ def _orphan(run_id, *, owner="dead-worker/1", attempts=0, expired=True):
 @override_settings(DURABLE={"LEASE": "300ms"})
 def test_long_local_step_keeps_its_lease_alive():
     now = clock.now()
-    Run.objects.create(id="long-local", workflow=long_local_flow.name, version="1", queue="durable",
-                       input=1.0, created_at=now, updated_at=now)
+    Run.objects.create(
+        id="long-local",
+        workflow=long_local_flow.name,
+        version="1",
+        queue="durable",
+        input=1.0,
+        created_at=now,
+        updated_at=now,
+    )
     assert turn.advance("long-local") == "completed"
     assert THIEF["won"] is False  # the lease was renewed while the step ran past it
 
@@ -87,13 +96,16 @@ def test_restarted_instance_reclaims_its_predecessors_leases_at_once(durable_env
     mine, renewed, others = (durable.start(plain_flow) for _ in range(3))
     durable_env.drop()
     # Its predecessor's lease is still valid by the clock, but it was last renewed before boot.
-    Run.objects.filter(id=mine.id).update(status="running", locked_by="pod-7/aaa",
-                                           locked_until=booted + timedelta(seconds=10))
+    Run.objects.filter(id=mine.id).update(
+        status="running", locked_by="pod-7/aaa", locked_until=booted + timedelta(seconds=10)
+    )
     # A lease renewed after boot belongs to a live process with the same id: not touched.
-    Run.objects.filter(id=renewed.id).update(status="running", locked_by="pod-7/bbb",
-                                              locked_until=booted + timedelta(seconds=31))
-    Run.objects.filter(id=others.id).update(status="running", locked_by="pod-8/ccc",
-                                             locked_until=booted + timedelta(seconds=10))
+    Run.objects.filter(id=renewed.id).update(
+        status="running", locked_by="pod-7/bbb", locked_until=booted + timedelta(seconds=31)
+    )
+    Run.objects.filter(id=others.id).update(
+        status="running", locked_by="pod-8/ccc", locked_until=booted + timedelta(seconds=10)
+    )
     assert sweeps.reclaim("pod-7", booted) == 1
     assert [m.args for m in durable_env.pending()] == [(mine.id,)]
     durable_env.run_until_idle()
@@ -111,10 +123,17 @@ def test_dead_run_is_dead_lettered_once(durable_env):
     assert durable.get_run(run.id).status == "dead"
     durable_env.run_until_idle()
     letter = durable.get_run(f"dlq:{run.id}")
-    assert letter.input == {"dead_run_id": run.id, "workflow": dead_lettered_flow.name,
-                            "input": {"order": 5}, "error": durable.get_run(run.id).error}
-    assert durable.result(letter.id) == {"handled": run.id, "workflow": dead_lettered_flow.name,
-                                         "code": "max_recovery_attempts"}
+    assert letter.input == {
+        "dead_run_id": run.id,
+        "workflow": dead_lettered_flow.name,
+        "input": {"order": 5},
+        "error": durable.get_run(run.id).error,
+    }
+    assert durable.result(letter.id) == {
+        "handled": run.id,
+        "workflow": dead_lettered_flow.name,
+        "code": "max_recovery_attempts",
+    }
     # Dead-lettering again (a second sweep, a replayed death) starts nothing new.
     from durable.engine import lifecycle
 
@@ -210,7 +229,10 @@ def test_persisted_heartbeats_from_another_process_keep_a_step_alive(durable_env
 
 
 def test_worker_prefetch_defaults_to_one_but_a_chosen_value_is_kept():
-    default, chosen = SimpleNamespace(worker_prefetch_multiplier=4), SimpleNamespace(worker_prefetch_multiplier=8)
+    default, chosen = (
+        SimpleNamespace(worker_prefetch_multiplier=4),
+        SimpleNamespace(worker_prefetch_multiplier=8),
+    )
     durable_celery._prefetch_one(conf=default)
     durable_celery._prefetch_one(conf=chosen)
     assert (default.worker_prefetch_multiplier, chosen.worker_prefetch_multiplier) == (1, 8)

@@ -20,8 +20,15 @@ def _run(run_id, *, status="completed", age_days=0.0, workflow="tests.kept", par
     now = clock.now()
     finished = None if status in ("pending", "running", "suspended") else now - timedelta(days=age_days)
     run = Run.objects.create(
-        id=run_id, workflow=workflow, version="1", queue="durable", status=status, parent_id=parent,
-        created_at=now - timedelta(days=age_days), updated_at=now, finished_at=finished,
+        id=run_id,
+        workflow=workflow,
+        version="1",
+        queue="durable",
+        status=status,
+        parent_id=parent,
+        created_at=now - timedelta(days=age_days),
+        updated_at=now,
+        finished_at=finished,
     )
     Checkpoint.objects.create(run=run, seq=0, kind="step", name="s", status="completed")
     Signal.objects.create(run=run, name="go", created_at=now)
@@ -78,7 +85,9 @@ def test_a_tree_goes_whole_and_only_once_nothing_in_it_runs(durable_env):
     _run("busy-child", status="running", parent="busy")
     assert _sweep({"max_age": "1d"}) == 0
     assert _ids() == ["busy", "busy-child", "child", "grandchild", "root"]
-    Run.objects.filter(id__in=["grandchild", "busy-child"]).update(status="completed", finished_at=clock.now())
+    Run.objects.filter(id__in=["grandchild", "busy-child"]).update(
+        status="completed", finished_at=clock.now()
+    )
     # Children are never candidates themselves: they go with their root.
     assert _sweep({"max_age": "1d"}) == 5
     assert _ids() == []

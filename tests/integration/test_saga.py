@@ -77,13 +77,23 @@ def broken_flow(ctx, _):
 def test_failure_runs_compensations_newest_first_then_fails(durable_env):
     run = durable.start(order_flow, 500)
     durable_env.run_until_idle()
-    assert LOG == ["reserve a", "note reserved a", "reserve b", "charge 500",
-                   "release res-b b", "unnote reserved a", "release res-a a"]
+    assert LOG == [
+        "reserve a",
+        "note reserved a",
+        "reserve b",
+        "charge 500",
+        "release res-b b",
+        "unnote reserved a",
+        "release res-a a",
+    ]
     record = durable.get_run(run.id)
     assert (record.status, record.error["code"]) == ("failed", "declined")
     kinds = list(Checkpoint.objects.filter(run_id=run.id, kind="compensation").values_list("name", "status"))
-    assert kinds == [("compensate:" + reserve.name, "completed"), ("compensate:" + note.name, "completed"),
-                     ("compensate:" + reserve.name, "completed")]
+    assert kinds == [
+        ("compensate:" + reserve.name, "completed"),
+        ("compensate:" + note.name, "completed"),
+        ("compensate:" + reserve.name, "completed"),
+    ]
     with pytest.raises(durable.DurableError, match="compensated"):
         durable.retry(run.id)
 
@@ -104,9 +114,16 @@ def test_compensating_cancel_unwinds_then_cancels(durable_env):
     assert durable.cancel(run.id, compensate=True, reason="customer cancelled") is True
     durable_env.run_until_idle()
     assert [e for e in LOG if e.startswith(("release", "unnote"))] == [
-        "release res-b b", "unnote reserved a", "release res-a a"]
+        "release res-b b",
+        "unnote reserved a",
+        "release res-a a",
+    ]
     record = durable.get_run(run.id)
-    assert (record.status, record.error["code"], record.error["message"]) == ("cancelled", "cancelled", "customer cancelled")
+    assert (record.status, record.error["code"], record.error["message"]) == (
+        "cancelled",
+        "cancelled",
+        "customer cancelled",
+    )
 
 
 def test_step_completing_after_a_compensating_cancel_is_compensated(durable_env):

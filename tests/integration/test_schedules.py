@@ -161,8 +161,9 @@ def test_a_cron_that_never_fires_is_refused_at_declaration(durable_env):
 def _stored(key, cron, workflow="tests.sched_report", declared=False):
     """A row as an older version (or a hand edit) left it, past today's checks."""
     now = clock.now()
-    Schedule.objects.create(key=key, workflow=workflow, cron=cron, next_at=now, declared=declared,
-                            created_at=now, updated_at=now)
+    Schedule.objects.create(
+        key=key, workflow=workflow, cron=cron, next_at=now, declared=declared, created_at=now, updated_at=now
+    )
 
 
 def test_a_stored_cron_that_never_fires_does_not_stop_the_other_schedules(at_noon, caplog):

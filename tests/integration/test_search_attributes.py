@@ -15,7 +15,9 @@ def noop():
     return None
 
 
-@durable.workflow(name="tests.search_order", search_attributes_schema={"customer": str, "cents": (int, float)})
+@durable.workflow(
+    name="tests.search_order", search_attributes_schema={"customer": str, "cents": (int, float)}
+)
 def order(ctx, customer):
     ctx.upsert_search_attributes({"customer": customer})
     ctx.step(noop)  # a local step flushes mid-turn: the upsert must still reach the run row
@@ -40,7 +42,9 @@ def test_upserts_merge_into_the_run_and_are_queried_with_the_orm(durable_env):
     durable.start(order, "other")
     durable_env.run_until_idle()
     assert durable.get_run(run.id).search_attributes == {"customer": "acme", "cents": 500}
-    assert list(Run.objects.filter(search_attributes__customer="acme").values_list("id", flat=True)) == [run.id]
+    assert list(Run.objects.filter(search_attributes__customer="acme").values_list("id", flat=True)) == [
+        run.id
+    ]
     durable.signal(run.id, "go")
     durable_env.run_until_idle()
     # Replays do not apply an upsert twice; a None removes the attribute.
@@ -56,7 +60,12 @@ def test_without_a_schema_any_json_goes(durable_env):
 
 @pytest.mark.parametrize(
     ("value", "says"),
-    [({"cents": "5"}, "must be int"), ({"cents": True}, "must be int"), ({"who": 1}, "not in"), ([1], "a dict")],
+    [
+        ({"cents": "5"}, "must be int"),
+        ({"cents": True}, "must be int"),
+        ({"who": 1}, "not in"),
+        ([1], "a dict"),
+    ],
 )
 def test_attributes_the_schema_refuses_fail_the_run(durable_env, value, says):
     run = durable.start(wrong, value)
@@ -68,4 +77,6 @@ def test_attributes_the_schema_refuses_fail_the_run(durable_env, value, says):
 
 def test_a_schema_must_map_names_to_json_scalar_types():
     with pytest.raises(durable.InvalidInput, match="search_attributes_schema maps"):
-        durable.workflow(lambda ctx, _: None, name="tests.search_bad", search_attributes_schema={"when": list})
+        durable.workflow(
+            lambda ctx, _: None, name="tests.search_bad", search_attributes_schema={"when": list}
+        )

@@ -22,7 +22,9 @@ def sync(ctx, job):
     return ctx.wait_for_signal("done")
 
 
-@durable.workflow(name="tests.single_pair", singleton=Singleton(key=lambda job: job["customer"], limit=2, max_queue_depth=1))
+@durable.workflow(
+    name="tests.single_pair", singleton=Singleton(key=lambda job: job["customer"], limit=2, max_queue_depth=1)
+)
 def pair(ctx, job):
     return ctx.wait_for_signal("done")
 
@@ -50,7 +52,10 @@ def test_one_run_per_key_in_flight_the_rest_wait_in_start_order(durable_env):
     durable.signal(second.id, "done", second.id)  # kept while it waits; its turn is refused
     durable_env.run_until_idle()
     assert [_status(h) for h in (first, second, third, other)] == [
-        ("suspended", True), ("pending", False), ("pending", False), ("suspended", True)
+        ("suspended", True),
+        ("pending", False),
+        ("pending", False),
+        ("suspended", True),
     ]
     assert turn.advance(second.id) == "busy"  # a waiting run cannot be claimed
     durable_env.advance_time("1h")  # nor woken by a sweep
@@ -100,7 +105,9 @@ def test_children_of_a_singleton_workflow_wait_in_its_line(durable_env):
     (kid,) = Run.objects.filter(parent_id=run.id).values_list("id", flat=True)
     durable.signal(kid, "done", 1)
     durable_env.run_until_idle()
-    kids = list(Run.objects.filter(parent_id=run.id).order_by("singleton_seq").values_list("status", flat=True))
+    kids = list(
+        Run.objects.filter(parent_id=run.id).order_by("singleton_seq").values_list("status", flat=True)
+    )
     assert kids == ["completed", "suspended"]
 
 
@@ -109,7 +116,9 @@ def test_a_lost_admission_message_is_re_driven_and_a_raised_limit_admits_more(du
     durable_env.run_until_idle()
     durable.signal(first.id, "done", 1)
     durable_env.run_next()  # the turn completes the run and admits the next ...
-    assert durable_env.drop() == [dispatch.Message(dispatch.ADVANCE, (second.id,), "durable")]  # ... whose message is lost
+    assert durable_env.drop() == [
+        dispatch.Message(dispatch.ADVANCE, (second.id,), "durable")
+    ]  # ... whose message is lost
     durable_env.advance_time("5m")  # RECONCILE_INTERVAL: the timer sweep re-drives it
     assert _status(second) == ("suspended", True)
     waiting = [durable.start(sync, {"customer": "acme"}) for _ in range(2)]

@@ -104,9 +104,10 @@ def test_dispatched_steps_run_in_order_and_record_once(durable_env):
     durable_env.run_until_idle()
     assert durable.result(run.id) == [10, 12]
     assert LEDGER == [("double", 5), ("double", 6)]
-    rows = list(Checkpoint.objects.filter(run_id=run.id).values_list("seq", "kind", "name", "status", "attempt"))
-    assert rows == [(0, "step", double.name, "completed", 1),
-                    (1, "step", double.name, "completed", 1)]
+    rows = list(
+        Checkpoint.objects.filter(run_id=run.id).values_list("seq", "kind", "name", "status", "attempt")
+    )
+    assert rows == [(0, "step", double.name, "completed", 1), (1, "step", double.name, "completed", 1)]
 
 
 def test_dispatched_step_is_a_celery_message_on_its_queue(durable_env):

@@ -47,7 +47,9 @@ def test_signal_with_start_signals_an_existing_run_and_ignores_the_input(durable
     durable.start(cart, "ann", run_id="cart-ann")
     durable_env.run_until_idle()
     durable.signal_with_start(cart, "bob", run_id="cart-ann", signal="cart", payload="mug")
-    durable.signal_with_start("tests.updates_cart", "carl", run_id="cart-ann", signal="cart", payload="checkout")
+    durable.signal_with_start(
+        "tests.updates_cart", "carl", run_id="cart-ann", signal="cart", payload="checkout"
+    )
     durable_env.run_until_idle()
     assert Run.objects.count() == 1
     assert durable.result("cart-ann") == {"owner": "ann", "items": ["mug"]}
@@ -121,7 +123,9 @@ def test_a_validator_needs_an_update_name_and_a_function():
         cart.validator("cart")("not a function")
 
 
-def test_concurrent_signal_with_start_makes_one_run_and_keeps_both_signals(postgres, transactional_db, durable_env):
+def test_concurrent_signal_with_start_makes_one_run_and_keeps_both_signals(
+    postgres, transactional_db, durable_env
+):
     first_wrote = threading.Event()
     errors: list[BaseException] = []
 

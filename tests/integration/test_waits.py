@@ -107,7 +107,10 @@ def test_signal_sent_before_the_wait_is_buffered(durable_env):
     durable_env.run_until_idle()
     assert durable.result(run.id) == [1, 2]  # in arrival order, each received once
     assert list(Signal.objects.filter(run_id=run.id).values_list("payload", "consumed_seq")) == [
-        (1, 1), (2, 2), (3, None)]
+        (1, 1),
+        (2, 2),
+        (3, None),
+    ]
 
 
 def test_signal_wait_times_out(durable_env):

@@ -16,7 +16,11 @@ def _exceptions() -> set[type[BaseException]]:
         if ".migrations" in module.name or ".management" in module.name:
             continue
         for value in vars(importlib.import_module(module.name)).values():
-            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__.startswith("durable"):
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__.startswith("durable")
+            ):
                 found.add(value)
     return found
 
@@ -24,7 +28,13 @@ def _exceptions() -> set[type[BaseException]]:
 def test_the_tree_in_errors_docstring_names_every_exception_of_durable_and_where_it_lives() -> None:
     tree = errors.__doc__ or ""
     classes = _exceptions()
-    assert {cls.__name__ for cls in classes} >= {"ContinueAsNew", "Interrupted", "LeaseLost", "_Stale", "Suspend"}
+    assert {cls.__name__ for cls in classes} >= {
+        "ContinueAsNew",
+        "Interrupted",
+        "LeaseLost",
+        "_Stale",
+        "Suspend",
+    }
     for cls in classes:
         line = next((line for line in tree.splitlines() if f"── {cls.__name__} " in line), None)
         assert line is not None, f"{cls.__name__} is missing from the tree in errors.py"

@@ -195,7 +195,10 @@ def test_cancelled_error_carries_the_reason_or_says_cancelled() -> None:
 
 def test_step_timeout_error_is_a_stored_error_with_code_timeout() -> None:
     assert errors.step_timeout_error("step 'x' ran past its timeout of 0:00:05") == {
-        "message": "step 'x' ran past its timeout of 0:00:05", "type": "StepTimeout", "code": "timeout", "details": None,
+        "message": "step 'x' ran past its timeout of 0:00:05",
+        "type": "StepTimeout",
+        "code": "timeout",
+        "details": None,
     }
 
 

@@ -73,7 +73,12 @@ def test_primitives_after_a_swallowed_suspension_record_run_and_send_nothing() -
             ctx.step(remote, 1)
         except BaseException:  # noqa: BLE001
             pass
-        for primitive in (lambda: ctx.step(cleanup), ctx.now, lambda: ctx.sleep("1s"), lambda: ctx.step(remote, 2)):
+        for primitive in (
+            lambda: ctx.step(cleanup),
+            ctx.now,
+            lambda: ctx.sleep("1s"),
+            lambda: ctx.step(remote, 2),
+        ):
             try:
                 primitive()
             except BaseException:  # noqa: BLE001
@@ -243,13 +248,26 @@ def test_a_swallowed_control_flow_error_from_flush_sticks() -> None:
         return "done"
 
     with pytest.raises(Stopped):
-        replay(Workflow(fn=body, name=RUN.workflow), RUN, TurnState(records={}, signals=[]), clock=lambda: T0,
-               limits=LIMITS, flush=flush, renew=lambda: None)
+        replay(
+            Workflow(fn=body, name=RUN.workflow),
+            RUN,
+            TurnState(records={}, signals=[]),
+            clock=lambda: T0,
+            limits=LIMITS,
+            flush=flush,
+            renew=lambda: None,
+        )
 
 
 def test_a_recorded_history_replays_unchanged_after_a_swallowed_suspension() -> None:
-    step = Record(seq=0, kind="step", name="tests.unit_replay.remote", status=COMPLETED, output=10,
-                  stored_as=(COMPLETED, 1))
+    step = Record(
+        seq=0,
+        kind="step",
+        name="tests.unit_replay.remote",
+        status=COMPLETED,
+        output=10,
+        stored_as=(COMPLETED, 1),
+    )
 
     def body(ctx: Any, _: Any) -> Any:
         out = "skipped"

@@ -39,11 +39,15 @@ class Command(BaseCommand):
         env = dict(os.environ)
         worker = CeleryProcess(
             [*celery, "worker", "-Q", f"{queue},celery", "-c", "2", "--loglevel=INFO"],
-            env, var / "demo-worker.log", "ready.",
+            env,
+            var / "demo-worker.log",
+            "ready.",
         )
         beat = CeleryProcess(
             [*celery, "beat", "--loglevel=INFO", "-s", str(var / "demo-beat-schedule"), "--pidfile="],
-            env, var / "demo-beat.log", "beat: Starting",
+            env,
+            var / "demo-beat.log",
+            "beat: Starting",
         )
         self.stdout.write("starting a celery worker and celery beat ...")
         worker.start()
@@ -96,7 +100,9 @@ class Command(BaseCommand):
         elif cp.status == "failed":
             self.stdout.write(f"{label}: failed: {(cp.error or {}).get('message')}")
         elif cp.error:
-            self.stdout.write(f"{label}: attempt {cp.attempt - 1} failed ({cp.error.get('message')}), retrying")
+            self.stdout.write(
+                f"{label}: attempt {cp.attempt - 1} failed ({cp.error.get('message')}), retrying"
+            )
         elif cp.kind == "sleep":
             self.stdout.write(f"{label}: sleeping until {cp.wake_at:%H:%M:%S}")
         elif cp.kind == "signal":

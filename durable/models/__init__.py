@@ -1,0 +1,31 @@
+"""Durable's rows and their state transitions.
+
+Every transition is one guarded UPDATE whose WHERE names the state it expects; the row count
+says who won. Nothing outside this package assigns ``status``.
+"""
+
+from ..statuses import TERMINAL, UNFINISHED
+from .base import RETRYABLE, Status, column_length
+from .checkpoints import Checkpoint, CheckpointQuerySet
+from .cron import Schedule, ScheduleQuerySet, SingletonSlot
+from .messages import Event, EventQuerySet, Signal, SignalQuerySet
+from .runs import Run, RunQuerySet
+
+__all__ = [
+    "RETRYABLE",
+    "TERMINAL",
+    "UNFINISHED",
+    "Checkpoint",
+    "CheckpointQuerySet",
+    "Event",
+    "EventQuerySet",
+    "Run",
+    "RunQuerySet",
+    "Schedule",
+    "ScheduleQuerySet",
+    "Signal",
+    "SignalQuerySet",
+    "SingletonSlot",
+    "Status",
+    "column_length",
+]

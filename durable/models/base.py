@@ -1,0 +1,36 @@
+"""What every row module shares: the run statuses as choices, row locking, column lengths."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.db import connections, models
+
+from ..statuses import RunStatus
+
+#: The run statuses as Django choices, built from the one spelling (its members equal RunStatus's).
+Status = models.TextChoices("Status", [(status.name, status.value) for status in RunStatus])
+
+#: The ends a retry may undo.
+RETRYABLE = (Status.FAILED, Status.DEAD, Status.CANCELLED)
+
+
+def skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:
+    # SKIP LOCKED only spreads concurrent sweeps on PostgreSQL; guarded UPDATEs keep correctness.
+    if qs.db and supports_skip_locked(qs.db):
+        return qs.select_for_update(skip_locked=True)
+    return qs
+
+
+def supports_skip_locked(alias: str) -> bool:
+    return bool(connections[alias].features.has_select_for_update_skip_locked)
+
+
+@functools.cache
+def column_length(model: str, field: str) -> int:
+    """The ``max_length`` of a durable model's column: what a string stored there may hold."""
+    from django.apps import apps
+
+    length: int = apps.get_model("durable", model)._meta.get_field(field).max_length
+    return length

@@ -1,0 +1,269 @@
+"""A position of a run's history, and the guarded transitions of a step attempt."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, models
+from django.db.models import Exists
+
+from ..statuses import UNFINISHED, CheckpointStatus
+from .base import RETRYABLE, skip_locked
+from .runs import Run
+
+#: A settled or failed attempt is held by no one.
+_UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
+
+
+class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
+    def _attempt(self, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
+        return self.filter(run_id=run_id, seq=seq, status=CheckpointStatus.PENDING, attempt=attempt)
+
+    def begin(self, run_id: str, seq: int, attempt: int, token: str | None, now: datetime) -> bool:
+        """A worker picked up this attempt of a Celery task used as a step; False if the token is
+        not the attempt's, or the attempt is stale or already settled."""
+        return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(started_at=now))
+
+    def take(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        token: str | None,
+        holder: str,
+        now: datetime,
+        until: datetime,
+    ) -> Checkpoint | None:
+        """Start this attempt, held by ``holder`` until ``until``, and return its row, in one
+        statement. None when the message is not the one durable sent for it (token), the attempt
+        is stale, settled or already started (a redelivery never runs an attempt twice as
+        itself), or its run has finished."""
+        ops = connections[self.db].ops
+        at = ops.adapt_datetimefield_value
+        # Rows written before attempts had tokens match only a message without one.
+        token_matches = "token IS NULL" if token is None else "token = %s"
+        sql = (
+            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
+            "held_until = %s "
+            "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
+            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} AND EXISTS ("
+            f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
+            ") RETURNING *"
+        )
+        params = [
+            at(now),
+            holder,
+            at(until),
+            run_id,
+            seq,
+            attempt,
+            *([] if token is None else [token]),
+            run_id,
+            *UNFINISHED,
+        ]
+        taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
+        return taken[0] if taken else None
+
+    def renew_hold(self, run_id: str, seq: int, attempt: int, holder: str, until: datetime) -> bool:
+        """Extend the hold of a running attempt; False when it ended or was declared lost."""
+        return bool(self._attempt(run_id, seq, attempt).filter(held_by=holder).update(held_until=until))
+
+    def lapsed(self, now: datetime, limit: int) -> list[str]:
+        """Runs with a started attempt whose holder stopped renewing it: its process died, or
+        its result could not be recorded. Each such hold is let go (so it is reported once) and
+        the turn that wakes counts the attempt as lost."""
+        rows = self.filter(held_by__isnull=False, held_until__lt=now, status=CheckpointStatus.PENDING)
+        found = list(skip_locked(rows.order_by("held_until")).values_list("id", "run_id")[:limit])
+        self.filter(id__in=[pk for pk, _ in found], held_until__lt=now).update(held_by=None)
+        return sorted({run_id for _, run_id in found})
+
+    def let_go(self, holder_prefix: str, stale_before: datetime, now: datetime, limit: int) -> list[str]:
+        """Runs whose attempts a dead predecessor of this instance held (holds not renewed since
+        ``stale_before``): the holds lapse now, and the turn that wakes counts them as lost."""
+        rows = self.filter(
+            held_by__startswith=holder_prefix, held_until__lt=stale_before, status=CheckpointStatus.PENDING
+        )
+        found = list(rows.values_list("id", "run_id")[:limit])
+        self.filter(id__in=[pk for pk, _ in found], held_until__lt=stale_before).update(held_until=now)
+        return sorted({run_id for _, run_id in found})
+
+    def unsend(self, run_ids: list[str]) -> int:
+        """Forget that the unstarted attempts of these runs were sent, so their next turn sends
+        them again with new tokens (the old messages, if any, are then refused). For runs whose
+        last sender may have died between its commit and its publish."""
+        return self.filter(
+            run_id__in=run_ids,
+            kind="step",
+            status=CheckpointStatus.PENDING,
+            enqueued_at__isnull=False,
+            started_at__isnull=True,
+        ).update(enqueued_at=None, wake_at=None, token=None)
+
+    def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                status=CheckpointStatus.COMPLETED,
+                output=output,
+                error=None,
+                wake_at=None,
+                finished_at=now,
+                **_UNHELD,
+            )
+        )
+
+    def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                status=CheckpointStatus.FAILED, error=error, wake_at=None, finished_at=now, **_UNHELD
+            )
+        )
+
+    def retry_at(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], wake_at: datetime) -> bool:
+        """Close a failed attempt and schedule the next one after its backoff."""
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                attempt=attempt + 1,
+                error=error,
+                wake_at=wake_at,
+                enqueued_at=None,
+                started_at=None,
+                last_heartbeat_at=None,
+                token=None,
+                **_UNHELD,
+            )
+        )
+
+    def rewrite(
+        self, run_id: str, seq: int, expected: tuple[str, int], *, owner: str | None = None, **fields: Any
+    ) -> bool:
+        """Write a turn's new view of a position, if it is still in the state the turn read
+        (and, given ``owner``, only while that turn still holds the run's lease)."""
+        status, attempt = expected
+        if owner is None:
+            return bool(self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt).update(**fields))
+        # Mid-turn (a step run in place ends, say): one plain statement, the ORM's compiling of
+        # an UPDATE with an EXISTS costs more than the statement itself on this path.
+        connection = connections[self.db]
+        ops = connection.ops
+        columns = [Checkpoint._meta.get_field(name) for name in fields]
+        assignments = ", ".join(f"{ops.quote_name(f.column)} = %s" for f in columns)
+        values = [f.get_db_prep_save(fields[f.name], connection) for f in columns]
+        sql = (
+            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET {assignments} "
+            "WHERE run_id = %s AND seq = %s AND status = %s AND attempt = %s AND EXISTS ("
+            f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND locked_by = %s)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*values, run_id, seq, status, attempt, run_id, owner])
+            return cursor.rowcount == 1
+
+    def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
+        """Insert ``row`` in one statement, only while ``owner`` holds its run's lease."""
+        connection = connections[self.db]
+        ops = connection.ops
+        fields = [f for f in Checkpoint._meta.concrete_fields if not f.primary_key]
+        columns = ", ".join(ops.quote_name(f.column) for f in fields)
+        values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
+        run_table = ops.quote_name(Run._meta.db_table)
+        sql = (
+            f"INSERT INTO {ops.quote_name(Checkpoint._meta.db_table)} ({columns}) "
+            f"SELECT {', '.join(['%s'] * len(fields))} "
+            f"WHERE EXISTS (SELECT 1 FROM {run_table} WHERE id = %s AND locked_by = %s)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*values, row.run_id, owner])
+            return cursor.rowcount == 1
+
+    def fan_closed(self, run_id: str, fan: int) -> bool:
+        """No member of the fan is still pending (asked after a member's result committed)."""
+        return not self.filter(run_id=run_id, status=CheckpointStatus.PENDING, fan=fan).exists()
+
+    def settle_child(
+        self, run_id: str, seq: int, status: str, output: Any, error: Any, now: datetime
+    ) -> bool:
+        """Record at position ``seq`` of ``run_id`` how the child started there ended."""
+        return bool(
+            self.filter(run_id=run_id, seq=seq, kind="child", status=CheckpointStatus.PENDING).update(
+                status=status, output=output, error=error, finished_at=now
+            )
+        )
+
+    def reattempt(self, run_id: str, seqs: list[int]) -> None:
+        """Give the failed positions ``seqs`` of a failed, dead or cancelled run a fresh attempt
+        (call before the run is reopened): a child position waits again for its run, retried
+        with it; any other position is forgotten, so the next turn replays it as new."""
+        ended = Exists(Run.objects.filter(id=run_id, status__in=RETRYABLE))
+        positions = self.filter(ended, run_id=run_id, seq__in=seqs)
+        positions.filter(kind="child", status=CheckpointStatus.FAILED).update(
+            status=CheckpointStatus.PENDING, error=None, finished_at=None
+        )
+        positions.exclude(kind="child").delete()
+
+    def beat(
+        self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool
+    ) -> bool:
+        fields: dict[str, Any] = {"last_heartbeat_at": now}
+        if with_progress:
+            fields["progress"] = progress
+        return bool(self._attempt(run_id, seq, attempt).update(**fields))
+
+
+class Checkpoint(models.Model):
+    """One position of a run's history: a step, timer, signal wait or recorded value."""
+
+    # No index of its own: the (run, seq) constraint's index serves lookups by run, and a plain
+    # run index tempts PostgreSQL into scanning a whole fan's rows to find one position.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16)
+    name = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, default=CheckpointStatus.PENDING)
+    attempt = models.PositiveIntegerField(default=1)
+    queue = models.CharField(max_length=200, blank=True, default="")
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+    #: First position of the fan (ctx.all / all_settled) this member belongs to.
+    fan = models.PositiveIntegerField(null=True, blank=True)
+    #: The fan resumes the run at its first failure (ctx.all), not only once closed.
+    fail_fast = models.BooleanField(default=False)
+    #: The secret of the attempt sent last: only a message carrying it may start or settle it.
+    token = models.CharField(max_length=64, null=True, blank=True)
+    #: The process running a dispatched attempt, and until when its hold lasts unless renewed.
+    held_by = models.CharField(max_length=255, null=True, blank=True)
+    held_until = models.DateTimeField(null=True, blank=True)
+
+    objects = CheckpointQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="durable_checkpoint_position"),
+        ]
+        indexes = [
+            # "Is any member of this fan still pending", in one probe; fan before status, so a lookup
+            # of one position never prefers it to the (run, seq) index.
+            models.Index(fields=["run", "fan", "status"], name="durable_checkpoint_fan"),
+            # The runs waiting for an event of this name, found by publish_event().
+            models.Index(
+                fields=["name", "status"],
+                name="durable_checkpoint_event_wait",
+                condition=models.Q(kind="event"),
+            ),
+            # Held attempts whose holder stopped renewing, found by the orphan sweep.
+            models.Index(
+                fields=["held_until"],
+                name="durable_checkpoint_held",
+                condition=models.Q(held_by__isnull=False),
+            ),
+        ]
+        ordering = ["run", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind} {self.name} ({self.status})"

@@ -1,0 +1,72 @@
+"""What other code sends to runs: signals to one run, events to every run that waits."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+
+from .runs import Run
+
+
+class SignalQuerySet(models.QuerySet["Signal"]):
+    def consume(self, signal_id: int, seq: int) -> bool:
+        return bool(self.filter(id=signal_id, consumed_seq__isnull=True).update(consumed_seq=seq))
+
+
+class Signal(models.Model):
+    """A signal sent to a run, kept until a wait at position ``consumed_seq`` takes it."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    consumed_seq = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = SignalQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "consumed_seq"], name="durable_signal_unconsumed"),
+        ]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"signal {self.name} for {self.run_id}"
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def oldest_match(
+        self, name: str, match: dict[str, Any] | None, since: datetime, exclude: set[int]
+    ) -> tuple[int, Any] | None:
+        """(id, payload) of the oldest event ``name`` since ``since`` whose payload holds every
+        key/value of ``match``, leaving out the ids in ``exclude``; None if there is none."""
+        from django.db.models.fields.json import KeyTransform
+
+        events = self.filter(name=name, created_at__gte=since).exclude(id__in=exclude)
+        for i, (key, value) in enumerate((match or {}).items()):
+            # An alias per key: a key named like a lookup ("in", "contains") stays a key.
+            events = events.alias(**{f"key_{i}": KeyTransform(key, "payload")}).filter(**{f"key_{i}": value})
+        return events.order_by("id").values_list("id", "payload").first()
+
+
+class Event(models.Model):
+    """A published event, kept for ``EVENT_BUFFER_TTL`` for the waits that come later."""
+
+    #: Arrival order: a wait receives the oldest matching event it has not received yet.
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["name", "created_at"], name="durable_event_name"),
+            models.Index(fields=["created_at"], name="durable_event_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.name} #{self.id}"

@@ -1,0 +1,317 @@
+"""A run: its row, its turn lease and every transition of its status."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import Exists, F, OuterRef
+
+from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
+from .base import RETRYABLE, Status, skip_locked
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> Run | None:
+        """Take the turn lease of an unfinished run whose lease is free or expired; return the row.
+
+        Taking over a ``running`` run means its last turn died holding the lease: that counts
+        as a recovery attempt. One statement: the UPDATE returns the claimed row.
+        """
+        ops = connections[self.db].ops
+        at = ops.adapt_datetimefield_value
+        table = ops.quote_name(Run._meta.db_table)
+        sql = (
+            f"UPDATE {table} SET "
+            "recovery_attempts = CASE WHEN status = %s THEN recovery_attempts + 1 ELSE recovery_attempts END, "
+            "status = %s, locked_by = %s, locked_until = %s, started_at = COALESCE(started_at, %s), "
+            "updated_at = %s "
+            "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
+            "AND admitted = %s RETURNING *"
+        )
+        params = [
+            Status.RUNNING,
+            Status.RUNNING,
+            owner,
+            at(now + lease),
+            at(now),
+            at(now),
+            run_id,
+            *UNFINISHED,
+            at(now),
+            True,
+        ]
+        claimed = list(Run.objects.using(self.db).raw(sql, params))
+        return claimed[0] if claimed else None
+
+    def renew(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
+        """Extend a lease this owner still holds; False means it was taken over."""
+        return bool(
+            self.filter(id=run_id, locked_by=owner, status=Status.RUNNING).update(locked_until=now + lease)
+        )
+
+    def settle(self, run_id: str, owner: str, wakes: int, now: datetime, **fields: Any) -> bool:
+        """End a turn: write its outcome and release the lease.
+
+        Refused (False) when the lease was lost or a wake arrived since the turn read the run.
+        """
+        fields.setdefault("recovery_attempts", 0)
+        return bool(
+            self.filter(id=run_id, locked_by=owner, wakes=wakes, status=Status.RUNNING).update(
+                locked_by=None, locked_until=None, updated_at=now, **fields
+            )
+        )
+
+    def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:
+        """Give the lease back without an outcome, so another worker can take the run."""
+        return bool(
+            self.filter(id=run_id, locked_by=owner, status=Status.RUNNING).update(
+                status=Status.SUSPENDED, locked_by=None, locked_until=None, wake_at=wake_at, updated_at=now
+            )
+        )
+
+    def wake(self, run_id: str, now: datetime, redrive_at: datetime) -> str | None:
+        """Note that something happened for an unfinished run; return its queue, or None if it
+        has finished. One statement.
+
+        The run's timer is brought forward to ``redrive_at`` at the latest, so the timer sweep
+        re-drives it if the message that should carry this wake is lost; a run waiting for its
+        singleton slot keeps its own (its start delay), since it cannot run before it is admitted.
+        """
+        connection = connections[self.db]
+        ops = connection.ops
+        earliest = "MIN" if connection.vendor == "sqlite" else "LEAST"
+        at = ops.adapt_datetimefield_value(redrive_at)
+        sql = (
+            f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wakes = wakes + 1, "
+            f"wake_at = CASE WHEN admitted THEN {earliest}(COALESCE(wake_at, %s), %s) ELSE wake_at END, "
+            "updated_at = %s "
+            "WHERE id = %s AND status IN (%s, %s, %s) RETURNING queue"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [at, at, ops.adapt_datetimefield_value(now), run_id, *UNFINISHED])
+            row = cursor.fetchone()
+        return row[0] if row else None
+
+    def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
+        """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""
+        return bool(
+            self.filter(id=run_id, status__in=UNFINISHED).update(
+                status=status,
+                error=error,
+                locked_by=None,
+                locked_until=None,
+                wake_at=None,
+                finished_at=now,
+                updated_at=now,
+            )
+        )
+
+    def request_cancel(self, run_id: str, request: dict[str, Any], now: datetime) -> bool:
+        """Record a compensating cancel and wake the run; False if finished or already asked."""
+        return bool(
+            self.filter(id=run_id, status__in=UNFINISHED, cancel_request__isnull=True).update(
+                cancel_request=request, wakes=F("wakes") + 1, wake_at=now, updated_at=now
+            )
+        )
+
+    def reopen(self, run_id: str, now: datetime) -> bool:
+        """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
+        return bool(
+            self.filter(id=run_id, status__in=RETRYABLE).update(
+                status=Status.PENDING,
+                error=None,
+                output=None,
+                failed_seqs=None,
+                cancel_request=None,
+                recovery_attempts=0,
+                finished_at=None,
+                wake_at=now,
+                wakes=F("wakes") + 1,
+                updated_at=now,
+            )
+        )
+
+    def start_child(
+        self, child: Any, *, parent: Run, now: datetime, queue: str, reconcile: timedelta, **fields: Any
+    ) -> bool:
+        """Create the child run a parent's turn starts; False if that id already exists."""
+        fields.setdefault("wake_at", now + reconcile)
+        try:
+            with transaction.atomic(using=self.db):
+                self.create(
+                    id=child.run_id,
+                    workflow=child.workflow,
+                    version=child.version,
+                    queue=queue,
+                    input=child.input,
+                    parent=parent,
+                    parent_seq=child.seq,
+                    namespace=parent.namespace,
+                    created_at=now,
+                    updated_at=now,
+                    **fields,
+                )
+        except IntegrityError:
+            return False
+        return True
+
+    def due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
+        """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
+        qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
+        return list(skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
+
+    def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
+        """Move the timers of runs just woken forward, so the next sweep does not send them again."""
+        return self.filter(
+            id__in=ids, status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now
+        ).update(wake_at=until)
+
+    def orphans(self, now: datetime, limit: int) -> list[tuple[str, str]]:
+        """(id, queue) of runs whose turn died holding the lease."""
+        qs = self.filter(status=Status.RUNNING, locked_until__lt=now).order_by("locked_until")
+        return list(qs.values_list("id", "queue")[:limit])
+
+    def recover(
+        self,
+        ids: list[str],
+        now: datetime,
+        max_attempts: int,
+        error: dict[str, Any],
+        *,
+        stale_before: datetime | None = None,
+        owner_prefix: str | None = None,
+    ) -> dict[str, list[str]]:
+        """Take back runs whose turn died holding its lease, a batch at a time; say what became
+        of each: ``parked`` (a dispatched step is still in flight, so the dead turn is not
+        counted as a crash), ``dead`` (the recovery budget is spent), ``suspended`` (counted,
+        due at once). Every UPDATE re-checks the orphan condition, so concurrent sweeps and a
+        turn that takes the run back in between are safe.
+        """
+        from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
+
+        orphans = self.filter(id__in=ids, status=Status.RUNNING, locked_until__lt=stale_before or now)
+        if owner_prefix is not None:
+            orphans = orphans.filter(locked_by__startswith=owner_prefix)
+        released = {"locked_by": None, "locked_until": None, "updated_at": now}
+        # A dispatched step in flight, or one the dead turn was running in place (its death is
+        # the step's, counted against the step's retries as a lost attempt, not the run's).
+        in_flight = Checkpoint.objects.filter(
+            run_id=OuterRef("id"), kind="step", status=CheckpointStatus.PENDING
+        ).filter(models.Q(enqueued_at__isnull=False) | models.Q(started_at__isnull=False))
+        parked = list(orphans.filter(Exists(in_flight)).values_list("id", flat=True))
+        orphans.filter(id__in=parked).update(status=Status.SUSPENDED, wake_at=now, **released)
+        # The dead turn may have committed sends it never published: the next turn sends again.
+        Checkpoint.objects.using(self.db).unsend(parked)
+        counted = orphans.exclude(id__in=parked)
+        dead = [
+            run_id
+            for run_id in counted.filter(recovery_attempts__gte=max_attempts).values_list("id", flat=True)
+            if counted.filter(id=run_id).update(
+                status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
+            )
+        ]
+        suspended = list(counted.exclude(id__in=dead).values_list("id", flat=True))
+        counted.filter(id__in=suspended).update(
+            status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
+        )
+        return {"parked": parked, Status.DEAD: dead, Status.SUSPENDED: suspended}
+
+    def held_by(self, owner_prefix: str, limit: int) -> list[tuple[str, str]]:
+        """(id, queue) of running runs whose lease names this instance."""
+        qs = self.filter(status=Status.RUNNING, locked_by__startswith=owner_prefix)
+        return list(qs.values_list("id", "queue")[:limit])
+
+    def give_back(
+        self, run_id: str, owner: str, now: datetime, max_attempts: int, error: dict[str, Any]
+    ) -> str | None:
+        """Hand back a run whose turn this owner abandons (it ran past its time limit), counted
+        as a crashed turn: ``dead`` with ``error`` once the recovery budget is spent (as
+        ``recover`` decides), else ``suspended`` and due at once. None if the lease is not held.
+        """
+        held = self.filter(id=run_id, locked_by=owner, status=Status.RUNNING)
+        released = {"locked_by": None, "locked_until": None, "updated_at": now}
+        if held.filter(recovery_attempts__gte=max_attempts).update(
+            status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
+        ):
+            return Status.DEAD
+        if held.update(
+            status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
+        ):
+            return Status.SUSPENDED
+        return None
+
+
+class Run(models.Model):
+    id = models.CharField(primary_key=True, max_length=255)
+    workflow = models.CharField(max_length=200, db_index=True)
+    version = models.CharField(max_length=32)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    queue = models.CharField(max_length=200)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    continued_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_by"
+    )
+    namespace = models.CharField(max_length=100, blank=True, default="")
+    tags = models.JSONField(default=list, blank=True)
+    search_attributes = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    recovery_attempts = models.PositiveIntegerField(default=0)
+    locked_by = models.CharField(max_length=255, null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    #: Bumped by every wake; a turn that read an older value runs again instead of sleeping.
+    wakes = models.BigIntegerField(default=0)
+    #: Positions whose failure ended the run: what retry() gives a fresh attempt.
+    failed_seqs = models.JSONField(null=True, blank=True)
+    #: The position in the parent's history that waits for this run.
+    parent_seq = models.PositiveIntegerField(null=True, blank=True)
+    #: Execution deadline of the whole run (the workflow's ``timeout``).
+    deadline = models.DateTimeField(null=True, blank=True)
+    #: A durable ``cancel(compensate=True)``: the next turn unwinds the saga, then cancels.
+    cancel_request = models.JSONField(null=True, blank=True)
+    #: ``<workflow>:<key>`` of a singleton workflow's run; its place in the key's line; and
+    #: whether it holds one of the key's slots (a run that does not waits, pending, unclaimable).
+    singleton_key = models.CharField(max_length=255, null=True, blank=True)
+    singleton_seq = models.BigIntegerField(null=True, blank=True)
+    admitted = models.BooleanField(default=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "wake_at"], name="durable_run_due"),
+            models.Index(fields=["status", "locked_until"], name="durable_run_lease"),
+            models.Index(fields=["created_at"], name="durable_run_created"),
+            # The retention sweep: finished runs of some statuses, oldest first.
+            models.Index(fields=["status", "finished_at"], name="durable_run_finished"),
+            models.Index(fields=["singleton_key", "status"], name="durable_run_singleton"),
+            # Runs waiting for a singleton slot, found by the timer sweep's repair pass.
+            models.Index(
+                fields=["singleton_seq"], name="durable_run_waiting", condition=models.Q(admitted=False)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL
+
+    def ended_as(self, status: str, **fields: Any) -> Run:
+        """Bring this instance in line with the guarded UPDATE that just ended its run (its
+        ``status`` and the ``fields`` it wrote), for what follows an end; return it."""
+        self.status = status
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return self
