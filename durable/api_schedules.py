@@ -26,9 +26,9 @@ def schedule(
 
     _check_key(key)
     if isinstance(workflow, str):
-        guards.text(workflow, "workflow", max_length=column_length("Schedule", "workflow"))
+        guards.text(workflow, "workflow", max_length=column_length("CronSchedule", "workflow"))
     definition = runs.resolve(workflow, None)
-    guards.text(cron, "cron", max_length=column_length("Schedule", "cron"))
+    guards.text(cron, "cron", max_length=column_length("CronSchedule", "cron"))
     spec = Spec(cron=cron, input=input, timezone=timezone, overlap=overlap)
     schedules.save(key, definition.name, spec, clock.now(), declared=False)
 
@@ -61,14 +61,14 @@ def trigger_schedule(key: str) -> RunHandle:
 
 
 def _check_key(key: Any) -> None:
-    guards.text(key, "schedule key", max_length=column_length("Schedule", "key"))
+    guards.text(key, "schedule key", max_length=column_length("CronSchedule", "key"))
 
 
 def _rows(key: str) -> Any:
-    from .models import Schedule
+    from .models import CronSchedule
 
     _check_key(key)
-    rows = Schedule.objects.using(conf.get().DATABASE)
+    rows = CronSchedule.objects.using(conf.get().DATABASE)
     if not rows.filter(key=key).exists():
         raise InvalidInput(f"no schedule has the key {key!r}; create it with durable.schedule()")
     return rows

@@ -26,7 +26,7 @@ from django.utils.translation import ngettext
 
 import durable
 from durable import conf
-from durable.models import Checkpoint, Event, Run, Schedule, Signal
+from durable.models import Checkpoint, CronSchedule, Event, Run, Signal
 from durable.statuses import CheckpointStatus
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
@@ -402,7 +402,7 @@ class CheckpointAdmin(DurableRows, admin.ModelAdmin):
     progress_json = json_display("progress")
 
 
-@admin.register(Schedule)
+@admin.register(CronSchedule)
 class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     """Schedules are defined in code or with ``durable.schedule()``; here they are paused, resumed,
     triggered or deleted."""
@@ -431,7 +431,7 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     input_json = json_display("input")
 
     @admin.display(description="last run")
-    def last_run(self, obj: Schedule) -> str:
+    def last_run(self, obj: CronSchedule) -> str:
         if not obj.last_run_id:
             return "-"
         return format_html(
@@ -441,19 +441,19 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
         )
 
     @admin.action(description="Pause selected schedules", permissions=["steer"])
-    def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    def pause(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         done = sum(durable.pause_schedule(key) for key in queryset.values_list("pk", flat=True))
         self.message_user(request, ngettext("Paused %d schedule.", "Paused %d schedules.", done) % done)
 
     @admin.action(description="Resume selected schedules", permissions=["steer"])
-    def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    def resume(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         resumed, failed = _each(queryset, durable.resume_schedule)
         done = sum(resumed)
         self.message_user(request, ngettext("Resumed %d schedule.", "Resumed %d schedules.", done) % done)
         _tell_failures(self, request, failed, "resume")
 
     @admin.action(description="Start a run of selected schedules now", permissions=["steer"])
-    def trigger(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    def trigger(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         handles, failed = _each(queryset, durable.trigger_schedule)
         started = [handle.id for handle in handles]
         if started:
@@ -465,7 +465,7 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
         _tell_failures(self, request, failed, "start a run of")
 
 
-def _each(queryset: QuerySet[Schedule], call: Any) -> tuple[list[Any], list[str]]:
+def _each(queryset: QuerySet[CronSchedule], call: Any) -> tuple[list[Any], list[str]]:
     """Call ``call(key)`` for each schedule; a refusal (its workflow gone, a cron that never fires)
     becomes a reason to show, not a server error."""
     results, failed = [], []

@@ -17,10 +17,9 @@ from croniter import croniter
 from django.db import transaction
 
 from .. import clock, conf, guards
-from ..definitions import Schedule as Spec
-from ..definitions import registry
+from ..definitions import Schedule, registry
 from ..errors import DurableError
-from ..models import UNFINISHED, Run, Schedule
+from ..models import UNFINISHED, CronSchedule, Run
 from . import runs
 
 log = logging.getLogger("durable.engine")
@@ -53,7 +52,7 @@ def sweep_schedules() -> int:
     for _ in range(MAX_BATCHES):
         with transaction.atomic(using=settings.DATABASE):
             now = clock.now()
-            due = Schedule.objects.using(settings.DATABASE).exclude(key__in=broken).due(now, BATCH)
+            due = CronSchedule.objects.using(settings.DATABASE).exclude(key__in=broken).due(now, BATCH)
             for row in due:
                 fired = _fire_alone(row, now)
                 if fired is None:
@@ -64,7 +63,7 @@ def sweep_schedules() -> int:
     return started
 
 
-def _fire_alone(row: Schedule, now: datetime) -> bool | None:
+def _fire_alone(row: CronSchedule, now: datetime) -> bool | None:
     """``_fire`` in a savepoint of its own: None (logged, rolled back) when it failed."""
     try:
         with transaction.atomic(using=conf.get().DATABASE):
@@ -79,9 +78,9 @@ def _fire_alone(row: Schedule, now: datetime) -> bool | None:
         return None
 
 
-def _fire(row: Schedule, now: datetime) -> bool:
+def _fire(row: CronSchedule, now: datetime) -> bool:
     """Take ``row``'s due tick and start its run, unless overlap="skip" finds the last one unfinished."""
-    schedules = Schedule.objects.using(conf.get().DATABASE)
+    schedules = CronSchedule.objects.using(conf.get().DATABASE)
     tick = latest_tick(row.cron, row.timezone, row.next_at, now)
     following = next_tick(row.cron, row.timezone, tick)
     busy = (
@@ -112,7 +111,7 @@ def _fire(row: Schedule, now: datetime) -> bool:
 def sync_declared() -> None:
     """Keep the schedules of ``@durable.workflow(schedule=...)`` (key: the workflow's name) in
     step with the code: create, update, or delete the ones the code no longer declares."""
-    schedules = Schedule.objects.using(conf.get().DATABASE)
+    schedules = CronSchedule.objects.using(conf.get().DATABASE)
     now = clock.now()
     stored = {row.key: row for row in schedules.filter(declared=True)}
     for name in list(registry.workflows):
@@ -124,9 +123,9 @@ def sync_declared() -> None:
             log.exception("durable: the schedule declared on workflow %s could not be saved; skipped", name)
 
 
-def _sync_one(name: str, row: Schedule | None, now: datetime) -> None:
+def _sync_one(name: str, row: CronSchedule | None, now: datetime) -> None:
     spec = registry.workflow(name).schedule
-    schedules = Schedule.objects.using(conf.get().DATABASE)
+    schedules = CronSchedule.objects.using(conf.get().DATABASE)
     if spec is None:
         if row is not None:
             schedules.filter(key=name, declared=True).delete()
@@ -135,7 +134,7 @@ def _sync_one(name: str, row: Schedule | None, now: datetime) -> None:
         save(name, name, spec, now, declared=True)
 
 
-def _changed(row: Schedule, spec: Spec) -> bool:
+def _changed(row: CronSchedule, spec: Schedule) -> bool:
     return (row.cron, row.timezone, row.input, row.overlap) != (
         spec.cron,
         spec.timezone,
@@ -144,11 +143,11 @@ def _changed(row: Schedule, spec: Spec) -> bool:
     )
 
 
-def save(key: str, workflow: str, spec: Spec, now: datetime, *, declared: bool) -> None:
+def save(key: str, workflow: str, spec: Schedule, now: datetime, *, declared: bool) -> None:
     """Create or redefine schedule ``key``; a new cron or timezone counts its next tick from now."""
     settings = conf.get()
     guards.json_value(spec.input, "the schedule's input", max_bytes=settings.MAX_PAYLOAD_BYTES)
-    schedules = Schedule.objects.using(settings.DATABASE)
+    schedules = CronSchedule.objects.using(settings.DATABASE)
     row = schedules.filter(key=key).first()
     timing_changed = row is None or (row.cron, row.timezone) != (spec.cron, spec.timezone)
     fields = {

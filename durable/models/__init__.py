@@ -7,7 +7,7 @@ says who won. Nothing outside this package assigns ``status``.
 from ..statuses import TERMINAL, UNFINISHED
 from .base import RETRYABLE, Status, column_length
 from .checkpoints import Checkpoint, CheckpointQuerySet
-from .cron import Schedule, ScheduleQuerySet, SingletonSlot
+from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .runs import Run, RunQuerySet
 
@@ -17,12 +17,12 @@ __all__ = [
     "UNFINISHED",
     "Checkpoint",
     "CheckpointQuerySet",
+    "CronSchedule",
+    "CronScheduleQuerySet",
     "Event",
     "EventQuerySet",
     "Run",
     "RunQuerySet",
-    "Schedule",
-    "ScheduleQuerySet",
     "Signal",
     "SignalQuerySet",
     "SingletonSlot",

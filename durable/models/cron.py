@@ -10,8 +10,8 @@ from django.db import models
 from .base import skip_locked
 
 
-class ScheduleQuerySet(models.QuerySet["Schedule"]):
-    def due(self, now: datetime, limit: int) -> list[Schedule]:
+class CronScheduleQuerySet(models.QuerySet["CronSchedule"]):
+    def due(self, now: datetime, limit: int) -> list[CronSchedule]:
         """Unpaused schedules whose next tick has come, oldest first."""
         qs = self.filter(paused=False, next_at__lte=now).order_by("next_at")
         return list(skip_locked(qs)[:limit])
@@ -31,8 +31,11 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         return bool(self.filter(key=key, paused=True).update(paused=False, next_at=next_at, updated_at=now))
 
 
-class Schedule(models.Model):
-    """A persisted cron schedule: each tick starts one run, id ``schedule:<key>:<tick>``."""
+class CronSchedule(models.Model):
+    """A persisted cron schedule: each tick starts one run, id ``schedule:<key>:<tick>``.
+
+    (``durable.Schedule`` is the declaration in code; this row is what the sweep keeps.)
+    """
 
     key = models.CharField(primary_key=True, max_length=200)
     workflow = models.CharField(max_length=200)
@@ -49,9 +52,12 @@ class Schedule(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
-    objects = ScheduleQuerySet.as_manager()
+    objects = CronScheduleQuerySet.as_manager()
 
     class Meta:
+        db_table = "durable_schedule"
+        verbose_name = "schedule"
+        verbose_name_plural = "schedules"
         indexes = [models.Index(fields=["paused", "next_at"], name="durable_schedule_due")]
 
     def __str__(self) -> str:

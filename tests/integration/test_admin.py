@@ -283,11 +283,11 @@ def test_change_page_links_a_continue_as_new_chain_both_ways_and_children(admin_
     assert listing.status_code == 200
 
 
-SCHEDULES = "admin:durable_schedule_changelist"
+SCHEDULES = "admin:durable_cronschedule_changelist"
 
 
 def test_schedules_are_listed_paused_resumed_and_triggered(admin_client: Client, durable_env: Any) -> None:
-    from durable.models import Schedule
+    from durable.models import CronSchedule
 
     durable.schedule("admin-report", add_flow, cron="0 * * * *", input=2)
     page = admin_client.get(reverse(SCHEDULES)).content.decode()
@@ -296,13 +296,15 @@ def test_schedules_are_listed_paused_resumed_and_triggered(admin_client: Client,
         admin_client.post(
             reverse(SCHEDULES), {"action": action, "_selected_action": ["admin-report"]}, follow=True
         )
-        assert Schedule.objects.get(key="admin-report").paused is paused
+        assert CronSchedule.objects.get(key="admin-report").paused is paused
     response = admin_client.post(
         reverse(SCHEDULES), {"action": "trigger", "_selected_action": ["admin-report"]}, follow=True
     )
     (run_id,) = Run.objects.filter(id__startswith="schedule:admin-report:").values_list("id", flat=True)
     assert run_id in response.content.decode()
-    page = admin_client.get(reverse("admin:durable_schedule_change", args=["admin-report"])).content.decode()
+    page = admin_client.get(
+        reverse("admin:durable_cronschedule_change", args=["admin-report"])
+    ).content.decode()
     assert "cron" in page
 
 
@@ -316,11 +318,11 @@ def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(
     admin_client: Client, durable_env: Any
 ) -> None:
     from durable import clock
-    from durable.models import Schedule
+    from durable.models import CronSchedule
 
     durable.schedule("adds", add_flow, cron="0 * * * *", input=1)
     now = clock.now()
-    Schedule.objects.create(
+    CronSchedule.objects.create(
         key="gone",
         workflow="tests.admin_no_longer_here",
         cron="0 * * * *",
@@ -329,7 +331,7 @@ def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(
         updated_at=now,
     )
     response = admin_client.post(
-        reverse("admin:durable_schedule_changelist"),
+        reverse("admin:durable_cronschedule_changelist"),
         {"action": "trigger", "_selected_action": ["adds", "gone"]},
         follow=True,
     )

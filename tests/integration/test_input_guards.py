@@ -11,7 +11,7 @@ import pytest
 import durable
 from durable.definitions import registry
 from durable.guards import MAX_DEPTH
-from durable.models import Event, Run, Schedule, Signal
+from durable.models import CronSchedule, Event, Run, Signal
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def nested(levels: int) -> Any:
 
 
 def stored() -> tuple[int, int, int, int]:
-    return Run.objects.count(), Signal.objects.count(), Event.objects.count(), Schedule.objects.count()
+    return Run.objects.count(), Signal.objects.count(), Event.objects.count(), CronSchedule.objects.count()
 
 
 def refused(call: Callable[[], Any], field: str) -> durable.InvalidInput:

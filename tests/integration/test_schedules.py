@@ -10,7 +10,7 @@ import durable
 from durable import clock
 from durable.definitions import registry
 from durable.engine import schedules
-from durable.models import Run, Schedule
+from durable.models import CronSchedule, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -51,13 +51,13 @@ def test_ticks_missed_while_no_beat_ran_start_only_the_latest(at_noon):
     durable.schedule("report", report, cron="*/5 * * * *")
     at_noon.advance_time("1h")
     assert _runs() == ["schedule:report:2026-12-01T13:00:00+00:00"]
-    assert Schedule.objects.get(key="report").next_at == datetime(2026, 12, 1, 13, 5, tzinfo=UTC)
+    assert CronSchedule.objects.get(key="report").next_at == datetime(2026, 12, 1, 13, 5, tzinfo=UTC)
 
 
 def test_two_sweeps_on_one_due_tick_start_one_run(at_noon):
     durable.schedule("report", report, cron="*/5 * * * *")
     at_noon._freezer.tick(300)
-    row = Schedule.objects.get(key="report")
+    row = CronSchedule.objects.get(key="report")
     assert schedules._fire(row, clock.now()) is True
     assert schedules._fire(row, clock.now()) is False  # a second sweep holding the stale row
     assert len(_runs()) == 1
@@ -80,7 +80,7 @@ def test_pause_resume_and_trigger(at_noon):
     at_noon.advance_time("1h")
     assert _runs() == []
     assert durable.resume_schedule("report") is True
-    assert Schedule.objects.get(key="report").next_at == datetime(2026, 12, 1, 13, 5, tzinfo=UTC)
+    assert CronSchedule.objects.get(key="report").next_at == datetime(2026, 12, 1, 13, 5, tzinfo=UTC)
     handle = durable.trigger_schedule("report")
     assert handle.id == "schedule:report:2026-12-01T13:00:30+00:00"
     at_noon.run_until_idle()
@@ -99,14 +99,14 @@ def nightly():
 
 def test_a_schedule_declared_on_the_workflow_follows_the_code(at_noon, nightly, monkeypatch):
     schedules.sync_declared()
-    row = Schedule.objects.get(key="tests.sched_nightly")
+    row = CronSchedule.objects.get(key="tests.sched_nightly")
     # 03:00 in Paris is 02:00 UTC in December.
     assert (row.declared, row.next_at, row.input) == (True, datetime(2026, 12, 2, 2, 0, tzinfo=UTC), "night")
     at_noon.advance_time("15h")
     assert _runs() == ["schedule:tests.sched_nightly:2026-12-02T02:00:00+00:00"]
     monkeypatch.setattr(nightly, "schedule", None)  # the code no longer declares it
     schedules.sync_declared()
-    assert not Schedule.objects.filter(key="tests.sched_nightly").exists()
+    assert not CronSchedule.objects.filter(key="tests.sched_nightly").exists()
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def test_a_schedule_declared_on_the_workflow_follows_the_code(at_noon, nightly, 
 def test_bad_schedules_are_refused_before_anything_is_stored(durable_env, kwargs, says):
     with pytest.raises(durable.InvalidInput, match=says):
         durable.schedule("report", report, **kwargs)
-    assert not Schedule.objects.filter(key="report").exists()
+    assert not CronSchedule.objects.filter(key="report").exists()
 
 
 def test_unknown_workflows_and_keys_are_refused(durable_env):
@@ -141,10 +141,10 @@ def picky(ctx, value):
 def test_a_tick_whose_run_cannot_start_is_skipped_and_the_others_still_fire(at_noon):
     durable.schedule("picky", picky, cron="*/5 * * * *", input="ok")
     durable.schedule("report", report, cron="*/5 * * * *")
-    Schedule.objects.filter(key="picky").update(input="refused")  # the workflow no longer takes it
+    CronSchedule.objects.filter(key="picky").update(input="refused")  # the workflow no longer takes it
     at_noon.advance_time("5m")
     assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
-    assert Schedule.objects.get(key="picky").next_at == datetime(2026, 12, 1, 12, 10, tzinfo=UTC)
+    assert CronSchedule.objects.get(key="picky").next_at == datetime(2026, 12, 1, 12, 10, tzinfo=UTC)
 
 
 def test_a_cron_that_never_fires_is_refused_at_declaration(durable_env):
@@ -155,13 +155,13 @@ def test_a_cron_that_never_fires_is_refused_at_declaration(durable_env):
     with pytest.raises(durable.InvalidInput, match="never fires"):
         durable.workflow(lambda ctx, _: None, name="tests.sched_feb30", schedule="0 0 30 2 *")
     assert "tests.sched_feb30" not in registry.workflows
-    assert not Schedule.objects.exists()
+    assert not CronSchedule.objects.exists()
 
 
 def _stored(key, cron, workflow="tests.sched_report", declared=False):
     """A row as an older version (or a hand edit) left it, past today's checks."""
     now = clock.now()
-    Schedule.objects.create(
+    CronSchedule.objects.create(
         key=key, workflow=workflow, cron=cron, next_at=now, declared=declared, created_at=now, updated_at=now
     )
 
@@ -193,4 +193,4 @@ def test_a_declared_schedule_that_cannot_be_saved_does_not_stop_the_sweep(at_noo
     durable.schedule("report", report, cron="*/5 * * * *")
     at_noon.advance_time("5m")
     assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
-    assert not Schedule.objects.filter(key="tests.sched_nightly").exists()
+    assert not CronSchedule.objects.filter(key="tests.sched_nightly").exists()
