@@ -33,7 +33,7 @@ Control flow: never an error of the run, and never caught by a body's ``except E
         └── _Stale                     durable.engine.turn: a guarded write matched no row
 
 Stored error types with no class of their own (the ``type`` of an error dict): ``StepTimeout``
-(an attempt overran its timeout or went silent, ``durable.replay.attempt.step_timeout``),
+(an attempt overran its timeout or went silent, ``step_timeout_error``),
 ``WorkflowTimeout`` (the run passed its deadline) and ``Cancelled`` (a cancelled run).
 """
 

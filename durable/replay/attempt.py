@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..definitions import Step
-from ..errors import InvalidInput, _ControlFlow, error_dict
+from ..errors import InvalidInput, _ControlFlow, error_dict, step_timeout_error
 from .history import roundtrip
 from .stepscope import StepInfo, step_scope
 
@@ -45,7 +45,7 @@ def run_attempt(
     except _ControlFlow:
         raise
     except timed_out:
-        return None, step_timeout(f"step {step.name!r} ran past its timeout of {step.timeout}"), True
+        return None, step_timeout_error(f"step {step.name!r} ran past its timeout of {step.timeout}"), True
     except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
         log.info(
             "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc
@@ -55,8 +55,3 @@ def run_attempt(
         return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
     except InvalidInput as exc:
         return None, {**exc.to_dict(), "code": "invalid_output"}, False
-
-
-def step_timeout(message: str) -> dict[str, Any]:
-    """The stored error of an attempt that overran its timeout or went silent."""
-    return {"message": message, "type": "StepTimeout", "code": "timeout", "details": None}

@@ -27,10 +27,11 @@ from ..errors import (
     WorkerLost,
     cancelled_error,
     error_dict,
+    step_timeout_error,
 )
 from ..statuses import Decided
 from . import saga, stopping
-from .attempt import Result, run_attempt, step_timeout
+from .attempt import Result, run_attempt
 from .composition import Composition
 from .history import (
     COMPLETED,
@@ -367,7 +368,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             )
         deadline = self._deadline(rec, step, since=rec.started_at)
         if deadline is not None and now >= deadline:
-            err = step_timeout(
+            err = step_timeout_error(
                 f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time"
             )
             self._attempt_failed(rec, step, err, retryable=True)
