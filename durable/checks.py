@@ -38,7 +38,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 #: Step options the public contract names that this version accepts but does not act on yet.
-NOT_ENFORCED = ("concurrency", "rate_limit", "input_schema", "output_schema")
+NOT_ENFORCED = ("concurrency", "rate_limit")
 
 
 @checks.register("durable")

@@ -6,6 +6,7 @@ Decorators never touch the database: they only build definitions and register th
 from __future__ import annotations
 
 import functools
+import inspect
 import random
 import re
 from collections.abc import Callable
@@ -408,6 +409,19 @@ def _duration_option(value: Any, what: str) -> timedelta | None:
         raise InvalidInput(str(exc)) from None
 
 
+def _schema_option(schema: Any, option: str, fn: Callable[..., Any]) -> None:
+    if schema is not None and not callable(getattr(schema, "model_validate", None)):
+        raise InvalidInput(
+            f"{option}= of {fn.__name__!r} takes a pydantic model (or anything with model_validate), got {schema!r}"
+        )
+
+
+def _parameters(fn: Callable[..., Any]) -> int:
+    """How many arguments the function takes: its parameters, bar ``*args`` / ``**kwargs``."""
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return sum(p.kind not in kinds for p in inspect.signature(fn).parameters.values())
+
+
 def step(
     fn: Callable[..., Any] | None = None,
     *,
@@ -427,6 +441,13 @@ def step(
     def wrap(func: Callable[..., Any]) -> Step:
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInput(f"step retry= must be a durable.Retry, got {retry!r}")
+        _schema_option(input_schema, "input_schema", func)
+        _schema_option(output_schema, "output_schema", func)
+        if input_schema is not None and _parameters(func) != 1:
+            raise InvalidInput(
+                f"step {func.__name__!r} declares input_schema=, which validates the step's one argument, "
+                f"but it takes {_parameters(func)}: take one argument (a model of them all) or drop input_schema"
+            )
         return registry.add_step(
             Step(
                 fn=func,

@@ -39,9 +39,15 @@ def run_attempt(
     flow (the turn stops: lease lost, time limit) passes through: the attempt is not over.
     """
     args = payload or {}
+    positional, named = list(args.get("args", [])), dict(args.get("kwargs", {}))
+    if step.input_schema is not None:
+        try:
+            positional, named = _validated_input(step, positional, named)
+        except InvalidInput as exc:
+            return None, exc.to_dict(), False
     try:
         with step_scope(info, beat):
-            output = step.fn(*args.get("args", []), **args.get("kwargs", {}))
+            output = step.fn(*positional, **named)
     except _ControlFlow:
         raise
     except timed_out:
@@ -52,6 +58,44 @@ def run_attempt(
         )
         return None, error_dict(exc), step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
     try:
+        if step.output_schema is not None:
+            output = _validated_output(step, output)
         return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
     except InvalidInput as exc:
         return None, {**exc.to_dict(), "code": "invalid_output"}, False
+
+
+def _validated_input(
+    step: Step, positional: list[Any], named: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The step's one argument as its ``input_schema`` makes it (the history keeps it as sent)."""
+    if positional:
+        return [_validate(step.input_schema, positional[0], f"the input of step {step.name!r}")], named
+    if len(named) != 1:
+        return positional, named  # called with the wrong arguments: the call itself says so
+    ((key, value),) = named.items()
+    return positional, {key: _validate(step.input_schema, value, f"the input of step {step.name!r}")}
+
+
+def _validated_output(step: Step, output: Any) -> Any:
+    """The output once its ``output_schema`` accepted it, as JSON (a model is dumped)."""
+    model = _validate(step.output_schema, output, f"the output of step {step.name!r}")
+    dump = getattr(model, "model_dump", None)
+    return dump(mode="json") if callable(dump) else output
+
+
+def _validate(schema: Any, value: Any, what: str) -> Any:
+    try:
+        return schema.model_validate(value)
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, or whatever a schema raises
+        raise InvalidInput(f"{what} does not fit its schema: {exc}", details=_details(exc)) from None
+
+
+def _details(exc: Exception) -> Any:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return None
+    try:
+        return roundtrip(errors(include_url=False, include_input=False), what="validation errors")
+    except Exception:  # noqa: BLE001 - a schema library's own error shape: its message is enough
+        return None
