@@ -75,7 +75,7 @@ def _run(durable_env, local: bool, step: str, order: object) -> tuple[object, Ch
 def test_the_step_receives_its_model_and_the_history_keeps_the_input_as_sent(durable_env, local):
     output, position = _run(durable_env, local, "charge", {"id": 7, "cents": "250"})
     assert output == {"order": 7, "charged": 250}  # the returned model, recorded as JSON
-    assert CALLS == [Order(id=7, cents=250)]
+    assert [Order(id=7, cents=250)] == CALLS
     assert position.input == {"args": [{"id": 7, "cents": "250"}], "kwargs": {}}
     assert position.output == {"order": 7, "charged": 250}
 
