@@ -26,7 +26,7 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
     entries = {}
     for sweep in SWEEPS:
         every = getattr(settings, sweep.interval).total_seconds()
-        options = {"queue": settings.DEFAULT_QUEUE, "expires": every * 5}
+        options = {"queue": settings.DEFAULT_QUEUE, "expires": every * 5, "serializer": "json"}
         entries[sweep.task] = {"task": sweep.task, "schedule": every, "options": options}
     return entries
 

@@ -146,3 +146,26 @@ def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[che
             id="durable.W001",
         )
     ]
+
+
+#: What Celery's accept_content may call pickle: by name or by content type.
+PICKLE = {"pickle", "application/x-python-serialize"}
+
+
+@checks.register("durable")
+def check_pickle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn when the workers accept pickled messages: durable never sends any, and a worker that
+    accepts them runs whatever code a message forged on the broker carries."""
+    from celery import current_app
+
+    accepted = set(current_app.conf.accept_content or ()) | set(current_app.conf.result_accept_content or ())
+    if not accepted & PICKLE:
+        return []
+    return [
+        checks.Warning(
+            "Celery accepts pickled messages (accept_content includes pickle): anyone who can write to "
+            "the broker can run code on your workers. durable's own messages are always JSON.",
+            hint='Set CELERY_ACCEPT_CONTENT = ["json"] unless a task of yours really needs pickle.',
+            id="durable.W004",
+        )
+    ]

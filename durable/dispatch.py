@@ -38,7 +38,10 @@ def celery_sender(message: Message) -> None:
     from celery import current_app
 
     # An empty queue lets Celery's own routing place the message (an existing task's queue).
-    current_app.send_task(message.task, args=message.args, queue=message.queue or None, **message.options)
+    # JSON whatever the project's task_serializer says: durable's messages carry only ids and
+    # JSON payloads, and a worker of another language must be able to read them.
+    options = {"serializer": "json", **message.options}
+    current_app.send_task(message.task, args=message.args, queue=message.queue or None, **options)
 
 
 #: What Celery raises inside a task that reached its soft time limit: a step's timeout.

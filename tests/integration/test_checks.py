@@ -211,3 +211,15 @@ def test_connection_reuse_without_health_checks_is_w003() -> None:
     assert checks.connection_reuse_problems(1000, "default", {**postgres, "CONN_HEALTH_CHECKS": True}) == []
     assert checks.connection_reuse_problems(None, "default", postgres) == []
     assert checks.check_connection_reuse() == []  # the example project's settings
+
+
+def test_workers_that_accept_pickle_are_w004() -> None:
+    from celery import current_app
+
+    assert checks.check_pickle() == []  # the example project accepts JSON only
+    saved = current_app.conf.accept_content
+    current_app.conf.accept_content = ["json", "pickle"]
+    try:
+        assert [m.id for m in checks.check_pickle()] == ["durable.W004"]
+    finally:
+        current_app.conf.accept_content = saved
