@@ -6,8 +6,7 @@ from typing import Any
 
 from . import clock, conf, guards
 from .api import RunHandle, column_length
-from .definitions import Schedule as Spec
-from .definitions import Workflow
+from .definitions import Schedule, Workflow
 from .errors import InvalidInput
 
 
@@ -19,9 +18,11 @@ def schedule(
     input: Any = None,
     timezone: str = "UTC",
     overlap: str = "skip",
+    namespace: str | None = None,
 ) -> None:
     """Create or redefine the schedule ``key``: each tick of ``cron`` (in ``timezone``) starts one
-    run of ``workflow`` with ``input``, id ``schedule:<key>:<tick>``."""
+    run of ``workflow`` with ``input``, id ``schedule:<key>:<tick>``, in ``namespace`` (default:
+    ``DURABLE["NAMESPACE"]``)."""
     from .engine import runs, schedules
 
     _check_key(key)
@@ -29,8 +30,13 @@ def schedule(
         guards.text(workflow, "workflow", max_length=column_length("CronSchedule", "workflow"))
     definition = runs.resolve(workflow, None)
     guards.text(cron, "cron", max_length=column_length("CronSchedule", "cron"))
-    spec = Spec(cron=cron, input=input, timezone=timezone, overlap=overlap)
-    schedules.save(key, definition.name, spec, clock.now(), declared=False)
+    if namespace is not None:
+        guards.text(
+            namespace, "namespace", max_length=column_length("CronSchedule", "namespace"), allow_empty=True
+        )
+    spec = Schedule(cron=cron, input=input, timezone=timezone, overlap=overlap)
+    namespace = namespace if namespace is not None else (conf.get().NAMESPACE or "")
+    schedules.save(key, definition.name, spec, clock.now(), declared=False, namespace=namespace)
 
 
 def pause_schedule(key: str) -> bool:
@@ -57,7 +63,11 @@ def trigger_schedule(key: str) -> RunHandle:
     from .engine import runs, schedules
 
     row = _rows(key).get(key=key)
-    return RunHandle(runs.start(row.workflow, row.input, run_id=schedules.run_id(key, clock.now())))
+    return RunHandle(
+        runs.start(
+            row.workflow, row.input, run_id=schedules.run_id(key, clock.now()), namespace=row.namespace
+        )
+    )
 
 
 def _check_key(key: Any) -> None:

@@ -189,7 +189,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
         "finished_time",
         "recovery_attempts",
     )
-    list_filter = ("status", "workflow")
+    list_filter = ("status", "workflow", "namespace")
     search_fields = ("id", "workflow")
     ordering = ("-created_at",)
     date_hierarchy = "created_at"
@@ -409,7 +409,7 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
 
     next_time = timestamp_display("next_at")
     list_display = ("key", "workflow", "cron", "timezone", "overlap", "paused", "next_time", "last_run")
-    list_filter = ("paused", "workflow", "declared")
+    list_filter = ("paused", "workflow", "declared", "namespace")
     search_fields = ("key", "workflow")
     ordering = ("key",)
     actions = ("pause", "resume", "trigger")

@@ -58,7 +58,9 @@ def prune_events(before: datetime) -> int:
 
 def expired(policy: conf.RetentionPolicy, now: datetime, limit: int) -> list[str]:
     """Ids of finished root runs past ``policy``, oldest first, at most ``limit``."""
-    runs = Run.objects.using(conf.get().DATABASE).filter(status__in=policy.statuses, parent__isnull=True)
+    settings = conf.get()
+    runs = Run.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
+    runs = runs.filter(status__in=policy.statuses, parent__isnull=True)
     if policy.workflows:
         runs = runs.filter(workflow__in=policy.workflows)
     # Skipped here already (not only in delete_trees), so kept trees cannot fill every batch.

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import clock, conf, dispatch, guards
+from .. import clock, conf, dispatch, guards, routing
 from ..definitions import Workflow, registry
 from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
@@ -136,7 +136,8 @@ def create(
     """Insert a validated run and send its first turn on commit; return its id."""
     settings = conf.get()
     now = clock.now()
-    queue = definition.queue or settings.DEFAULT_QUEUE
+    namespace = namespace if namespace is not None else (settings.NAMESPACE or "")
+    queue = routing.queue_in(definition.queue or settings.DEFAULT_QUEUE, namespace)
     placed = singletons.place(definition, stored_input)
     # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
     # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
@@ -147,7 +148,7 @@ def create(
         version=definition.version,
         queue=queue,
         input=stored_input,
-        namespace=namespace if namespace is not None else (settings.NAMESPACE or ""),
+        namespace=namespace,
         tags=sorted({*definition.tags, *tags}),
         created_at=now,
         updated_at=now,
@@ -170,7 +171,7 @@ def start_children(parent: Run, children: list[ChildStart]) -> None:
     now = clock.now()
     for child in children:
         definition = registry.workflow(child.workflow, child.version)
-        queue = definition.queue or settings.DEFAULT_QUEUE
+        queue = routing.queue_in(definition.queue or settings.DEFAULT_QUEUE, parent.namespace)
         # A child of a singleton workflow waits in its key's line like any run (never refused:
         # the parent's history already holds it).
         placed = singletons.place(definition, child.input, queue_limit=False)

@@ -52,7 +52,8 @@ def sweep_schedules() -> int:
     for _ in range(MAX_BATCHES):
         with transaction.atomic(using=settings.DATABASE):
             now = clock.now()
-            due = CronSchedule.objects.using(settings.DATABASE).exclude(key__in=broken).due(now, BATCH)
+            rows = CronSchedule.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
+            due = rows.exclude(key__in=broken).due(now, BATCH)
             for row in due:
                 fired = _fire_alone(row, now)
                 if fired is None:
@@ -97,7 +98,7 @@ def _fire(row: CronSchedule, now: datetime) -> bool:
         )
         return False
     try:
-        runs.start(row.workflow, row.input, run_id=new_id)
+        runs.start(row.workflow, row.input, run_id=new_id, namespace=row.namespace)
     except DurableError as exc:
         # Not registered here, an input its workflow now refuses, a full singleton line: this
         # tick is lost, the next ones are not, and the sweep goes on with the other schedules.
@@ -143,7 +144,9 @@ def _changed(row: CronSchedule, spec: Schedule) -> bool:
     )
 
 
-def save(key: str, workflow: str, spec: Schedule, now: datetime, *, declared: bool) -> None:
+def save(
+    key: str, workflow: str, spec: Schedule, now: datetime, *, declared: bool, namespace: str = ""
+) -> None:
     """Create or redefine schedule ``key``; a new cron or timezone counts its next tick from now."""
     settings = conf.get()
     guards.json_value(spec.input, "the schedule's input", max_bytes=settings.MAX_PAYLOAD_BYTES)
@@ -157,6 +160,7 @@ def save(key: str, workflow: str, spec: Schedule, now: datetime, *, declared: bo
         "timezone": spec.timezone,
         "overlap": spec.overlap,
         "declared": declared,
+        "namespace": namespace,
         "updated_at": now,
     }
     if timing_changed:

@@ -24,7 +24,7 @@ MAX_BATCHES = 20
 def sweep_timers() -> int:
     """Send a turn to every run whose timer, retry backoff or safety-net wake is due."""
     settings = conf.get()
-    runs = Run.objects.using(settings.DATABASE)
+    runs = Run.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
     with transaction.atomic(using=settings.DATABASE):
         woken = singletons.repair()
     for _ in range(MAX_BATCHES):
@@ -49,7 +49,11 @@ def sweep_orphans() -> int:
     recovered = lapsed_attempts()
     for _ in range(MAX_BATCHES):
         now = clock.now()
-        batch = Run.objects.using(settings.DATABASE).orphans(now, settings.TIMER_BATCH_SIZE)
+        batch = (
+            Run.objects.using(settings.DATABASE)
+            .serving(settings.NAMESPACE)
+            .orphans(now, settings.TIMER_BATCH_SIZE)
+        )
         recovered += recover(batch, now)
         if len(batch) < settings.TIMER_BATCH_SIZE:
             break
@@ -63,7 +67,8 @@ def lapsed_attempts() -> int:
     for _ in range(MAX_BATCHES):
         now = clock.now()
         with transaction.atomic(using=settings.DATABASE):
-            run_ids = Checkpoint.objects.using(settings.DATABASE).lapsed(now, settings.TIMER_BATCH_SIZE)
+            attempts = Checkpoint.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
+            run_ids = attempts.lapsed(now, settings.TIMER_BATCH_SIZE)
             _wake(run_ids, now, settings)
         woken += len(run_ids)
         if len(run_ids) < settings.TIMER_BATCH_SIZE:
@@ -88,11 +93,17 @@ def reclaim(instance_id: str, booted_at: datetime) -> int:
     prefix = f"{instance_id}/"
     now, stale_before = clock.now(), booted_at + settings.LEASE
     with transaction.atomic(using=settings.DATABASE):
-        attempts = Checkpoint.objects.using(settings.DATABASE).let_go(
-            prefix, stale_before, now, settings.TIMER_BATCH_SIZE
+        attempts = (
+            Checkpoint.objects.using(settings.DATABASE)
+            .serving(settings.NAMESPACE)
+            .let_go(prefix, stale_before, now, settings.TIMER_BATCH_SIZE)
         )
         _wake(attempts, now, settings)
-    held = Run.objects.using(settings.DATABASE).held_by(prefix, settings.TIMER_BATCH_SIZE)
+    held = (
+        Run.objects.using(settings.DATABASE)
+        .serving(settings.NAMESPACE)
+        .held_by(prefix, settings.TIMER_BATCH_SIZE)
+    )
     return len(attempts) + recover(held, now, stale_before=stale_before, owner_prefix=prefix)
 
 

@@ -17,6 +17,13 @@ _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
 
 
 class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
+    def serving(self, namespace: str | None) -> CheckpointQuerySet:
+        """The positions of the runs of ``namespace``; all of them when None."""
+        if not namespace:
+            return self
+        # A subquery, not a join: a sweep's FOR UPDATE then locks checkpoints only, never runs.
+        return self.filter(run_id__in=Run.objects.filter(namespace=namespace).values("id"))
+
     def _attempt(self, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
         return self.filter(run_id=run_id, seq=seq, status=CheckpointStatus.PENDING, attempt=attempt)
 

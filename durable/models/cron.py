@@ -11,6 +11,10 @@ from .base import skip_locked
 
 
 class CronScheduleQuerySet(models.QuerySet["CronSchedule"]):
+    def serving(self, namespace: str | None) -> CronScheduleQuerySet:
+        """The schedules of ``namespace``; all of them when None."""
+        return self if not namespace else self.filter(namespace=namespace)
+
     def due(self, now: datetime, limit: int) -> list[CronSchedule]:
         """Unpaused schedules whose next tick has come, oldest first."""
         qs = self.filter(paused=False, next_at__lte=now).order_by("next_at")
@@ -49,6 +53,8 @@ class CronSchedule(models.Model):
     last_run_id = models.CharField(max_length=255, null=True, blank=True)
     #: Declared by ``@durable.workflow(schedule=...)``: kept in step with the code at each sweep.
     declared = models.BooleanField(default=False)
+    #: The namespace of the runs it starts; only a beat of that namespace (or of all) fires it.
+    namespace = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 

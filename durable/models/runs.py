@@ -13,6 +13,10 @@ from .base import RETRYABLE, Status, skip_locked
 
 
 class RunQuerySet(models.QuerySet["Run"]):
+    def serving(self, namespace: str | None) -> RunQuerySet:
+        """The runs of ``namespace``; every run when None (a process that serves them all)."""
+        return self if not namespace else self.filter(namespace=namespace)
+
     def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> Run | None:
         """Take the turn lease of an unfinished run whose lease is free or expired; return the row.
 

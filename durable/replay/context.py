@@ -212,9 +212,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
                 "step",
                 step.name,
                 input=payload,
-                queue=""
-                if step.local
-                else (step.queue or ("" if step.celery_task else self._limits.default_queue)),
+                queue=self._queue_of(step),
             )
             rec.fan, rec.fail_fast = fan, fail_fast
             if not step.local and send:
@@ -431,7 +429,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             and not step.celery_task
             and step.timeout is None
             and step.heartbeat_timeout is None
-            and self._in_place.accepts(step.queue or self._limits.default_queue)
+            and self._in_place.accepts(self._queue_of(step))
         )
 
     def _run_local(self, rec: Record, step: Step) -> Any:

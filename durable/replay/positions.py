@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..definitions import Step
 from ..errors import DurableError
+from ..routing import queue_in
 from .history import PENDING, Limits, Record
 
 if TYPE_CHECKING:
@@ -42,6 +43,14 @@ class Positions(ABC):
     _turn: TurnState
     #: The settings the replay needs.
     _limits: Limits
+
+    def _queue_of(self, step: Step) -> str:
+        """The queue an attempt of ``step`` goes to, in this run's namespace: none for a local
+        step, Celery's own routing for a Celery task that names none."""
+        if step.local:
+            return ""
+        queue = step.queue or ("" if step.celery_task else self._limits.default_queue)
+        return queue_in(queue, self._facts.namespace)
 
     @abstractmethod
     def _now(self) -> datetime:

@@ -57,7 +57,7 @@ def unwind(ctx: Positions, final: Decision) -> Decision:
                 kind="compensation",
                 name=step.name,
                 input={"args": [rec.output, *args.get("args", [])], "kwargs": args.get("kwargs", {})},
-                queue="" if step.local else (step.queue or ctx._limits.default_queue),
+                queue=ctx._queue_of(step),
             )
             records[position] = comp
             if not step.local:
