@@ -31,9 +31,7 @@ def schedule(
     definition = runs.resolve(workflow, None)
     guards.text(cron, "cron", max_length=column_length("CronSchedule", "cron"))
     if namespace is not None:
-        guards.text(
-            namespace, "namespace", max_length=column_length("CronSchedule", "namespace"), allow_empty=True
-        )
+        guards.namespace(namespace, max_length=column_length("CronSchedule", "namespace"))
     spec = Schedule(cron=cron, input=input, timezone=timezone, overlap=overlap)
     namespace = namespace if namespace is not None else (conf.get().NAMESPACE or "")
     schedules.save(key, definition.name, spec, clock.now(), declared=False, namespace=namespace)

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import signals
 
-from . import clock, conf, dispatch
+from . import clock, conf, dispatch, routing
 
 log = logging.getLogger("durable.celery")
 
@@ -26,7 +26,9 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
     entries = {}
     for sweep in SWEEPS:
         every = getattr(settings, sweep.interval).total_seconds()
-        options = {"queue": settings.DEFAULT_QUEUE, "expires": every * 5, "serializer": "json"}
+        # A namespace's beat sends its sweeps to its namespace's workers, whose settings scope them.
+        queue = routing.queue_in(settings.DEFAULT_QUEUE, settings.NAMESPACE)
+        options = {"queue": queue, "expires": every * 5, "serializer": "json"}
         entries[sweep.task] = {"task": sweep.task, "schedule": every, "options": options}
     return entries
 

@@ -14,6 +14,7 @@ from typing import Any, get_type_hints
 
 from django.conf import settings as django_settings
 
+from . import routing
 from .durations import parse_duration
 from .statuses import TERMINAL
 
@@ -114,6 +115,13 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("INSTANCE_ID", "NAMESPACE", "DEAD_LETTER_WORKFLOW"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             found.append((key, f"must be a string or None, got {raw[key]!r}"))
+    if isinstance(raw.get("NAMESPACE"), str) and not routing.NAMESPACE.match(raw["NAMESPACE"]):
+        found.append(
+            (
+                "NAMESPACE",
+                f"may hold only letters, digits, '_' and '-' (it names queues), got {raw['NAMESPACE']!r}",
+            )
+        )
     for key in ("INLINE_NEXT_TURN", "EAGER_STEPS"):
         if key in raw and not isinstance(raw[key], bool):
             found.append((key, f"must be True or False, got {raw[key]!r}"))

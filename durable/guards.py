@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+from . import routing
 from .errors import InvalidInput
 
 #: Deepest nesting of lists and dicts a stored JSON value may have. Far below Python's recursion
@@ -44,6 +45,16 @@ def text(value: Any, field: str, *, max_length: int, allow_empty: bool = False, 
     if len(value) > max_length:
         raise refuse(field, f"is {len(value)} characters long; at most {max_length} fit")
     _storable(value, field)
+    return value
+
+
+def namespace(value: Any, *, max_length: int) -> str:
+    """A namespace: letters, digits, ``_`` and ``-`` (it names queues), or empty for none."""
+    text(value, "namespace", max_length=max_length, allow_empty=True)
+    if not routing.NAMESPACE.match(value):
+        raise refuse(
+            "namespace", f"may hold only letters, digits, '_' and '-' (it names queues), got {shown(value)}"
+        )
     return value
 
 

@@ -301,13 +301,16 @@ class DurableWorker:
         self.workers: list[WorkerHandle] = []
         self.primary = self._handle("worker", {}, concurrency)
         self.beat: CeleryProcess | None = None
+        self.beats: list[CeleryProcess] = []
 
     @property
     def worker(self) -> CeleryProcess:
         """The primary worker's process (kept for code written before ``add_worker``)."""
         return self.primary.process
 
-    def _handle(self, name: str, env_overrides: dict[str, str], concurrency: int) -> WorkerHandle:
+    def _handle(
+        self, name: str, env_overrides: dict[str, str], concurrency: int, queues: list[str] | None = None
+    ) -> WorkerHandle:
         if any(w.name == name for w in self.workers):
             raise ValueError(f"a worker named {name!r} already exists")
         argv = [
@@ -321,7 +324,7 @@ class DurableWorker:
             "--pool=prefork",
             f"--concurrency={concurrency}",
             "-Q",
-            ",".join(self.queues),
+            ",".join(queues or self.queues),
             "-n",
             f"durable-test-{os.getpid()}-{name}@%h",
             "--without-gossip",
@@ -341,6 +344,7 @@ class DurableWorker:
         *,
         name: str | None = None,
         concurrency: int | None = None,
+        queues: list[str] | None = None,
         start: bool = True,
         wait: bool = True,
     ) -> WorkerHandle:
@@ -349,12 +353,15 @@ class DurableWorker:
         ``env_overrides`` are added to the fixture's environment for this process only (e.g.
         ``{"DURABLE_INSTANCE_ID": "w2", "DURABLE_LEASE": "3s"}``). With ``wait=False`` it returns
         once spawned; call ``handle.wait_ready()`` (several workers then boot in parallel).
+        ``queues`` replaces the queues it consumes (e.g. a namespace's ``["durable@tenant-a"]``).
         """
         name = name or f"worker{len(self.workers) + 1}"
-        handle = self._handle(name, dict(env_overrides or {}), concurrency or self.concurrency)
+        handle = self._handle(name, dict(env_overrides or {}), concurrency or self.concurrency, queues)
         return handle.start(wait=wait) if start else handle
 
-    def start_beat(self, env_overrides: dict[str, str] | None = None) -> CeleryProcess:
+    def start_beat(self, env_overrides: dict[str, str] | None = None, *, name: str = "beat") -> CeleryProcess:
+        """Start a ``celery beat``; several may run, each with its own ``name`` (the first is
+        ``self.beat``)."""
         argv = [
             sys.executable,
             "-m",
@@ -364,12 +371,14 @@ class DurableWorker:
             "beat",
             "--loglevel=INFO",
             "-s",
-            str(self.workdir / "beat-schedule"),
+            str(self.workdir / f"{name}-schedule"),
             "--pidfile=",
         ]
         env = {**self.env, **(env_overrides or {})}
-        self.beat = CeleryProcess(argv, env, self.workdir / "beat.log", "beat: Starting")
-        return self.beat.start()
+        beat = CeleryProcess(argv, env, self.workdir / f"{name}.log", "beat: Starting")
+        self.beats.append(beat)
+        self.beat = self.beat or beat
+        return beat.start()
 
     def kill(self) -> None:
         """SIGKILL the primary worker and its pool children, as an OOM kill or a lost node would."""
@@ -380,13 +389,13 @@ class DurableWorker:
 
     def logs(self) -> str:
         """Every worker's log (in the order they were added), then beat's."""
-        return "".join(w.logs() for w in self.workers) + (self.beat.log() if self.beat else "")
+        return "".join(w.logs() for w in self.workers) + "".join(beat.log() for beat in self.beats)
 
     def close(self) -> None:
         for handle in self.workers:
             handle.stop()
-        if self.beat is not None:
-            self.beat.stop()
+        for beat in self.beats:
+            beat.stop()
 
 
 def _purge(queues: list[str]) -> None:

@@ -186,6 +186,7 @@ _DURABLE_FROM_ENV = {
     "STEP_TIMEOUT_GRACE": str,
     "TURN_TIME_LIMIT": str,
     "INSTANCE_ID": str,
+    "NAMESPACE": str,
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

@@ -83,7 +83,7 @@ def start(
     except ValueError as exc:
         raise guards.refuse("delay", str(exc).removeprefix("delay: ")) from None
     if namespace is not None:
-        guards.text(namespace, "namespace", max_length=column_length("Run", "namespace"), allow_empty=True)
+        guards.namespace(namespace, max_length=column_length("Run", "namespace"))
 
     if run_id is not None:
         existing = _runs().filter(id=run_id).first()

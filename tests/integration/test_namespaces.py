@@ -45,12 +45,12 @@ def _only(namespace: str | None):
 
 def test_a_namespaced_run_its_steps_children_and_successors_use_the_namespace_queues(durable_env):
     first = durable.start(ns_parent, 1, namespace="tenant-a")
-    assert [m.queue for m in durable_env.pending()] == ["durable@tenant-a"]
+    assert [m.queue for m in durable_env.pending()] == ["durable.tenant-a"]
     durable_env.run_until_idle()
     runs = list(Run.objects.order_by("created_at", "id"))
     assert {r.namespace for r in runs} == {"tenant-a"}
-    assert {r.queue for r in runs} == {"durable@tenant-a"}
-    assert Checkpoint.objects.get(run__workflow="tests.ns.child", kind="step").queue == "durable@tenant-a"
+    assert {r.queue for r in runs} == {"durable.tenant-a"}
+    assert Checkpoint.objects.get(run__workflow="tests.ns.child", kind="step").queue == "durable.tenant-a"
     assert durable.result(first.id) == 3  # followed through continue-as-new to the child's result
 
 
@@ -66,7 +66,7 @@ def test_durable_namespace_setting_places_runs_started_without_one(durable_env):
         run = durable.start(ns_child, 1)
     assert (Run.objects.get(id=run.id).namespace, Run.objects.get(id=run.id).queue) == (
         "tenant-b",
-        "durable@tenant-b",
+        "durable.tenant-b",
     )
 
 
@@ -78,7 +78,7 @@ def test_the_timer_sweep_of_a_namespace_wakes_only_its_runs(durable_env):
     with _only("tenant-b"):
         assert sweeps.sweep_timers() == 1
     assert [m.args for m in durable_env.pending()] == [(b.id,)]
-    assert [m.queue for m in durable_env.pending()] == ["durable@tenant-b"]
+    assert [m.queue for m in durable_env.pending()] == ["durable.tenant-b"]
     with _only(None):
         assert sweeps.sweep_timers() == 1  # the one left: tenant-a's
     assert [m.args for m in durable_env.pending()] == [(b.id,), (a.id,)]
@@ -116,6 +116,15 @@ def test_a_schedule_starts_its_runs_in_its_namespace_and_only_its_beat_fires_it(
     with _only("tenant-a"):
         assert schedules.sweep_schedules() == 1
     run = Run.objects.get(workflow="tests.ns.child")
-    assert (run.namespace, run.queue) == ("tenant-a", "durable@tenant-a")
+    assert (run.namespace, run.queue) == ("tenant-a", "durable.tenant-a")
     handle = durable.trigger_schedule("ns-report")
     assert Run.objects.get(id=handle.id).namespace == "tenant-a"
+
+
+@pytest.mark.parametrize("bad", ["tenant a", "tenant@a", "tenant.a", "ténant"])
+def test_a_namespace_that_cannot_name_a_queue_is_refused_before_anything_is_stored(durable_env, bad):
+    with pytest.raises(durable.InvalidInput, match="namespace may hold only letters, digits"):
+        durable.start(ns_child, 1, namespace=bad)
+    with pytest.raises(durable.InvalidInput, match="namespace may hold only letters, digits"):
+        durable.schedule("ns-bad", ns_child, cron="* * * * *", namespace=bad)
+    assert not Run.objects.exists() and not CronSchedule.objects.exists()
