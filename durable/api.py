@@ -78,15 +78,24 @@ def start(
     namespace: str | None = None,
     tags: Any = (),
     delay: Any = None,
+    search_attributes: dict[str, Any] | None = None,
 ) -> RunHandle:
-    """Create a run (or return the existing one with this ``run_id``); its first turn is sent on commit."""
+    """Create a run (or return the existing one with this ``run_id``); its first turn is sent on
+    commit. ``search_attributes`` are its first ones, checked by ``search_attributes_schema``."""
     from .engine import runs
 
     if run_id is not None:
         _run_id(run_id, reserved_ok=False)
     return RunHandle(
         runs.start(
-            workflow, input, run_id=run_id, version=version, namespace=namespace, tags=tags, delay=delay
+            workflow,
+            input,
+            run_id=run_id,
+            version=version,
+            namespace=namespace,
+            tags=tags,
+            delay=delay,
+            search_attributes=search_attributes,
         )
     )
 

@@ -20,6 +20,7 @@ from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
 from ..models import RETRYABLE, TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
 from ..replay.history import ChildStart
+from ..replay.searchattributes import check_search_attributes
 from . import singletons
 
 log = logging.getLogger("durable.engine")
@@ -55,6 +56,7 @@ def start(
     namespace: str | None = None,
     tags: Any = (),
     delay: Any = None,
+    search_attributes: dict[str, Any] | None = None,
 ) -> str:
     """Create a run (or return the existing one with this ``run_id``); return its id.
 
@@ -84,6 +86,7 @@ def start(
         raise guards.refuse("delay", str(exc).removeprefix("delay: ")) from None
     if namespace is not None:
         guards.text(namespace, "namespace", max_length=column_length("Run", "namespace"), allow_empty=True)
+    attributes = first_search_attributes(definition, search_attributes, settings.MAX_PAYLOAD_BYTES)
 
     if run_id is not None:
         existing = _runs().filter(id=run_id).first()
@@ -91,12 +94,29 @@ def start(
             return _same_workflow(existing, definition.name)
     try:
         with transaction.atomic(using=settings.DATABASE):
-            return create(definition, stored_input, run_id=run_id, namespace=namespace, tags=tags, delay=wait)
+            return create(
+                definition,
+                stored_input,
+                run_id=run_id,
+                namespace=namespace,
+                tags=tags,
+                delay=wait,
+                search_attributes=attributes,
+            )
     except IntegrityError:
         existing = _runs().filter(id=run_id).first()
         if existing is None:
             raise
         return _same_workflow(existing, definition.name)
+
+
+def first_search_attributes(definition: Workflow, mapping: Any, max_bytes: int) -> dict[str, Any]:
+    """A new run's first search attributes, checked like an upsert (a None value is left out)."""
+    if mapping is None:
+        return {}
+    checked = check_search_attributes(mapping, definition)
+    guards.json_value(checked, "search_attributes", max_bytes=max_bytes)
+    return {name: value for name, value in checked.items() if value is not None}
 
 
 def _validate_input(definition: Workflow, stored_input: Any) -> None:

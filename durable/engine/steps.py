@@ -281,7 +281,7 @@ def _write_result(
 
 def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:
     """Whether a failed attempt was recorded as a retry (the position stays pending)."""
-    return retryable and (step is None or attempt < step.retry.max_attempts)
+    return retryable and (step is None or step.retry.allows_after(attempt))
 
 
 def next_turn(run_id: str, queue: str, settings: conf.Settings, began: float | None = None) -> None:

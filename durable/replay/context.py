@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..definitions import Step, Workflow, celery_task_step, registry
+from ..definitions import Step, Workflow, body_scope, celery_task_step, registry
 from ..durations import parse_duration
 from ..errors import (
     DurableError,
@@ -43,6 +43,7 @@ from .history import (
     Record,
     roundtrip,
 )
+from .patches import PATCH, Patches
 from .positions import Pending, Positions
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
@@ -116,7 +117,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
+class Context(Composition, Waits, SearchAttributes, Patches, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -252,19 +253,6 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
     def random(self) -> float:
         return float(self._value("random", _random.random))
 
-    def patched(self, change_id: str) -> bool:
-        """True on runs that reach this point with the change; False on runs recorded before it."""
-        rec = self._turn.records.get(self._seq)
-        if rec is None:
-            self._at = self._seq
-            self._seq += 1
-            self._new("patch", change_id, status=COMPLETED)
-            return True
-        if rec.kind == "patch" and rec.name == change_id:
-            self._seq += 1
-            return True
-        return False
-
     # -- positions -------------------------------------------------------------------------
 
     def _position(self, kind: str, name: str) -> Record | None:
@@ -273,9 +261,13 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         stop = self._stopped() if self._stopped is not None else None
         if stop is not None:
             raise self._stop(stop)
-        seq = self._at = self._seq
-        self._seq += 1
+        seq = self._seq
         rec = self._turn.records.get(seq)
+        # A patch marker left by a patched() call since deleted (see ``patches``) is stepped over.
+        while rec is not None and rec.kind == PATCH and (kind, name) != (PATCH, rec.name):
+            seq += 1
+            rec = self._turn.records.get(seq)
+        self._take(seq)
         if rec is not None and (rec.kind != kind or rec.name != name):
             error = NonDeterminismError(
                 f"at position {seq} the history holds {rec.kind} {rec.name!r} but the workflow "
@@ -287,6 +279,10 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             self._nondeterminism = error
             raise self._stop(error)
         return rec
+
+    def _take(self, seq: int) -> None:
+        self._at = seq
+        self._seq = seq + 1
 
     def _new(self, kind: str, name: str, *, status: str = PENDING, **fields: Any) -> Record:
         self._guard()
@@ -412,7 +408,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         rec.error = error
         rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
         rec.token = None
-        if retryable and rec.attempt < step.retry.max_attempts:
+        if retryable and step.retry.allows_after(rec.attempt):
             rec.wake_at = now + step.retry.delay(rec.attempt)
             rec.attempt += 1
         else:
@@ -524,7 +520,8 @@ def replay(
         )
     escaped: BaseException | None = None
     try:
-        value = workflow.fn(ctx, run.input)
+        with body_scope(run.workflow):
+            value = workflow.fn(ctx, run.input)
     except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
         escaped = exc
     ended = stopping.ended(ctx, escaped)

@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from ..definitions import body_scope
 from ..errors import DurableError
 
 
@@ -39,7 +40,9 @@ _current: ContextVar[_Scope | None] = ContextVar("durable_step", default=None)
 def step_scope(info: StepInfo, beat: Callable[[Any], None]) -> Iterator[None]:
     token = _current.set(_Scope(info, beat))
     try:
-        yield
+        # A step's code is no workflow body, even run inside a turn: it may call step functions.
+        with body_scope(None):
+            yield
     finally:
         _current.reset(token)
 
