@@ -151,13 +151,14 @@ def create(
     namespace: str | None = None,
     tags: Any = (),
     delay: timedelta = timedelta(0),
+    queue_limit: bool = True,
     **links: Any,
 ) -> str:
     """Insert a validated run and send its first turn on commit; return its id."""
     settings = conf.get()
     now = clock.now()
     queue = definition.queue or settings.DEFAULT_QUEUE
-    placed = singletons.place(definition, stored_input)
+    placed = singletons.place(definition, stored_input, queue_limit=queue_limit)
     # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
     # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
     wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)

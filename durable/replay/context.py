@@ -40,9 +40,11 @@ from .history import (
     ChildStart,
     Decision,
     Limits,
+    Outgoing,
     Record,
     roundtrip,
 )
+from .messages import Messages
 from .patches import PATCH, Patches
 from .positions import Pending, Positions
 from .searchattributes import SearchAttributes
@@ -90,6 +92,10 @@ class TurnState:
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
     children: list[ChildStart] = field(default_factory=list)
+    #: Messages to other runs recorded by this turn, sent in the transaction that writes them.
+    outgoing: list[Outgoing] = field(default_factory=list)
+    #: (workflow, status) of a run by id, or None if there is none (asked by ``ctx.signal``).
+    find_run: Callable[[str], tuple[str, str] | None] | None = None
     #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
     search_attributes: dict[str, Any] | None = None
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
@@ -117,7 +123,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, SearchAttributes, Patches, Stopping, Positions):
+class Context(Composition, Waits, Messages, SearchAttributes, Patches, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
