@@ -151,6 +151,17 @@ def _signal_payload(name: Any, payload: Any) -> Any:
     return _payload(payload, f"the payload of signal {name!r}")
 
 
+def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
+    """Settle the step attempt that raised ``durable.CompleteLater`` after handing out ``token``
+    (``durable.step_info().token``): with ``output``, or failed with ``error`` (an exception, an
+    error dict or a message) under the step's retry policy. A wrong or forged token raises
+    ``InvalidInput``; one whose attempt was settled already raises ``DurableError``
+    (code ``already_settled``). Either way nothing changes."""
+    from .engine import steps
+
+    steps.complete_step(token, output, error)
+
+
 def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) -> bool:
     """Cancel an unfinished run; False if it had already finished."""
     settings = conf.get()

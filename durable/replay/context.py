@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..statuses import Decided
 from . import saga, stopping
-from .attempt import Result, run_attempt, step_timeout
+from .attempt import LATER, Result, run_attempt, step_timeout
 from .composition import Composition
 from .history import (
     COMPLETED,
@@ -353,7 +353,7 @@ class Context(Composition, Waits, Messages, SearchAttributes, Patches, Stopping,
             if rec.wake_at is not None and rec.wake_at > now:
                 return Pending(rec.wake_at)
             self._send(rec, step)
-            return Pending(rec.wake_at)
+            return self._resolve_step(rec, step)  # sent: look again by its timeout, too
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
                 self._send(rec, step)  # the message was lost, or a worker never took it
@@ -448,7 +448,8 @@ class Context(Composition, Waits, Messages, SearchAttributes, Patches, Stopping,
         enqueued) before it runs: a later turn that finds it so, still pending, knows its
         executor died with the turn that held the lease, and counts the attempt as lost."""
         assert self._in_place is not None
-        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = rec.token = None
+        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = None
+        rec.token = secrets.token_urlsafe(24)  # written before the step runs: it may complete later
         rec.started_at = self._clock()
         rec.changed()
         self._flush(self._turn)
@@ -459,6 +460,13 @@ class Context(Composition, Waits, Messages, SearchAttributes, Patches, Stopping,
         self, rec: Record, step: Step, output: Any, error: dict[str, Any] | None, retryable: bool
     ) -> Any:
         """Record an attempt run inside this turn, then answer as the position now stands."""
+        if output is LATER:
+            # Open until complete_step() settles it: as if dispatched, so no later turn counts it
+            # lost with the turn that ran it.
+            rec.enqueued_at = rec.started_at
+            rec.changed()
+            self._flush(self._turn)
+            return self._resolve_step(rec, step)
         if error is not None:
             self._attempt_failed(rec, step, error, retryable=retryable)
             self._flush(self._turn)

@@ -90,7 +90,11 @@ def test_signal_to_an_unknown_run_raises_run_not_found_in_the_body_on_every_repl
     durable_env.advance_time("1m")
     assert durable.result(run.id) == ["RunNotFound", "no run has id 'nobody'; nothing was sent"]
     position = Checkpoint.objects.get(run_id=run.id, seq=0)
-    assert (position.kind, position.status, position.error["type"]) == ("send_signal", "failed", "RunNotFound")
+    assert (position.kind, position.status, position.error["type"]) == (
+        "send_signal",
+        "failed",
+        "RunNotFound",
+    )
     assert not Signal.objects.exists()
 
 
