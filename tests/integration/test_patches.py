@@ -28,10 +28,7 @@ def before(ctx, order):
 
 
 def patching(ctx, order):
-    if ctx.patched("tests.new-way"):
-        first = ctx.step(new_way, order)
-    else:
-        first = ctx.step(old_way, order)
+    first = ctx.step(new_way, order) if ctx.patched("tests.new-way") else ctx.step(old_way, order)
     return [first, ctx.wait_for_signal("go")]
 
 
