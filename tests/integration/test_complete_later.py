@@ -153,19 +153,26 @@ def test_an_attempt_not_completed_within_its_timeout_is_retried_then_fails(durab
         durable.complete_step(handed[0], "too late")
 
 
-def test_a_completion_that_comes_before_the_step_raised_wins(durable_env):
-    @durable.step(name="tests.later.fast_partner")
-    def fast_partner():
-        durable.complete_step(durable.step_info().token, "answered at once")
-        raise durable.CompleteLater()
+@durable.step(name="tests.later.fast_partner")
+def fast_partner():
+    handed.append(durable.step_info().token)
+    durable.complete_step(durable.step_info().token, "answered at once")
+    raise durable.CompleteLater()
 
-    @durable.workflow(name="tests.later.fast_flow")
-    def fast_flow(ctx, _):
-        return ctx.step(fast_partner)
 
+@durable.workflow(name="tests.later.fast_flow")
+def fast_flow(ctx, _):
+    return ctx.step(fast_partner)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["dispatched", "in place"])
+def test_a_completion_that_comes_before_the_step_raised_wins(durable_env, monkeypatch, in_place):
+    if in_place:
+        monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})
     run = durable.start(fast_flow)
     durable_env.run_until_idle()
     assert durable.result(run.id) == "answered at once"
+    assert len(handed) == 1
 
 
 def test_a_local_step_cannot_complete_later(durable_env):

@@ -116,3 +116,23 @@ def test_patched_steps_over_the_markers_of_other_changes() -> None:
     t = turn(lambda ctx, inp: ctx.patched("tests.change"), [old, mine])
     assert t.outcome.output is True
     assert list(t.state.records) == [0, 1]
+
+
+# -- completion tokens --------------------------------------------------------------------------
+
+
+def test_a_completion_token_names_its_attempt_whatever_the_run_id_holds() -> None:
+    from durable.replay.stepscope import StepInfo, parse_token
+
+    info = StepInfo("schedule:nightly.report:2030-01-01T03:00", 4, 2, "tests.step", secret="s3cr3t_-x")
+    assert parse_token(info.token) == ("schedule:nightly.report:2030-01-01T03:00", 4, 2, "s3cr3t_-x")
+    assert "s3cr3t" not in repr(info)
+
+
+def test_a_local_step_has_no_completion_token() -> None:
+    import pytest
+
+    from durable.replay.stepscope import StepInfo
+
+    with pytest.raises(durable.DurableError, match="local step cannot complete later"):
+        StepInfo("run-1", 0, 1, "tests.step").token  # noqa: B018 - the property raises
