@@ -5,6 +5,7 @@ from __future__ import annotations
 from .api import (
     RunHandle,
     cancel,
+    complete_step,
     delete_run,
     get_run,
     publish_event,
@@ -20,6 +21,7 @@ from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workf
 from .errors import (
     ApplicationError,
     ChildFailed,
+    CompleteLater,
     DurableError,
     GatherError,
     InvalidInput,
@@ -43,6 +45,7 @@ from .replay.stepscope import StepInfo, heartbeat, step_info
 __all__ = [
     "ApplicationError",
     "ChildFailed",
+    "CompleteLater",
     "Context",
     "DeadLetter",
     "Deferred",
@@ -70,6 +73,7 @@ __all__ = [
     "Workflow",
     "WorkflowNotRegistered",
     "cancel",
+    "complete_step",
     "delete_run",
     "get_run",
     "heartbeat",

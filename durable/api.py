@@ -78,15 +78,24 @@ def start(
     namespace: str | None = None,
     tags: Any = (),
     delay: Any = None,
+    search_attributes: dict[str, Any] | None = None,
 ) -> RunHandle:
-    """Create a run (or return the existing one with this ``run_id``); its first turn is sent on commit."""
+    """Create a run (or return the existing one with this ``run_id``); its first turn is sent on
+    commit. ``search_attributes`` are its first ones, checked by ``search_attributes_schema``."""
     from .engine import runs
 
     if run_id is not None:
         _run_id(run_id, reserved_ok=False)
     return RunHandle(
         runs.start(
-            workflow, input, run_id=run_id, version=version, namespace=namespace, tags=tags, delay=delay
+            workflow,
+            input,
+            run_id=run_id,
+            version=version,
+            namespace=namespace,
+            tags=tags,
+            delay=delay,
+            search_attributes=search_attributes,
         )
     )
 
@@ -140,6 +149,17 @@ def publish_event(name: str, payload: Any = None) -> None:
 def _signal_payload(name: Any, payload: Any) -> Any:
     _name(name, "signal name", "Signal")
     return _payload(payload, f"the payload of signal {name!r}")
+
+
+def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
+    """Settle the step attempt that raised ``durable.CompleteLater`` after handing out ``token``
+    (``durable.step_info().token``): with ``output``, or failed with ``error`` (an exception, an
+    error dict or a message) under the step's retry policy. A wrong or forged token raises
+    ``InvalidInput``; one whose attempt was settled already raises ``DurableError``
+    (code ``already_settled``). Either way nothing changes."""
+    from .engine import steps
+
+    steps.complete_step(token, output, error)
 
 
 def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) -> bool:

@@ -5,35 +5,45 @@ Decorators never touch the database: they only build definitions and register th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from .durations import optional_duration, parse_duration
-from .errors import ApplicationError, InvalidInput, WorkflowNotRegistered
+from .errors import ApplicationError, DurableError, InvalidInput, WorkflowNotRegistered
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
 @dataclass(frozen=True)
 class Retry:
-    """How a failed step attempt is retried; the wait is a durable timer."""
+    """How a failed step attempt is retried; the wait is a durable timer.
 
-    max_attempts: int = 3
+    ``max_attempts=None`` retries without end: only the run's ``timeout`` (when it has one), a
+    non-retryable error or a cancel stops it.
+    """
+
+    max_attempts: int | None = 3
     initial: Any = "1s"
     backoff: float = 2.0
     maximum: Any = "5m"
     non_retryable: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise InvalidInput(f"Retry(max_attempts=...) must be an int, got {self.max_attempts!r}")
-        if self.max_attempts < 1:
+        if self.max_attempts is None:
+            pass
+        elif isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise InvalidInput(
+                f"Retry(max_attempts=...) must be an int, or None to retry without end, got {self.max_attempts!r}"
+            )
+        elif self.max_attempts < 1:
             raise InvalidInput("Retry(max_attempts=...) counts the first attempt: use 1 or more")
         if isinstance(self.backoff, bool) or not isinstance(self.backoff, (int, float)) or self.backoff < 1:
             raise InvalidInput(f"Retry(backoff=...) must be a number >= 1, got {self.backoff!r}")
@@ -51,6 +61,10 @@ class Retry:
                     f"Retry(non_retryable=...) lists exception classes or dotted names, got {entry!r}"
                 )
         object.__setattr__(self, "non_retryable", tuple(entries))
+
+    def allows_after(self, attempt: int) -> bool:
+        """Whether another attempt may follow attempt ``attempt`` (always, without a maximum)."""
+        return self.max_attempts is None or attempt < self.max_attempts
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> timedelta:
         """Return the wait before attempt ``attempt + 1``, with up to 20% jitter."""
@@ -97,6 +111,21 @@ def _default_name(fn: Callable[..., Any]) -> str:
     return f"{label}.{fn.__name__}" if label else f"{module}.{fn.__name__}"
 
 
+#: The workflow whose body runs in this context now (set by the replay core around the body,
+#: cleared by a step's scope): a step function called directly there would run on every replay.
+_in_body: ContextVar[str | None] = ContextVar("durable_workflow_body", default=None)
+
+
+@contextlib.contextmanager
+def body_scope(workflow: str | None) -> Iterator[None]:
+    """Mark the code inside as the body of ``workflow`` (None: not a workflow body)."""
+    token = _in_body.set(workflow)
+    try:
+        yield
+    finally:
+        _in_body.reset(token)
+
+
 @dataclass(eq=False)
 class Step:
     """A registered step; calling it outside a workflow just calls the function."""
@@ -120,6 +149,14 @@ class Step:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        workflow = _in_body.get()
+        if workflow is not None:
+            # Replayed from the top on every turn, the call would repeat its side effect each time.
+            raise DurableError(
+                f"step {self.name!r} was called directly inside workflow {workflow!r}, so it would run "
+                f"again on every replay: use ctx.step({self.fn.__name__}, ...)",
+                code="step_called_directly",
+            )
         return self.fn(*args, **kwargs)
 
     def compensation(self, fn: Callable[..., Any]) -> Callable[..., Any]:

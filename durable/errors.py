@@ -32,6 +32,10 @@ Control flow: never an error of the run, and never caught by a body's ``except E
         ├── LeaseLost                  durable.engine.turn: the lease was taken over; write nothing
         └── _Stale                     durable.engine.turn: a guarded write matched no row
 
+    BaseException
+    └── CompleteLater                  durable.errors: raised by a step that another system
+                                       completes later with durable.complete_step(token)
+
 Stored error types with no class of their own (the ``type`` of an error dict): ``StepTimeout``
 (an attempt overran its timeout or went silent, ``step_timeout_error``),
 ``WorkflowTimeout`` (the run passed its deadline) and ``Cancelled`` (a cancelled run).
@@ -202,6 +206,16 @@ class _ControlFlow(BaseException):
 
 class Suspend(_ControlFlow):
     """The body waits for something that has not happened yet."""
+
+
+class CompleteLater(BaseException):  # noqa: N818 - the name says what the step asks for
+    """Raised by a step that handed ``durable.step_info().token`` to another system: the attempt
+    stays open (under the step's ``timeout`` / ``heartbeat_timeout``) until that system calls
+    ``durable.complete_step(token, ...)``. A BaseException, so a step's ``except Exception``
+    around it cannot turn it into a failed attempt."""
+
+    def __init__(self) -> None:
+        super().__init__("the step completes later, through durable.complete_step(token, ...)")
 
 
 def storable_text(text: str) -> str:

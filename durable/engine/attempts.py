@@ -51,7 +51,8 @@ class InPlace:
     def __call__(self, rec: Record, step: Step) -> Result:
         beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings)
         with leases.unwatched(self.run_id):
-            result = execute(step, StepInfo(self.run_id, rec.seq, rec.attempt, step.name), rec.input, beats)
+            info = StepInfo(self.run_id, rec.seq, rec.attempt, step.name, secret=rec.token)
+            result = execute(step, info, rec.input, beats)
         beats.keep_last(Checkpoint.objects.using(self.settings.DATABASE))
         return result
 

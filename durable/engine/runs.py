@@ -20,6 +20,7 @@ from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
 from ..models import RETRYABLE, TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
 from ..replay.history import ChildStart
+from ..replay.searchattributes import check_search_attributes
 from . import singletons
 
 log = logging.getLogger("durable.engine")
@@ -55,6 +56,7 @@ def start(
     namespace: str | None = None,
     tags: Any = (),
     delay: Any = None,
+    search_attributes: dict[str, Any] | None = None,
 ) -> str:
     """Create a run (or return the existing one with this ``run_id``); return its id.
 
@@ -84,6 +86,7 @@ def start(
         raise guards.refuse("delay", str(exc).removeprefix("delay: ")) from None
     if namespace is not None:
         guards.namespace(namespace, max_length=column_length("Run", "namespace"))
+    attributes = first_search_attributes(definition, search_attributes, settings.MAX_PAYLOAD_BYTES)
 
     if run_id is not None:
         existing = _runs().filter(id=run_id).first()
@@ -91,12 +94,29 @@ def start(
             return _same_workflow(existing, definition.name)
     try:
         with transaction.atomic(using=settings.DATABASE):
-            return create(definition, stored_input, run_id=run_id, namespace=namespace, tags=tags, delay=wait)
+            return create(
+                definition,
+                stored_input,
+                run_id=run_id,
+                namespace=namespace,
+                tags=tags,
+                delay=wait,
+                search_attributes=attributes,
+            )
     except IntegrityError:
         existing = _runs().filter(id=run_id).first()
         if existing is None:
             raise
         return _same_workflow(existing, definition.name)
+
+
+def first_search_attributes(definition: Workflow, mapping: Any, max_bytes: int) -> dict[str, Any]:
+    """A new run's first search attributes, checked like an upsert (a None value is left out)."""
+    if mapping is None:
+        return {}
+    checked = check_search_attributes(mapping, definition)
+    guards.json_value(checked, "search_attributes", max_bytes=max_bytes)
+    return {name: value for name, value in checked.items() if value is not None}
 
 
 def _validate_input(definition: Workflow, stored_input: Any) -> None:
@@ -131,6 +151,7 @@ def create(
     namespace: str | None = None,
     tags: Any = (),
     delay: timedelta = timedelta(0),
+    queue_limit: bool = True,
     **links: Any,
 ) -> str:
     """Insert a validated run and send its first turn on commit; return its id."""
@@ -138,7 +159,7 @@ def create(
     now = clock.now()
     namespace = namespace if namespace is not None else (settings.NAMESPACE or "")
     queue = routing.queue_in(definition.queue or settings.DEFAULT_QUEUE, namespace)
-    placed = singletons.place(definition, stored_input)
+    placed = singletons.place(definition, stored_input, queue_limit=queue_limit)
     # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
     # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
     wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)

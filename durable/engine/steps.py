@@ -15,10 +15,11 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
-from ..errors import InvalidInput, WorkflowNotRegistered
+from ..errors import DurableError, InvalidInput, WorkflowNotRegistered, error_dict
 from ..models import Checkpoint, Run
+from ..replay.attempt import LATER
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
-from ..replay.stepscope import StepInfo
+from ..replay.stepscope import StepInfo, parse_token
 from . import attempts, leases, turn
 from .attempts import Beats
 
@@ -82,10 +83,12 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         beats = Beats(run_id, seq, attempt, settings)
         try:
             step = registry.step(row.name)
-            info = StepInfo(run_id, seq, attempt, row.name)
+            info = StepInfo(run_id, seq, attempt, row.name, secret=token)
             output, error, retryable = attempts.execute(step, info, row.input, beats)
         except WorkflowNotRegistered as exc:
             step, output, error, retryable = None, None, exc.to_dict(), True
+        if output is LATER:
+            return _await_completion(row, holder, beats)
         return record(row, step, output, error, retryable, beats, began)
     finally:
         # Recorded, or it never will be from here: either way this process holds it no longer,
@@ -93,10 +96,78 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         leases.let_go_attempt(key)
 
 
+def _await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
+    """The step raised CompleteLater: let the attempt go, open, for ``complete_step``."""
+    db = conf.get().DATABASE
+
+    def let_go() -> bool:
+        beats.keep_last(Checkpoint.objects.using(db))
+        return Checkpoint.objects.using(db).await_completion(row.run_id, row.seq, row.attempt, holder)
+
+    # Not let go (a database down for good): the hold lapses and the attempt counts as lost.
+    return "later" if _persistently(let_go, row) else "stale"
+
+
+def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
+    """Settle the attempt that raised CompleteLater and handed out ``token``: with ``output``,
+    or failed with ``error`` (an exception, or an error dict / message), under the step's retry
+    policy. A wrong token, or one whose attempt is settled already, changes nothing and raises."""
+    settings = conf.get()
+    run_id, seq, attempt, secret = parse_token(token)
+    row = (
+        Checkpoint.objects.using(settings.DATABASE)
+        .select_related("run")
+        .filter(run_id=run_id, seq=seq, kind="step")
+        .only("run_id", "seq", "name", "status", "attempt", "fan", "fail_fast", "token", "run__status")
+        .first()
+    )
+    if row is None or not _same_token(row.token, secret) or row.attempt != attempt:
+        raise InvalidInput(
+            "this completion token matches no open step attempt: it is not one durable handed out, "
+            "or its attempt has ended and been retried; nothing changed"
+        )
+    if row.status != PENDING or row.run.is_finished:
+        raise DurableError(
+            f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled already "
+            f"({row.status}, run {row.run.status}); nothing changed",
+            code="already_settled",
+        )
+    try:
+        step: Step | None = registry.step(row.name)
+    except WorkflowNotRegistered:
+        step = None  # retried once a process with the step's code runs the run
+    retryable = True
+    if error is None:
+        output = roundtrip(output, what=f"the output of step {row.name!r}")
+        check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the output of step {row.name!r}")
+    elif isinstance(error, BaseException):
+        retryable = step is None or step.retry.is_retryable(error)
+        error = error_dict(error)
+    else:
+        error = _error_shape(error)
+    recorded = record(row, step, None if error is not None else output, error, retryable, None)
+    if recorded == "unrecorded":
+        raise DurableError(f"could not record the completion of step {row.name!r} now; try again")
+    if recorded == "stale":
+        raise DurableError(
+            f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled meanwhile; nothing changed",
+            code="already_settled",
+        )
+
+
 def step_result(
     run_id: str, seq: int, attempt: int, output: Any = None, error: Any = None, token: str | None = None
 ) -> str:
-    """Record the result a Celery task (or a worker in another language) reports for a step."""
+    """Record the result a Celery task (or a worker in another language) reports for a step;
+    sent with only a completion token (no ``run_id``), it completes a step that raised
+    CompleteLater."""
+    if not run_id and token:
+        try:
+            complete_step(token, output, error)
+        except DurableError as exc:
+            log.warning("durable: refused a step completion sent as a message: %s", exc)
+            return "stale"
+        return "failed" if error is not None else "completed"
     settings = conf.get()
     row = _task_attempt(run_id, seq, attempt, token, settings.DATABASE)
     if row is None:
@@ -281,7 +352,7 @@ def _write_result(
 
 def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:
     """Whether a failed attempt was recorded as a retry (the position stays pending)."""
-    return retryable and (step is None or attempt < step.retry.max_attempts)
+    return retryable and (step is None or step.retry.allows_after(attempt))
 
 
 def next_turn(run_id: str, queue: str, settings: conf.Settings, began: float | None = None) -> None:

@@ -22,7 +22,7 @@ from ..models import Checkpoint, Run, Signal, Status
 from ..replay.context import RunFacts, TurnState, replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..statuses import Decided
-from . import attempts, events, leases, lifecycle, runs
+from . import attempts, events, leases, lifecycle, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -48,6 +48,7 @@ def limits(settings: conf.Settings) -> Limits:
         heartbeat_throttle=settings.HEARTBEAT_PERSIST_THROTTLE,
         default_queue=settings.DEFAULT_QUEUE,
         event_ttl=settings.EVENT_BUFFER_TTL,
+        max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
     )
 
 
@@ -169,6 +170,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         records=_load_records(run.id, db),
         load_signals=lambda: _load_signals(run.id, db),
         find_event=events.find,
+        find_run=lambda run_id: _find_run(run_id, db),
     )
 
     def renew() -> None:
@@ -181,7 +183,14 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         # A local step's record is one fenced INSERT; signals taken need a transaction with it.
         if leases.is_lost(run.id):
             raise LeaseLost()
-        if current.consumed:
+        if current.outgoing:
+            # Messages go with their positions or not at all: the renewal locks the run's row,
+            # so no other worker can take the lease over before this commits.
+            with transaction.atomic(using=db):
+                if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
+                    raise LeaseLost()
+                _write(run.id, current, settings, fenced_by=owner)
+        elif current.consumed:
             with transaction.atomic(using=db):
                 _write(run.id, current, settings, fenced_by=owner)
         else:
@@ -249,7 +258,7 @@ def _replay(
 
 def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
     """Whether the settle is the turn's only write left."""
-    if state.unsaved() or state.consumed or state.dispatch or state.children:
+    if state.unsaved() or state.consumed or state.dispatch or state.children or state.outgoing:
         return False
     finishing_alone = not run.parent_id and not run.singleton_key  # else it tells its parent or line
     return outcome.status == Decided.SUSPENDED or (outcome.status == Decided.COMPLETED and finishing_alone)
@@ -323,6 +332,11 @@ def _load_records(run_id: str, db: str) -> dict[int, Record]:
     return records
 
 
+def _find_run(run_id: str, db: str) -> tuple[str, str] | None:
+    found = Run.objects.using(db).filter(id=run_id).values_list("workflow", "status").first()
+    return (found[0], found[1]) if found is not None else None
+
+
 def _load_signals(run_id: str, db: str) -> list[BufferedSignal]:
     rows = Signal.objects.using(db).filter(run_id=run_id, consumed_seq__isnull=True).order_by("id")
     return [BufferedSignal(s.id, s.name, s.payload) for s in rows]
@@ -381,6 +395,8 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
         if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
             raise _Stale()
     state.consumed.clear()
+    outbox.send(run_id, state.outgoing)
+    state.outgoing.clear()
     for rec in state.dispatch:
         if (rec.input or {}).get("task"):
             dispatch.celery_task(

@@ -76,6 +76,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         """Extend the hold of a running attempt; False when it ended or was declared lost."""
         return bool(self._attempt(run_id, seq, attempt).filter(held_by=holder).update(held_until=until))
 
+    def await_completion(self, run_id: str, seq: int, attempt: int, holder: str) -> bool:
+        """Let go of an attempt whose step raised CompleteLater without its being judged lost:
+        no process holds it any more, and only its timeout or ``complete_step`` with its token
+        settles it. False when it was settled meanwhile (completed early) or declared lost."""
+        return bool(self._attempt(run_id, seq, attempt).filter(held_by=holder).update(**_UNHELD))
+
     def lapsed(self, now: datetime, limit: int) -> list[str]:
         """Runs with a started attempt whose holder stopped renewing it: its process died, or
         its result could not be recorded. Each such hold is let go (so it is reported once) and

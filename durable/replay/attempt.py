@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..definitions import Step
-from ..errors import InvalidInput, _ControlFlow, error_dict, step_timeout_error
+from ..errors import CompleteLater, InvalidInput, _ControlFlow, error_dict, step_timeout_error
 from .history import roundtrip
 from .stepscope import StepInfo, step_scope
 
@@ -20,6 +20,16 @@ log = logging.getLogger("durable.steps")
 #: (output, error, retryable): the output when the attempt succeeded, else its error and whether
 #: the step's retry policy may run another attempt.
 Result = tuple[Any, "dict[str, Any] | None", bool]
+
+
+class _Later:
+    """The output of an attempt that raised CompleteLater: still open, settled from outside."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER: Any = _Later()
 
 
 def run_attempt(
@@ -37,6 +47,8 @@ def run_attempt(
     limit, such as Celery's soft one) is a ``StepTimeout`` (``timeout``); any other exception,
     KeyboardInterrupt and SystemExit included, is a failed attempt of its type. durable's control
     flow (the turn stops: lease lost, time limit) passes through: the attempt is not over.
+    ``CompleteLater`` returns ``LATER`` as the output: the attempt stays open for
+    ``durable.complete_step``.
     """
     args = payload or {}
     positional, named = list(args.get("args", [])), dict(args.get("kwargs", {}))
@@ -50,6 +62,14 @@ def run_attempt(
             output = step.fn(*positional, **named)
     except _ControlFlow:
         raise
+    except CompleteLater:
+        if step.local or info.secret is None:
+            refused = InvalidInput(
+                f"step {step.name!r} raised CompleteLater but runs inside the turn (local=True): "
+                "a step completed from outside must be dispatched; drop local=True"
+            )
+            return None, refused.to_dict(), False
+        return LATER, None, True
     except timed_out:
         return None, step_timeout_error(f"step {step.name!r} ran past its timeout of {step.timeout}"), True
     except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept

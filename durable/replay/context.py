@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..definitions import Step, Workflow, celery_task_step, registry
+from ..definitions import Step, Workflow, body_scope, celery_task_step, registry
 from ..durations import parse_duration
 from ..errors import (
     DurableError,
@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..statuses import Decided
 from . import saga, stopping
-from .attempt import Result, run_attempt
+from .attempt import LATER, Result, run_attempt
 from .composition import Composition
 from .history import (
     COMPLETED,
@@ -41,9 +41,12 @@ from .history import (
     ChildStart,
     Decision,
     Limits,
+    Outgoing,
     Record,
     roundtrip,
 )
+from .messages import Messages
+from .patches import PATCH, Patches
 from .positions import Pending, Positions
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
@@ -90,6 +93,10 @@ class TurnState:
     wakes: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
     children: list[ChildStart] = field(default_factory=list)
+    #: Messages to other runs recorded by this turn, sent in the transaction that writes them.
+    outgoing: list[Outgoing] = field(default_factory=list)
+    #: (workflow, status) of a run by id, or None if there is none (asked by ``ctx.signal``).
+    find_run: Callable[[str], tuple[str, str] | None] | None = None
     #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
     search_attributes: dict[str, Any] | None = None
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
@@ -117,7 +124,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
+class Context(Composition, Waits, Messages, SearchAttributes, Patches, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -251,19 +258,6 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
     def random(self) -> float:
         return float(self._value("random", _random.random))
 
-    def patched(self, change_id: str) -> bool:
-        """True on runs that reach this point with the change; False on runs recorded before it."""
-        rec = self._turn.records.get(self._seq)
-        if rec is None:
-            self._at = self._seq
-            self._seq += 1
-            self._new("patch", change_id, status=COMPLETED)
-            return True
-        if rec.kind == "patch" and rec.name == change_id:
-            self._seq += 1
-            return True
-        return False
-
     # -- positions -------------------------------------------------------------------------
 
     def _position(self, kind: str, name: str) -> Record | None:
@@ -272,9 +266,13 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         stop = self._stopped() if self._stopped is not None else None
         if stop is not None:
             raise self._stop(stop)
-        seq = self._at = self._seq
-        self._seq += 1
+        seq = self._seq
         rec = self._turn.records.get(seq)
+        # A patch marker left by a patched() call since deleted (see ``patches``) is stepped over.
+        while rec is not None and rec.kind == PATCH and (kind, name) != (PATCH, rec.name):
+            seq += 1
+            rec = self._turn.records.get(seq)
+        self._take(seq)
         if rec is not None and (rec.kind != kind or rec.name != name):
             error = NonDeterminismError(
                 f"at position {seq} the history holds {rec.kind} {rec.name!r} but the workflow "
@@ -286,6 +284,10 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             self._nondeterminism = error
             raise self._stop(error)
         return rec
+
+    def _take(self, seq: int) -> None:
+        self._at = seq
+        self._seq = seq + 1
 
     def _new(self, kind: str, name: str, *, status: str = PENDING, **fields: Any) -> Record:
         self._guard()
@@ -350,7 +352,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             if rec.wake_at is not None and rec.wake_at > now:
                 return Pending(rec.wake_at)
             self._send(rec, step)
-            return Pending(rec.wake_at)
+            return self._resolve_step(rec, step)  # sent: look again by its timeout, too
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
                 self._send(rec, step)  # the message was lost, or a worker never took it
@@ -411,7 +413,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         rec.error = error
         rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
         rec.token = None
-        if retryable and rec.attempt < step.retry.max_attempts:
+        if retryable and step.retry.allows_after(rec.attempt):
             rec.wake_at = now + step.retry.delay(rec.attempt)
             rec.attempt += 1
         else:
@@ -445,7 +447,8 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         enqueued) before it runs: a later turn that finds it so, still pending, knows its
         executor died with the turn that held the lease, and counts the attempt as lost."""
         assert self._in_place is not None
-        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = rec.token = None
+        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = None
+        rec.token = secrets.token_urlsafe(24)  # written before the step runs: it may complete later
         rec.started_at = self._clock()
         rec.changed()
         self._flush(self._turn)
@@ -456,6 +459,13 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         self, rec: Record, step: Step, output: Any, error: dict[str, Any] | None, retryable: bool
     ) -> Any:
         """Record an attempt run inside this turn, then answer as the position now stands."""
+        if output is LATER:
+            # Open until complete_step() settles it: as if dispatched, so no later turn counts it
+            # lost with the turn that ran it.
+            rec.enqueued_at = rec.started_at
+            rec.changed()
+            self._flush(self._turn)
+            return self._resolve_step(rec, step)
         if error is not None:
             self._attempt_failed(rec, step, error, retryable=retryable)
             self._flush(self._turn)
@@ -523,7 +533,8 @@ def replay(
         )
     escaped: BaseException | None = None
     try:
-        value = workflow.fn(ctx, run.input)
+        with body_scope(run.workflow):
+            value = workflow.fn(ctx, run.input)
     except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
         escaped = exc
     ended = stopping.ended(ctx, escaped)

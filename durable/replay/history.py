@@ -69,6 +69,8 @@ class Limits:
     default_queue: str
     #: How far back a wait for an event looks (EVENT_BUFFER_TTL).
     event_ttl: timedelta = timedelta(days=7)
+    #: The largest payload a run may send (MAX_PAYLOAD_BYTES).
+    max_payload_bytes: int = 1024 * 1024
 
 
 @dataclass
@@ -93,6 +95,24 @@ class ChildStart:
     version: str
     input: Any
     seq: int
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message a turn sends to other runs (``ctx.signal``, ``ctx.publish_event``, ``ctx.start``),
+    written in the same transaction as the position that records it, so it goes once or not at all.
+    """
+
+    kind: str  # "signal" | "event" | "start"
+    seq: int
+    #: The target run's id (signal, start); empty for an event.
+    run_id: str
+    #: The signal's, the event's or the started workflow's name.
+    name: str
+    payload: Any
+    #: For a start: the workflow's version and the namespace the new run takes.
+    version: str | None = None
+    namespace: str | None = None
 
 
 def roundtrip(value: Any, *, what: str) -> Any:

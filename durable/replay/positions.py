@@ -67,6 +67,10 @@ class Positions(ABC):
         """The position the next primitive will take."""
 
     @abstractmethod
+    def _take(self, seq: int) -> None:
+        """Make ``seq`` the position being answered, the next one after it."""
+
+    @abstractmethod
     def _position(self, kind: str, name: str) -> Record | None:
         """Take the next position; return its record, checked against ``kind`` and ``name``."""
 

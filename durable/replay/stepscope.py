@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DurableError
+from ..definitions import body_scope
+from ..errors import DurableError, InvalidInput
 
 
 @dataclass(frozen=True)
@@ -19,11 +20,34 @@ class StepInfo:
     seq: int
     attempt: int
     name: str
+    #: The attempt's secret (None in a local step, which cannot complete later).
+    secret: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def idempotency_key(self) -> str:
         """Stable across the attempts of one step of one run: pass it to the side effect."""
         return f"{self.run_id}:{self.seq}"
+
+    @property
+    def token(self) -> str:
+        """What ``durable.complete_step`` settles this attempt with, after the step raised
+        ``durable.CompleteLater``: it names the attempt and carries its secret."""
+        if self.secret is None:
+            raise DurableError(
+                f"step {self.name!r} has no completion token: a local step cannot complete later "
+                "(drop local=True)"
+            )
+        return f"{self.seq}.{self.attempt}.{self.secret}.{self.run_id}"
+
+
+def parse_token(token: object) -> tuple[str, int, int, str]:
+    """(run id, seq, attempt, secret) of a completion token, or InvalidInput."""
+    parts = token.split(".", 3) if isinstance(token, str) else []
+    if len(parts) != 4 or not all(parts) or not parts[0].isdigit() or not parts[1].isdigit():
+        raise InvalidInput(
+            "not a completion token: pass durable.step_info().token as the step handed it over"
+        )
+    return parts[3], int(parts[0]), int(parts[1]), parts[2]
 
 
 @dataclass
@@ -39,7 +63,9 @@ _current: ContextVar[_Scope | None] = ContextVar("durable_step", default=None)
 def step_scope(info: StepInfo, beat: Callable[[Any], None]) -> Iterator[None]:
     token = _current.set(_Scope(info, beat))
     try:
-        yield
+        # A step's code is no workflow body, even run inside a turn: it may call step functions.
+        with body_scope(None):
+            yield
     finally:
         _current.reset(token)
 

@@ -80,3 +80,31 @@ def test_a_schema_must_map_names_to_json_scalar_types():
         durable.workflow(
             lambda ctx, _: None, name="tests.search_bad", search_attributes_schema={"when": list}
         )
+
+
+def test_start_sets_the_first_search_attributes_and_upserts_merge_into_them(durable_env):
+    run = durable.start(order, "acme", search_attributes={"cents": 120, "customer": None})
+    assert durable.get_run(run.id).search_attributes == {"cents": 120}
+    durable_env.run_until_idle()
+    assert durable.get_run(run.id).search_attributes == {"customer": "acme", "cents": 500}
+
+
+@pytest.mark.parametrize(
+    ("attributes", "problem"),
+    [
+        ({"cents": "a lot"}, "must be int or float"),
+        ({"colour": "red"}, "not in tests.search_order's search_attributes_schema"),
+        (["customer"], "a dict of names to values"),
+    ],
+)
+def test_start_refuses_search_attributes_the_schema_refuses_before_storing(durable_env, attributes, problem):
+    with pytest.raises(durable.InvalidInput, match=problem):
+        durable.start(order, "acme", search_attributes=attributes)
+    assert not Run.objects.exists()
+    assert durable_env.pending() == []
+
+
+def test_start_of_an_existing_run_id_keeps_its_search_attributes(durable_env):
+    durable.start(free, 1, run_id="tests-search-same", search_attributes={"first": 1})
+    durable.start(free, 1, run_id="tests-search-same", search_attributes={"second": 2})
+    assert durable.get_run("tests-search-same").search_attributes == {"first": 1}

@@ -9,6 +9,7 @@ import durable
 PUBLIC = [
     "ApplicationError",
     "ChildFailed",
+    "CompleteLater",
     "Context",
     "DeadLetter",
     "Deferred",
@@ -36,6 +37,7 @@ PUBLIC = [
     "Workflow",
     "WorkflowNotRegistered",
     "cancel",
+    "complete_step",
     "delete_run",
     "get_run",
     "heartbeat",
