@@ -34,7 +34,21 @@ MAX_REASONS_SHOWN = 5
 
 #: Checkpoint kinds and statuses, fixed so the filters need no DISTINCT scan
 #: over what can be the largest table in the project.
-CHECKPOINT_KINDS = ("step", "sleep", "signal", "event", "child", "entity", "value", "patch", "compensation")
+CHECKPOINT_KINDS = (
+    "step",
+    "sleep",
+    "signal",
+    "any_signal",
+    "update",
+    "reply",
+    "event",
+    "child",
+    "entity",
+    "value",
+    "expose",
+    "patch",
+    "compensation",
+)
 CHECKPOINT_STATUSES = tuple(CheckpointStatus)
 
 

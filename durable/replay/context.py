@@ -44,9 +44,11 @@ from .history import (
     roundtrip,
 )
 from .positions import Pending, Positions
+from .queries import Queries
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
 from .stopping import Stopping
+from .updates import Updates
 from .waits import Waits
 
 log = logging.getLogger("durable.workflow")
@@ -91,6 +93,10 @@ class TurnState:
     children: list[ChildStart] = field(default_factory=list)
     #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
     search_attributes: dict[str, Any] | None = None
+    #: The run's exposed values (as stored when the turn began, then this turn's new exposes),
+    #: and whether this turn exposed anything yet unwritten.
+    exposed: dict[str, Any] = field(default_factory=dict)
+    exposed_changed: bool = False
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
 
@@ -116,7 +122,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
+class Context(Composition, Updates, Waits, Queries, SearchAttributes, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
