@@ -28,9 +28,11 @@ def update(
     A refusal raises UpdateRejected and stores nothing. An accepted update reaches the body's
     ``ctx.wait_for_update(name)``, or its ``ctx.wait_for_signal(name)`` as a signal. Without
     ``wait``, return the update's id. With ``wait`` (a duration), block until the body answers
-    with ``ctx.reply(update, value)`` and return ``value``; WaitTimeout past it, RunFinished if
-    the run ends without answering. The same ``idempotency_key`` again for that run sends
-    nothing new and answers with the first update's id (or reply).
+    with ``ctx.reply(update, value)`` and return ``value`` (None once a signal wait took it,
+    as that never answers); WaitTimeout past it, RunFinished if the run ends without answering.
+    The same ``idempotency_key`` again for that run sends nothing new and answers with the first
+    update's id (or reply). Waiting inside ``transaction.atomic()`` is refused: the update is
+    only sent when the transaction commits.
     """
     from .engine import updates
 
@@ -51,6 +53,8 @@ def update(
         seen["status"], seen["taken"] = answer.run_status, answer.taken
         if answer.replied:
             return answer.reply
+        if answer.taken_as_signal:
+            return None  # the body took it with a signal wait: handled, and nothing to answer
         if answer.run_status in TERMINAL:
             raise RunFinished(
                 f"run {run_id!r} finished ({answer.run_status}) without replying to update {name!r} "

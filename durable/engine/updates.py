@@ -13,7 +13,7 @@ from typing import Any
 from .. import conf
 from ..definitions import registry
 from ..errors import RunFinished, RunNotFound, UpdateRejected, error_dict
-from ..models import TERMINAL, Signal
+from ..models import TERMINAL, Checkpoint, Signal
 from . import runs
 
 
@@ -42,25 +42,37 @@ def update(run_id: str, name: str, payload: Any, *, idempotency_key: str | None 
 class Answer:
     """How an update stands for its caller."""
 
+    #: Whether the body answered it (with ``reply``), or took it with a signal wait, which
+    #: never answers: both end a caller's wait.
     replied: bool
     reply: Any
-    #: The status of the run it was sent to, and whether that run took it (a wait consumed it).
+    taken_as_signal: bool
+    #: The status of the run it was sent to, and whether a wait of that run took it.
     run_status: str
     taken: bool
 
 
 def answer(update_id: int) -> Answer:
     """How update ``update_id`` stands; RunNotFound if it (and so its run) is gone."""
+    db = conf.get().DATABASE
     row = (
-        Signal.objects.using(conf.get().DATABASE)
+        Signal.objects.using(db)
         .filter(id=update_id)
-        .values_list("replied_at", "reply", "run__status", "consumed_seq")
+        .values_list("replied_at", "reply", "run__status", "run_id", "consumed_seq")
         .first()
     )
     if row is None:
         raise RunNotFound(f"update {update_id} is gone: its run was deleted")
-    replied_at, reply, status, consumed_seq = row
-    return Answer(replied_at is not None, reply, status, consumed_seq is not None)
+    replied_at, reply, status, run_id, consumed_seq = row
+    as_signal = (
+        replied_at is None
+        and consumed_seq is not None
+        and Checkpoint.objects.using(db)
+        .filter(run_id=run_id, seq=consumed_seq)
+        .exclude(kind="update")
+        .exists()
+    )
+    return Answer(replied_at is not None, reply, as_signal, status, consumed_seq is not None)
 
 
 def exposed(run_id: str) -> tuple[str, str, dict[str, Any]]:

@@ -4,6 +4,7 @@ through durable_env, with the faults that could lose or double a reply."""
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 import durable
 from durable.engine import turn
@@ -202,3 +203,26 @@ def test_a_reply_rolled_back_with_a_stale_turn_is_recorded_by_its_rerun(durable_
     assert [r for _, r in _replies(run.id)] == [{"was": "ann", "now": "bob"}, {"was": "bob", "now": "cy"}]
     assert Signal.objects.get(id=update_id).reply == {"was": "ann", "now": "bob"}
     assert Checkpoint.objects.filter(run_id=run.id, kind="reply").count() == 2
+
+
+@durable.workflow(name="tests.replies_as_signal")
+def as_signal(ctx, _):
+    ctx.wait_for_signal("rename")  # takes the update as a plain signal: no reply can come
+    return ctx.wait_for_signal("done")
+
+
+def test_update_wait_returns_none_once_a_signal_wait_took_the_update(durable_env):
+    run = durable.start(as_signal)
+    durable.update(run.id, "rename", "bob", idempotency_key="k")
+    durable_env.run_until_idle()
+    assert durable.get_run(run.id).status == "suspended"
+    assert durable.update(run.id, "rename", "bob", wait="5s", idempotency_key="k") is None
+
+
+def test_update_wait_inside_a_transaction_is_refused_before_storing_anything(durable_env, monkeypatch):
+    run = durable.start(account, "ann")
+    monkeypatch.setattr(durable_env.transport, "may_wait", True)  # as outside the harness
+    refused = pytest.raises(durable.InvalidInput, match=r"wait cannot be used inside transaction.atomic\(\)")
+    with refused, transaction.atomic():
+        durable.update(run.id, "rename", "bob", wait="5s")
+    assert not Signal.objects.exists()
