@@ -14,9 +14,9 @@ from .api import (
     signal,
     signal_with_start,
     start,
-    update,
 )
 from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
+from .api_updates import query, update
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
@@ -41,6 +41,7 @@ from .inputs import DeadLetter, Failure
 from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
+from .replay.updates import Update
 
 __all__ = [
     "ApplicationError",
@@ -67,6 +68,7 @@ __all__ = [
     "Step",
     "StepFailed",
     "StepInfo",
+    "Update",
     "UpdateRejected",
     "WaitTimeout",
     "WorkerLost",
@@ -79,6 +81,7 @@ __all__ = [
     "heartbeat",
     "pause_schedule",
     "publish_event",
+    "query",
     "result",
     "resume_schedule",
     "retry",

@@ -33,8 +33,8 @@ class RunHandle:
     def result(self, timeout: Any = None) -> Any:
         return result(self.id, timeout=timeout)
 
-    def signal(self, name: str, payload: Any = None) -> None:
-        signal(self.id, name, payload)
+    def signal(self, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
+        signal(self.id, name, payload, idempotency_key=idempotency_key)
 
     def cancel(self, **kwargs: Any) -> bool:
         return cancel(self.id, **kwargs)
@@ -107,11 +107,15 @@ def get_run(run_id: str) -> Run:
     return runs.get_run(_run_id(run_id))
 
 
-def signal(run_id: str, name: str, payload: Any = None) -> None:
-    """Deliver ``payload`` to the run's wait for ``name``, or keep it until the run waits."""
+def signal(run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
+    """Deliver ``payload`` to the run's wait for ``name``, or keep it until the run waits. The
+    same ``idempotency_key`` again for that run is dropped (signals and updates share the keys)."""
+    from .api_updates import idempotency_key_of
     from .engine import runs
 
-    runs.deliver(_run_id(run_id), name, _signal_payload(name, payload))
+    stored = _signal_payload(name, payload)
+    key = idempotency_key_of(idempotency_key)
+    runs.deliver(_run_id(run_id), name, stored, idempotency_key=key)
 
 
 def signal_with_start(
@@ -126,15 +130,6 @@ def signal_with_start(
     _run_id(run_id, reserved_ok=False)
     stored = _signal_payload(signal, payload)
     return RunHandle(runs.signal_with_start(workflow, input, run_id=run_id, signal=signal, payload=stored))
-
-
-def update(run_id: str, name: str, payload: Any = None) -> None:
-    """Ask the run's workflow validator for ``name`` first (``@workflow.validator(name)``); if it
-    accepts, deliver ``payload`` as signal ``name``. A refusal raises UpdateRejected, storing nothing."""
-    from .engine import runs
-
-    stored = _signal_payload(name, payload)
-    runs.update(_run_id(run_id), name, stored)
 
 
 def publish_event(name: str, payload: Any = None) -> None:

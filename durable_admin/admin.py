@@ -38,10 +38,14 @@ CHECKPOINT_KINDS = (
     "step",
     "sleep",
     "signal",
+    "any_signal",
+    "update",
+    "reply",
     "event",
     "child",
     "entity",
     "value",
+    "expose",
     "patch",
     "compensation",
     "send_signal",
@@ -177,17 +181,26 @@ class CheckpointInline(ReadOnlyInline):
 class SignalInline(ReadOnlyInline):
     model = Signal
     ordering = ("id",)
-    fields = readonly_fields = ("name", "payload_json", "created_time", "consumed_seq")
-    verbose_name_plural = "signals (consumed_seq is empty while buffered)"
+    fields = readonly_fields = (
+        "name",
+        "is_update",
+        "payload_json",
+        "idempotency_key",
+        "created_time",
+        "consumed_seq",
+        "reply_json",
+    )
+    verbose_name_plural = "signals and updates (consumed_seq is empty while buffered)"
 
     payload_json = json_display("payload")
+    reply_json = json_display("reply")
 
 
 class RunChangeList(ChangeList):
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
         # The list shows no payload, and each may be up to MAX_PAYLOAD_BYTES: do not load them.
         queryset = super().get_queryset(request, *args, **kwargs)
-        return queryset.defer("input", "output", "error", "search_attributes", "failed_seqs")
+        return queryset.defer("input", "output", "error", "search_attributes", "exposed", "failed_seqs")
 
 
 @admin.register(Run)
@@ -212,7 +225,10 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
     inlines = (CheckpointInline, SignalInline)
     fieldsets = (
         (None, {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags")}),
-        ("Data", {"fields": ("input_json", "output_json", "error_json", "search_attributes_json")}),
+        (
+            "Data",
+            {"fields": ("input_json", "output_json", "error_json", "search_attributes_json", "exposed_json")},
+        ),
         ("Lineage", {"fields": ("parent", "children_link", "continued_from", "continued_by", "history")}),
         (
             "Timing",
@@ -255,6 +271,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
     output_json = json_display("output")
     error_json = json_display("error")
     search_attributes_json = json_display("search_attributes")
+    exposed_json = json_display("exposed")
 
     @admin.display(description="continued by")
     def continued_by(self, obj: Run) -> str:

@@ -1,5 +1,5 @@
 """Runs made and remade: started by a caller, a schedule tick or a failure handed over; started
-by a parent's turn; continued as new; retried. And what reaches a run from outside its turns.
+by a parent's turn; continued as new; retried. And the signals that reach a run from outside.
 
 Each call writes in the caller's transaction (a savepoint of its own where it must); the first
 turn of a run it makes ready is sent on commit.
@@ -17,8 +17,17 @@ from django.db import IntegrityError, transaction
 from .. import clock, conf, dispatch, guards, routing
 from ..definitions import Workflow, registry
 from ..durations import parse_duration
-from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound, UpdateRejected, error_dict
-from ..models import RETRYABLE, TERMINAL, UNFINISHED, Checkpoint, Run, RunQuerySet, Status, column_length
+from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound
+from ..models import (
+    RETRYABLE,
+    UNFINISHED,
+    Checkpoint,
+    Run,
+    RunQuerySet,
+    Signal,
+    Status,
+    column_length,
+)
 from ..replay.history import ChildStart
 from ..replay.searchattributes import check_search_attributes
 from . import singletons
@@ -211,8 +220,13 @@ def start_children(parent: Run, children: list[ChildStart]) -> None:
             dispatch.advance(child.run_id, queue)
 
 
-def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:
-    """Write the run that continues ``run`` (before ``run`` is marked completed); return its id."""
+def continue_as_new(
+    run: Run, workflow: Workflow, input: Any, *, exposed: dict[str, Any] | None = None
+) -> str:
+    """Write the run that continues ``run`` (before ``run`` is marked completed); return its id.
+
+    The successor starts with the values ``run`` exposed, so ``durable.query`` of the chain goes
+    on answering with the latest of each until the successor exposes its own."""
     newest = registry.workflow(workflow.name)
     return create(
         newest,
@@ -222,6 +236,7 @@ def continue_as_new(run: Run, workflow: Workflow, input: Any) -> str:
         continued_from=run,
         parent_id=run.parent_id,
         parent_seq=run.parent_seq,
+        exposed=run.exposed if exposed is None else exposed,
     )
 
 
@@ -243,34 +258,45 @@ def signal_with_start(workflow: Workflow | str, input: Any, *, run_id: str, sign
     return started
 
 
-def deliver(run_id: str, name: str, payload: Any) -> None:
-    """Keep ``payload`` as signal ``name`` for the run's wait, and wake the run."""
+def deliver(
+    run_id: str, name: str, payload: Any, *, idempotency_key: str | None = None, update: bool = False
+) -> int:
+    """Keep ``payload`` as signal ``name`` (an update, with ``update``) for the run's wait, and
+    wake the run; return the signal's id.
+
+    A signal whose ``idempotency_key`` this run already has is dropped, finished run or not, and
+    the id of the one kept is returned: the unique constraint on (run, key) decides between
+    concurrent senders, the lookup first only spares the common repeat a failed INSERT.
+    """
     settings = conf.get()
-    with transaction.atomic(using=settings.DATABASE):
-        run = get_run(run_id)
-        now = clock.now()
-        if not _runs().wake(run_id, now, now + settings.LEASE):
-            raise RunFinished(
-                f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent"
+    signals = Signal.objects.using(settings.DATABASE)
+    if idempotency_key is not None:
+        kept = signals.keyed(run_id, idempotency_key)
+        if kept is not None:
+            return kept.id
+    try:
+        with transaction.atomic(using=settings.DATABASE):
+            run = get_run(run_id)
+            now = clock.now()
+            if not _runs().wake(run_id, now, now + settings.LEASE):
+                raise RunFinished(
+                    f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent"
+                )
+            signal = signals.create(
+                run=run,
+                name=name,
+                payload=payload,
+                created_at=now,
+                is_update=update,
+                idempotency_key=idempotency_key,
             )
-        run.signals.create(name=name, payload=payload, created_at=now)
-        dispatch.advance(run_id, run.queue)
-
-
-def update(run_id: str, name: str, payload: Any) -> None:
-    """Deliver ``payload`` as signal ``name`` if the workflow's validator for ``name`` accepts it."""
-    run = get_run(run_id)
-    if run.status in TERMINAL:
-        raise RunFinished(f"run {run_id!r} has already finished ({run.status}); nothing was sent")
-    validator = registry.workflow(run.workflow, run.version).validators.get(name)
-    if validator is not None:
-        try:
-            validator(payload)
-        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
-            raise UpdateRejected(
-                f"update {name!r} of run {run_id!r} was refused: {exc}", details=error_dict(exc)
-            ) from exc
-    deliver(run_id, name, payload)
+            dispatch.advance(run_id, run.queue)
+            return signal.id
+    except IntegrityError:
+        kept = None if idempotency_key is None else signals.keyed(run_id, idempotency_key)
+        if kept is None:
+            raise
+        return kept.id
 
 
 def retry(run_id: str) -> None:

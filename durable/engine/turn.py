@@ -171,6 +171,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         load_signals=lambda: _load_signals(run.id, db),
         find_event=events.find,
         find_run=lambda run_id: _find_run(run_id, db),
+        exposed=dict(run.exposed or {}),
     )
 
     def renew() -> None:
@@ -180,7 +181,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             raise LeaseLost()
 
     def flush(current: TurnState) -> None:
-        # A local step's record is one fenced INSERT; signals taken need a transaction with it.
+        # A local step's record is one fenced INSERT; signals taken, replies and exposed values
+        # need a transaction with their position, or a crash between could lose them.
         if leases.is_lost(run.id):
             raise LeaseLost()
         if current.outgoing:
@@ -190,7 +192,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
                 if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
                     raise LeaseLost()
                 _write(run.id, current, settings, fenced_by=owner)
-        elif current.consumed:
+        elif current.consumed or current.exposed_changed or _replies(current):
             with transaction.atomic(using=db):
                 _write(run.id, current, settings, fenced_by=owner)
         else:
@@ -218,7 +220,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             runs.start_children(run, state.children)
             state.children.clear()
             if outcome.status == "continued":
-                outcome.output = {"continued_as": runs.continue_as_new(run, workflow, outcome.next_input)}
+                successor = runs.continue_as_new(run, workflow, outcome.next_input, exposed=state.exposed)
+                outcome.output = {"continued_as": successor}
             _settle(run, owner, outcome, settings, state)
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
@@ -258,7 +261,14 @@ def _replay(
 
 def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
     """Whether the settle is the turn's only write left."""
-    if state.unsaved() or state.consumed or state.dispatch or state.children or state.outgoing:
+    if (
+        state.unsaved()
+        or state.consumed
+        or state.dispatch
+        or state.children
+        or state.outgoing
+        or state.exposed_changed
+    ):
         return False
     finishing_alone = not run.parent_id and not run.singleton_key  # else it tells its parent or line
     return outcome.status == Decided.SUSPENDED or (outcome.status == Decided.COMPLETED and finishing_alone)
@@ -270,6 +280,8 @@ def _settle(
     fields = _run_fields(outcome)
     if state is not None and state.search_attributes is not None:
         fields["search_attributes"] = state.search_attributes
+    if state is not None and state.exposed_changed:
+        fields["exposed"] = state.exposed
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
@@ -339,7 +351,12 @@ def _find_run(run_id: str, db: str) -> tuple[str, str] | None:
 
 def _load_signals(run_id: str, db: str) -> list[BufferedSignal]:
     rows = Signal.objects.using(db).filter(run_id=run_id, consumed_seq__isnull=True).order_by("id")
-    return [BufferedSignal(s.id, s.name, s.payload) for s in rows]
+    return [BufferedSignal(s.id, s.name, s.payload, update=s.is_update) for s in rows]
+
+
+def _replies(state: TurnState) -> list[Record]:
+    """The replies to updates this turn recorded and has not written yet."""
+    return [rec for rec in state.unsaved() if rec.kind == "reply" and rec.stored_as is None]
 
 
 _WRITTEN = (
@@ -366,6 +383,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     db = settings.DATABASE
     checkpoints = Checkpoint.objects.using(db)
     new = []
+    replies = _replies(state)
     for rec in state.unsaved():
         fields = {f: getattr(rec, f) for f in _WRITTEN}
         if rec.stored_as is None:
@@ -391,6 +409,15 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 raise _Stale()
     if new:
         checkpoints.bulk_create(new)
+    now = clock.now()
+    for rec in replies:
+        # False only if the update holds a reply already: the first one recorded stands.
+        Signal.objects.using(db).answer(rec.input["update"], run_id, rec.output, now)
+    if state.exposed_changed and fenced_by is not None:
+        # Mid-turn; at the turn's end the settle writes them with the run's outcome.
+        if not Run.objects.using(db).filter(id=run_id, locked_by=fenced_by).update(exposed=state.exposed):
+            raise LeaseLost()
+        state.exposed_changed = False
     for signal in state.consumed:
         if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
             raise _Stale()

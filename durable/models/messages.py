@@ -1,4 +1,4 @@
-"""What other code sends to runs: signals to one run, events to every run that waits."""
+"""What other code sends to runs: signals and updates to one run, events to every run that waits."""
 
 from __future__ import annotations
 
@@ -14,21 +14,51 @@ class SignalQuerySet(models.QuerySet["Signal"]):
     def consume(self, signal_id: int, seq: int) -> bool:
         return bool(self.filter(id=signal_id, consumed_seq__isnull=True).update(consumed_seq=seq))
 
+    def answer(self, update_id: int, run_id: str, reply: Any, now: datetime) -> bool:
+        """Record the body's reply to an update of ``run_id``; False if it had one already.
+
+        Called in the transaction of the turn that records the reply's position, so the two
+        commit together or not at all: a replayed turn finds the position and writes nothing.
+        """
+        return bool(
+            self.filter(id=update_id, run_id=run_id, is_update=True, replied_at__isnull=True).update(
+                reply=reply, replied_at=now
+            )
+        )
+
+    def keyed(self, run_id: str, key: str) -> Signal | None:
+        """The signal or update sent to ``run_id`` under idempotency key ``key``, if any."""
+        return self.filter(run_id=run_id, idempotency_key=key).first()
+
 
 class Signal(models.Model):
-    """A signal sent to a run, kept until a wait at position ``consumed_seq`` takes it."""
+    """A signal (or an update) sent to a run, kept until a wait at position ``consumed_seq`` takes it."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
     name = models.CharField(max_length=255)
     payload = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
     consumed_seq = models.PositiveIntegerField(null=True, blank=True)
+    #: Sent by ``durable.update`` (its validator accepted it): ``ctx.wait_for_update`` takes only these.
+    is_update = models.BooleanField(default=False)
+    #: The same key again for the same run is dropped; the unique constraint decides races.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    #: The body's ``ctx.reply`` to this update, and when it was recorded (None: no reply yet).
+    reply = models.JSONField(null=True, blank=True)
+    replied_at = models.DateTimeField(null=True, blank=True)
 
     objects = SignalQuerySet.as_manager()
 
     class Meta:
         indexes = [
             models.Index(fields=["run", "consumed_seq"], name="durable_signal_unconsumed"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"],
+                name="durable_signal_idempotency",
+                condition=models.Q(idempotency_key__isnull=False),
+            ),
         ]
         ordering = ["id"]
 

@@ -265,6 +265,9 @@ class Run(models.Model):
     namespace = models.CharField(max_length=100, blank=True, default="")
     tags = models.JSONField(default=list, blank=True)
     search_attributes = models.JSONField(default=dict, blank=True)
+    #: The values the body exposed with ``ctx.expose``, by name (the latest write of each), for
+    #: ``durable.query``; written in the transaction of the turn that records them.
+    exposed = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)

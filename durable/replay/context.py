@@ -48,9 +48,11 @@ from .history import (
 from .messages import Messages
 from .patches import PATCH, Patches
 from .positions import Pending, Positions
+from .queries import Queries
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
 from .stopping import Stopping
+from .updates import Updates
 from .waits import Waits
 
 log = logging.getLogger("durable.workflow")
@@ -99,6 +101,10 @@ class TurnState:
     find_run: Callable[[str], tuple[str, str] | None] | None = None
     #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
     search_attributes: dict[str, Any] | None = None
+    #: The run's exposed values (as stored when the turn began, then this turn's new exposes),
+    #: and whether this turn exposed anything yet unwritten.
+    exposed: dict[str, Any] = field(default_factory=dict)
+    exposed_changed: bool = False
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
 
@@ -124,7 +130,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, Messages, SearchAttributes, Patches, Stopping, Positions):
+class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, Patches, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(

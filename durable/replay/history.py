@@ -56,6 +56,8 @@ class BufferedSignal:
     name: str
     payload: Any
     consumed_seq: int | None = None
+    #: Sent by ``durable.update``: ``ctx.wait_for_update`` takes only these, a signal wait any.
+    update: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Limits:
     default_queue: str
     #: How far back a wait for an event looks (EVENT_BUFFER_TTL).
     event_ttl: timedelta = timedelta(days=7)
-    #: The largest payload a run may send (MAX_PAYLOAD_BYTES).
+    #: The largest payload a run may send, reply or expose (MAX_PAYLOAD_BYTES).
     max_payload_bytes: int = 1024 * 1024
 
 

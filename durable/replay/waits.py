@@ -1,6 +1,8 @@
-"""Waits of the replay context: ``ctx.wait_for_signal`` and ``ctx.wait_for_event``.
+"""Waits of the replay context: ``ctx.wait_for_signal``, ``ctx.wait_for_any_signal`` and
+``ctx.wait_for_event``.
 
-A wait for a signal takes the oldest signal of its name sent to this run and not taken yet. A wait
+A wait for a signal takes the oldest signal of its name sent to this run and not taken yet (an
+update counts as a signal of its name); a wait for any of several names, the oldest among them. A wait
 for an event receives the oldest event of its name within EVENT_BUFFER_TTL whose payload holds
 every key/value of its ``match`` and that this run has not received yet; the event's id is kept on
 the position, so no run receives one event twice (see ``engine/events.py``).
@@ -14,8 +16,11 @@ from typing import Any
 
 from ..durations import parse_duration
 from ..errors import InvalidInput, WaitTimeout
-from .history import COMPLETED, FAILED, Record, roundtrip
+from .history import COMPLETED, FAILED, BufferedSignal, Record, roundtrip
 from .positions import Pending, Positions
+
+#: What a position's name may hold (the ``Checkpoint.name`` column).
+NAME_LENGTH = 255
 
 
 class Waits(Positions):
@@ -28,18 +33,34 @@ class Waits(Positions):
         rec = self._wait_position("signal", name, timeout, {})
 
         def take(now: datetime) -> tuple[bool, Any]:
-            buffered = next(
-                (s for s in self._turn.buffered() if s.name == rec.name and s.consumed_seq is None), None
-            )
-            if buffered is None:
-                return False, None
-            buffered.consumed_seq = rec.seq
-            self._turn.consumed.append(buffered)
-            return True, buffered.payload
+            buffered = self._take_signal(rec, lambda s: s.name == rec.name)
+            return (False, None) if buffered is None else (True, buffered.payload)
 
         return self._settle(
             self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout")
         )
+
+    def wait_for_any_signal(self, names: Any, timeout: Any = None) -> tuple[str, Any]:
+        """Return ``(name, payload)`` of the oldest signal sent to this run under any of ``names``
+        and not taken yet; raise WaitTimeout past ``timeout``."""
+        wanted = check_names(names)
+        rec = self._wait_position("any_signal", "|".join(wanted), timeout, {"names": wanted})
+
+        def take(now: datetime) -> tuple[bool, Any]:
+            buffered = self._take_signal(rec, lambda s: s.name in wanted)
+            return (False, None) if buffered is None else (True, [buffered.name, buffered.payload])
+
+        missed = f"none of the signals {wanted!r} arrived before the timeout"
+        name, payload = self._settle(self._resolve_wait(rec, take, missed))
+        return name, payload
+
+    def _take_signal(self, rec: Record, accepts: Callable[[BufferedSignal], bool]) -> BufferedSignal | None:
+        """Take the oldest buffered signal ``accepts`` for the wait at ``rec``, or None."""
+        buffered = next((s for s in self._turn.buffered() if s.consumed_seq is None and accepts(s)), None)
+        if buffered is not None:
+            buffered.consumed_seq = rec.seq
+            self._turn.consumed.append(buffered)
+        return buffered
 
     def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
         """Return the payload of the oldest event ``name`` published within EVENT_BUFFER_TTL whose
@@ -95,6 +116,24 @@ class Waits(Positions):
             rec.changed()
             return self._resolve_wait(rec, take, missed)
         return Pending(rec.wake_at)
+
+
+def check_names(names: Any) -> list[str]:
+    """``names`` as ``wait_for_any_signal`` takes them: a non-empty list of signal names."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not names:
+        raise InvalidInput(
+            "ctx.wait_for_any_signal() takes a non-empty list of signal names such as "
+            f'["approve", "reject"], got {names!r}'
+        )
+    if not all(isinstance(name, str) and name for name in names):
+        raise InvalidInput(f"ctx.wait_for_any_signal() needs non-empty signal names, got {names!r}")
+    wanted = list(dict.fromkeys(names))
+    if len("|".join(wanted)) > NAME_LENGTH:
+        raise InvalidInput(
+            f"the names of ctx.wait_for_any_signal() take {len('|'.join(wanted))} characters joined "
+            f"with '|'; at most {NAME_LENGTH} fit: wait for fewer or shorter names"
+        )
+    return wanted
 
 
 def check_match(match: Any) -> dict[str, Any] | None:

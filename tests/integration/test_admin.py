@@ -172,6 +172,27 @@ def test_change_page_pretty_prints_json_and_lists_buffered_signals(
     assert 'name="_save"' not in html  # view only: nothing to save
 
 
+@durable.workflow(name="tests.admin_answers")
+def answers_flow(ctx: durable.Context, _: Any) -> Any:
+    ctx.expose("phase", "answering")
+    update = ctx.wait_for_update("ask")
+    ctx.reply(update, {"answer": "forty-two"})
+    return ctx.wait_for_signal("done")
+
+
+def test_change_page_shows_exposed_values_updates_and_their_replies(
+    admin_client: Client, durable_env: Any
+) -> None:
+    run_id = durable.start("tests.admin_answers").id
+    durable.update(run_id, "ask", {"question": "life"}, idempotency_key="ask-1")
+    durable_env.run_until_idle()
+
+    html = admin_client.get(change_url(run_id)).content.decode()
+
+    assert "&quot;phase&quot;: &quot;answering&quot;" in html
+    assert "forty-two" in html and "ask-1" in html
+
+
 def test_retry_action_runs_a_failed_run_again(admin_client: Client, durable_env: Any, outage: Any) -> None:
     failed = run_to_idle(durable_env, "tests.admin_charge", 5)
     completed = run_to_idle(durable_env, "tests.admin_add", 1)

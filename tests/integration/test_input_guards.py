@@ -149,9 +149,14 @@ def test_a_workflow_whose_name_does_not_fit_its_column_cannot_start(durable_env:
         (lambda run_id: durable.signal(run_id, "go", TWO_MB), "the payload of signal 'go'"),
         (lambda run_id: durable.signal(run_id, "go", nested(10_000)), "the payload of signal 'go'"),
         (lambda run_id: durable.signal(run_id + NUL, "go", 1), "run_id"),
-        (lambda run_id: durable.update(run_id, SURROGATE, 1), "signal name"),
-        (lambda run_id: durable.update(run_id, "go", [SURROGATE]), "the payload of signal 'go'"),
-        (lambda run_id: durable.update(run_id, "go", TWO_MB), "the payload of signal 'go'"),
+        (lambda run_id: durable.signal(run_id, "go", 1, idempotency_key=NUL), "idempotency_key"),
+        (lambda run_id: durable.update(run_id, SURROGATE, 1), "update name"),
+        (lambda run_id: durable.update(run_id, "go", [SURROGATE]), "the payload of update 'go'"),
+        (lambda run_id: durable.update(run_id, "go", TWO_MB), "the payload of update 'go'"),
+        (lambda run_id: durable.update(run_id, "go", 1, wait="soon"), "wait"),
+        (lambda run_id: durable.update(run_id, "go", 1, idempotency_key="k" * 256), "idempotency_key"),
+        (lambda run_id: durable.query(run_id, NUL), "name"),
+        (lambda run_id: durable.query(run_id, "go", timeout=-1), "timeout"),
     ],
 )
 def test_signals_and_updates_refuse_what_cannot_be_stored(waiting: str, call: Any, field: str) -> None:

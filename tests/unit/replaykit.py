@@ -71,10 +71,13 @@ def turn(
     *,
     now: datetime = T0,
     stopped: Callable[[], BaseException | None] | None = None,
+    exposed: dict[str, Any] | None = None,
+    limits: Limits = LIMITS,
 ) -> Turn:
-    """Replay ``body`` once at ``now`` over ``records`` and ``signals``."""
+    """Replay ``body`` once at ``now`` over ``records`` and ``signals`` (and the run's
+    ``exposed`` values as stored)."""
     recs = records if isinstance(records, dict) else {r.seq: r for r in records}
-    state = TurnState(records=recs, signals=list(signals))
+    state = TurnState(records=recs, signals=list(signals), exposed=dict(exposed or {}))
     flushes: list[TurnState] = []
     renews: list[None] = []
     outcome = replay(
@@ -82,7 +85,7 @@ def turn(
         RUN,
         state,
         clock=lambda: now,
-        limits=LIMITS,
+        limits=limits,
         flush=flushes.append,
         renew=lambda: renews.append(None),
         stopped=stopped,

@@ -1,0 +1,177 @@
+"""Updates that answer and queries of what a run exposed, from views, shells and tasks.
+
+Waiting reads one indexed row per short poll, like ``durable.result``; under ``durable_env``
+nothing runs meanwhile, so a wait answers from what is already there or raises WaitTimeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import conf, guards
+from .api import _name, _payload, _run_id, column_length
+from .durations import optional_duration
+from .errors import RunFinished, WaitTimeout
+from .statuses import TERMINAL
+
+#: What a look returns while the awaited value is not there yet.
+_NOT_YET = object()
+
+
+def update(
+    run_id: str, name: str, payload: Any = None, *, wait: Any = None, idempotency_key: str | None = None
+) -> Any:
+    """Send update ``name`` to the run, vetted first by the workflow's validator for ``name``.
+
+    A refusal raises UpdateRejected and stores nothing. An accepted update reaches the body's
+    ``ctx.wait_for_update(name)``, or its ``ctx.wait_for_signal(name)`` as a signal. Without
+    ``wait``, return the update's id. With ``wait`` (a duration), block until the body answers
+    with ``ctx.reply(update, value)`` and return ``value`` (None once a signal wait took it,
+    as that never answers); WaitTimeout past it, RunFinished if the run ends without answering.
+    The same ``idempotency_key`` again for that run sends nothing new and answers with the first
+    update's id (or reply). Waiting inside ``transaction.atomic()`` is refused: the update is
+    only sent when the transaction commits.
+    """
+    from .engine import updates
+
+    run_id = _run_id(run_id)
+    _name(name, "update name", "Signal")
+    stored = _payload(payload, f"the payload of update {name!r}")
+    key = idempotency_key_of(idempotency_key)
+    limit = _seconds(wait, "wait")
+    if limit is not None:
+        _outside_transactions("update(wait=...)")
+    update_id = updates.update(run_id, name, stored, idempotency_key=key)
+    if limit is None:
+        return update_id
+    seen: dict[str, Any] = {}
+
+    def look() -> Any:
+        answer = updates.answer(update_id)
+        seen["status"], seen["taken"] = answer.run_status, answer.taken
+        if answer.replied:
+            return answer.reply
+        if answer.taken_as_signal:
+            return None  # the body took it with a signal wait: handled, and nothing to answer
+        if answer.run_status in TERMINAL:
+            raise RunFinished(
+                f"run {run_id!r} finished ({answer.run_status}) without replying to update {name!r} "
+                f"({update_id})",
+                details={"status": answer.run_status, "update_id": update_id},
+            )
+        return _NOT_YET
+
+    def late(harness: bool) -> WaitTimeout:
+        where = "a wait took it, no ctx.reply yet" if seen["taken"] else "no ctx.wait_for_update took it yet"
+        return _late(
+            f"update {name!r} ({update_id}) of run {run_id!r} has no reply ({where}); the run is "
+            f"{seen['status']}",
+            wait,
+            harness,
+            {"status": seen["status"], "update_id": update_id},
+        )
+
+    return _until(look, limit, late)
+
+
+def query(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
+    """Return the latest value the run exposed with ``ctx.expose(name, value)``, or all of them
+    as a dict when ``name`` is None; None if it exposed nothing under ``name``.
+
+    With ``timeout``, wait until the value is set (for ``name`` None, until anything is);
+    WaitTimeout past it, RunFinished if the run ended without setting it. Finished runs answer
+    too; a run that continued as new answers with its successor's values.
+    """
+    from .engine import updates
+
+    _run_id(run_id)
+    if name is not None:
+        guards.text(name, "name", max_length=column_length("Checkpoint", "name"), kind="name")
+    limit = _seconds(timeout, "timeout")
+    seen: dict[str, Any] = {}
+
+    def look() -> Any:
+        current, status, values = updates.exposed(run_id)
+        seen["run"], seen["status"] = current, status
+        if name is None and (values or limit is None):
+            return values
+        if name is not None and (name in values or limit is None):
+            return values.get(name)
+        if status in TERMINAL:
+            raise RunFinished(
+                f"run {current!r} finished ({status}) without exposing "
+                f"{'anything' if name is None else repr(name)}",
+                details={"status": status},
+            )
+        return _NOT_YET
+
+    def late(harness: bool) -> WaitTimeout:
+        what = "anything" if name is None else repr(name)
+        return _late(
+            f"run {seen['run']!r} has not exposed {what}; it is {seen['status']}",
+            timeout,
+            harness,
+            {"status": seen["status"]},
+        )
+
+    return _until(look, limit, late)
+
+
+def idempotency_key_of(value: Any) -> str | None:
+    """An optional idempotency key, checked like the column that keeps it."""
+    if value is None:
+        return None
+    return guards.text(value, "idempotency_key", max_length=column_length("Signal", "idempotency_key"))
+
+
+def _seconds(value: Any, field: str) -> float | None:
+    try:
+        delta = optional_duration(value, what=field)
+    except ValueError as exc:
+        raise guards.refuse(field, str(exc).removeprefix(f"{field}: ")) from None
+    return None if delta is None else delta.total_seconds()
+
+
+def _outside_transactions(call: str) -> None:
+    """Refuse to wait inside a transaction: what is awaited is sent when it commits."""
+    from django.db import connections
+
+    from . import dispatch
+
+    if dispatch.transport.may_wait and connections[conf.get().DATABASE].in_atomic_block:
+        raise guards.refuse(
+            "wait",
+            f"cannot be used inside transaction.atomic(): {call} blocks for a reply that only "
+            "comes once the update is committed and sent; call it outside the transaction, or "
+            "without wait",
+        )
+
+
+def _until(look: Callable[[], Any], limit: float | None, late: Callable[[bool], WaitTimeout]) -> Any:
+    """Call ``look`` until it returns a value, in short polls for up to ``limit`` seconds."""
+    from . import dispatch
+
+    started = time.monotonic()
+    pause = 0.005
+    while True:
+        found = look()
+        if found is not _NOT_YET:
+            return found
+        if not dispatch.transport.may_wait:
+            raise late(True)
+        if time.monotonic() - started >= (limit or 0):
+            raise late(False)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.05)
+
+
+def _late(problem: str, limit: Any, harness: bool, details: dict[str, Any]) -> WaitTimeout:
+    if harness:
+        return WaitTimeout(
+            f"{problem}; under durable_env nothing runs while you wait: call "
+            "durable_env.run_until_idle() or advance_time() first",
+            details=details,
+        )
+    return WaitTimeout(f"{problem}, after {limit}", details=details)

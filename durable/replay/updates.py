@@ -1,0 +1,83 @@
+"""Updates of the replay context: ``ctx.wait_for_update`` and ``ctx.reply``.
+
+An update is a signal that ``durable.update`` sent after the workflow's validator accepted it.
+A wait for an update takes the oldest update of its name not taken yet; a reply is recorded at
+its own position, and the engine writes it onto the update in the same transaction, so the
+caller of ``durable.update(..., wait=...)`` reads it once that turn commits, and never twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..errors import InvalidInput
+from .history import COMPLETED, check_size, roundtrip
+from .waits import Waits
+
+
+@dataclass(frozen=True)
+class Update:
+    """An update a workflow body received with ``ctx.wait_for_update``; answer it with
+    ``ctx.reply(update, value)``."""
+
+    #: The update's id, as ``durable.update`` returned it to its caller.
+    id: int
+    #: The update's name.
+    name: str
+    #: Its payload, as the validator accepted it (JSON round-tripped).
+    payload: Any
+
+
+class Updates(Waits):
+    """Mixed into ``Context``."""
+
+    def wait_for_update(self, name: str, timeout: Any = None) -> Update:
+        """Return the next update ``name`` sent to this run with ``durable.update`` (buffered if it
+        came first); raise WaitTimeout past ``timeout``."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"ctx.wait_for_update() needs an update name, got {name!r}")
+        rec = self._wait_position("update", name, timeout, {})
+
+        def take(now: datetime) -> tuple[bool, Any]:
+            buffered = self._take_signal(rec, lambda s: s.update and s.name == rec.name)
+            if buffered is None:
+                return False, None
+            return True, {"id": buffered.id, "name": buffered.name, "payload": buffered.payload}
+
+        received = self._settle(
+            self._resolve_wait(rec, take, f"no update {rec.name!r} arrived before the timeout")
+        )
+        return Update(received["id"], received["name"], received["payload"])
+
+    def reply(self, update: Update, value: Any) -> None:
+        """Answer ``update`` with ``value`` (JSON): ``durable.update(..., wait=...)`` returns it to
+        the update's caller. Each update is answered once."""
+        if not isinstance(update, Update):
+            raise InvalidInput(
+                f"ctx.reply() answers the durable.Update that ctx.wait_for_update() returned, got {update!r}"
+            )
+        records = self._turn.records.values()
+        if not any(
+            r.kind == "update" and r.status == COMPLETED and (r.output or {}).get("id") == update.id
+            for r in records
+            if r.seq < self._next
+        ):
+            raise InvalidInput(
+                f"ctx.reply() got update {update.id} ({update.name!r}), which this run's "
+                "ctx.wait_for_update() has not received"
+            )
+        if any(
+            r.kind == "reply" and (r.input or {}).get("update") == update.id
+            for r in records
+            if r.seq < self._next
+        ):
+            raise InvalidInput(f"update {update.id} ({update.name!r}) was already answered by ctx.reply()")
+        what = f"the reply to update {update.name!r}"
+        answer = roundtrip(value, what=what)
+        check_size(answer, self._limits.max_payload_bytes, what=what)
+        if self._position("reply", update.name) is not None:
+            return  # recorded, and written onto the update, by the turn that made it
+        rec = self._new("reply", update.name, status=COMPLETED, input={"update": update.id}, output=answer)
+        rec.finished_at = self._now()
