@@ -185,13 +185,15 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         # need a transaction with their position, or a crash between could lose them.
         if leases.is_lost(run.id):
             raise LeaseLost()
-        if current.outgoing:
-            # Messages go with their positions or not at all: the renewal locks the run's row,
-            # so no other worker can take the lease over before this commits.
+        if current.outgoing or current.children:
+            # Messages and children go with their positions or not at all: the renewal locks the
+            # run's row, so no other worker can take the lease over before this commits.
             with transaction.atomic(using=db):
                 if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
                     raise LeaseLost()
                 _write(run.id, current, settings, fenced_by=owner)
+                runs.start_children(run, current.children)
+                current.children.clear()
         elif current.consumed or current.exposed_changed or _replies(current):
             with transaction.atomic(using=db):
                 _write(run.id, current, settings, fenced_by=owner)
