@@ -301,6 +301,12 @@ class Run(models.Model):
             models.Index(fields=["created_at"], name="durable_run_created"),
             # The retention sweep: finished runs of some statuses, oldest first.
             models.Index(fields=["status", "finished_at"], name="durable_run_finished"),
+            # The retention sweep's candidates, oldest first: finished roots only, in the order read.
+            models.Index(
+                fields=["finished_at", "id"],
+                name="durable_run_root_finished",
+                condition=models.Q(parent__isnull=True, finished_at__isnull=False),
+            ),
             models.Index(fields=["singleton_key", "status"], name="durable_run_singleton"),
             # Runs waiting for a singleton slot, found by the timer sweep's repair pass.
             models.Index(
