@@ -19,6 +19,7 @@ from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_sc
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
+    Cancelled,
     ChildFailed,
     DurableError,
     GatherError,
@@ -29,6 +30,7 @@ from .errors import (
     RunFailed,
     RunFinished,
     RunNotFound,
+    StepCancelled,
     StepFailed,
     UpdateRejected,
     WaitTimeout,
@@ -42,6 +44,7 @@ from .replay.stepscope import StepInfo, heartbeat, step_info
 
 __all__ = [
     "ApplicationError",
+    "Cancelled",
     "ChildFailed",
     "Context",
     "DeadLetter",
@@ -62,6 +65,7 @@ __all__ = [
     "Schedule",
     "Singleton",
     "Step",
+    "StepCancelled",
     "StepFailed",
     "StepInfo",
     "UpdateRejected",

@@ -82,6 +82,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         beats = Beats(run_id, seq, attempt, settings)
         try:
             step = registry.step(row.name)
+            beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout)
             info = StepInfo(run_id, seq, attempt, row.name)
             output, error, retryable = attempts.execute(step, info, row.input, beats)
         except WorkflowNotRegistered as exc:

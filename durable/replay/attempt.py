@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from ..definitions import Step
-from ..errors import InvalidInput, _ControlFlow, error_dict
+from ..errors import InvalidInput, StepCancelled, _ControlFlow, error_dict
 from .history import roundtrip
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
+
+#: The most a dead attempt of a step with a heartbeat_timeout may go unnoticed past that timeout.
+MAX_BEAT_GRACE = timedelta(seconds=1)
 
 #: (output, error, retryable): the output when the attempt succeeded, else its error and whether
 #: the step's retry policy may run another attempt.
@@ -50,7 +54,9 @@ def run_attempt(
         log.info(
             "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc
         )
-        return None, error_dict(exc), step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
+        # A step stopped by its run's cancel is not worth another attempt.
+        retryable = step.retry.is_retryable(exc) and not isinstance(exc, (InvalidInput, StepCancelled))
+        return None, error_dict(exc), retryable
     try:
         return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
     except InvalidInput as exc:
@@ -60,3 +66,11 @@ def run_attempt(
 def step_timeout(message: str) -> dict[str, Any]:
     """The stored error of an attempt that overran its timeout or went silent."""
     return {"message": message, "type": "StepTimeout", "code": "timeout", "details": None}
+
+
+def beat_grace(heartbeat_timeout: timedelta, throttle: timedelta) -> timedelta:
+    """How late past ``heartbeat_timeout`` a silent attempt is judged dead: the executor persists
+    the beats of such a step at least this often, so a live step that beats within its timeout
+    never looks silent, and a dead one is known within its timeout plus this (at most a second,
+    whatever HEARTBEAT_PERSIST_THROTTLE says)."""
+    return min(throttle, heartbeat_timeout / 4, MAX_BEAT_GRACE)

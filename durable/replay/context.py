@@ -29,8 +29,9 @@ from ..errors import (
     error_dict,
 )
 from ..statuses import Decided
-from . import saga, stopping
-from .attempt import Result, run_attempt, step_timeout
+from . import cancelling, saga, stopping
+from .attempt import Result, beat_grace, run_attempt, step_timeout
+from .cancelling import Cancelling
 from .composition import Composition
 from .history import (
     COMPLETED,
@@ -60,7 +61,8 @@ class RunFacts:
     namespace: str | None
     input: Any
     deadline: datetime | None = None
-    #: Set by ``cancel(compensate=True)``: unwind instead of running the body.
+    #: Set by ``cancel(compensate=True)``: unwind instead of running the body; with
+    #: ``interrupt``, ``Cancelled`` is raised in the body at its current wait instead.
     cancel_request: dict[str, Any] | None = None
 
 
@@ -116,7 +118,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
+class Context(Composition, Waits, SearchAttributes, Cancelling, Stopping, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -143,6 +145,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         self._at = 0  # the position of the primitive being answered
         self._replay_until = max(state.records, default=-1)
         self._nondeterminism: NonDeterminismError | None = None
+        self._init_cancelling(run.cancel_request)
         self.logger = _QuietWhileReplaying(log, self)
 
     # -- facts -----------------------------------------------------------------------------
@@ -254,6 +257,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
 
     def patched(self, change_id: str) -> bool:
         """True on runs that reach this point with the change; False on runs recorded before it."""
+        self._guard()
         rec = self._turn.records.get(self._seq)
         if rec is None:
             self._at = self._seq
@@ -302,6 +306,7 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
         return rec.output
 
     def _settle(self, answer: Any) -> Any:
+        self._deliver_cancel(waiting=isinstance(answer, Pending))
         if isinstance(answer, Pending):
             if answer.wake_at is not None:
                 self._turn.wakes.append(answer.wake_at)
@@ -390,8 +395,9 @@ class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
             limits.append(since + step.timeout + self._limits.timeout_grace)
         if step.heartbeat_timeout is not None:
             last = max(filter(None, [since, rec.last_heartbeat_at]))
-            # A beat persisted by another process may lag by up to the throttle.
-            limits.append(last + step.heartbeat_timeout + self._limits.heartbeat_throttle)
+            # The executor persists beats of such a step at least this often (see beat_grace).
+            grace = beat_grace(step.heartbeat_timeout, self._limits.heartbeat_throttle)
+            limits.append(last + step.heartbeat_timeout + grace)
         return min(limits, default=None)
 
     def _send(self, rec: Record, step: Step) -> None:
@@ -508,7 +514,7 @@ def replay(
     ctx = Context(
         run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
     )
-    if run.cancel_request is not None:
+    if run.cancel_request is not None and not run.cancel_request.get("interrupt"):
         return saga.unwind(
             ctx, Decision(Decided.CANCELLED, error=cancelled_error(run.cancel_request.get("reason")))
         )
@@ -532,6 +538,9 @@ def replay(
         return ended if ctx._nondeterminism is None else _failed(ctx._nondeterminism, state)
     # A change of code, or a primitive misused, fails the run even when the body caught it.
     error = ctx._nondeterminism or ctx._stopping
+    cancelled = None if error is not None else cancelling.cancelled(ctx, escaped)
+    if cancelled is not None:
+        return saga.unwind(ctx, cancelled) if cancelling.compensates(ctx) else cancelled
     if escaped is not None:
         # So does an error escaping the body, KeyboardInterrupt and SystemExit included: they
         # must not take the worker process down with them.

@@ -8,6 +8,7 @@ import durable
 
 PUBLIC = [
     "ApplicationError",
+    "Cancelled",
     "ChildFailed",
     "Context",
     "DeadLetter",
@@ -28,6 +29,7 @@ PUBLIC = [
     "Schedule",
     "Singleton",
     "Step",
+    "StepCancelled",
     "StepFailed",
     "StepInfo",
     "UpdateRejected",
