@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Cancelled, cancelled_error
+from ..errors import Cancelled, DurableError, cancelled_error
 from ..statuses import Decided
 from .history import COMPLETED, Decision
-from .positions import Positions
+from .positions import Pending, Positions
 
 #: The kind (and name) of the position that records where a cancel was delivered.
 CANCEL = "cancel"
@@ -34,13 +34,17 @@ class Cancelling(Positions):
         self._interrupt = request if request is not None and request.get("interrupt") else None
         self._delivered = any(rec.kind == CANCEL for rec in self._turn.records.values())
 
-    def _deliver_cancel(self, *, waiting: bool) -> None:
-        """Raise ``Cancelled`` after the primitive just answered, if the cancel is delivered here:
-        recorded here by an earlier turn, or due now because the primitive would wait."""
+    def _deliver_cancel(self, answer: Any) -> None:
+        """Raise ``Cancelled`` after the primitive that gave ``answer``, if the cancel is delivered
+        here: recorded here by an earlier turn, or due now because the primitive would wait (or
+        what it waited for was stopped by this cancel first: a step that saw StepCancelled)."""
         recorded = self._turn.records.get(self._next)
         if recorded is not None and recorded.kind == CANCEL:
             self._position(CANCEL, CANCEL)
             raise Cancelled((recorded.input or {}).get("reason") or "cancelled")
+        waiting = isinstance(answer, Pending) or (
+            isinstance(answer, DurableError) and answer.code == "cancelled"
+        )
         if not waiting or self._interrupt is None or self._delivered or recorded is not None:
             return
         self._position(CANCEL, CANCEL)

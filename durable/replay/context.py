@@ -306,7 +306,7 @@ class Context(Composition, Waits, SearchAttributes, Cancelling, Stopping, Positi
         return rec.output
 
     def _settle(self, answer: Any) -> Any:
-        self._deliver_cancel(waiting=isinstance(answer, Pending))
+        self._deliver_cancel(answer)
         if isinstance(answer, Pending):
             if answer.wake_at is not None:
                 self._turn.wakes.append(answer.wake_at)

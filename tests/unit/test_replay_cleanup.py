@@ -15,12 +15,12 @@ import durable
 from .replaykit import calls, finish_sent, stored, turn
 
 
-@durable.step(name="r.a")
+@durable.step(name="tests.unit_cleanup.a")
 def a() -> str:
     return "a"
 
 
-@durable.step(name="r.b")
+@durable.step(name="tests.unit_cleanup.b")
 def b() -> str:
     return "b"
 
@@ -56,9 +56,9 @@ def test_the_finally_reproducer_completes_with_a_a_b_recorded_in_order() -> None
 
     outcome, names, sent = drive(wf)
     assert outcome.status == "completed", outcome.error
-    assert names == ["r.a", "r.a", "r.b"]
+    assert names == ["tests.unit_cleanup.a", "tests.unit_cleanup.a", "tests.unit_cleanup.b"]
     # One send per turn: the cleanup only once the long step ended.
-    assert sent == [["r.a"], ["r.a"], ["r.b"], []]
+    assert sent == [["tests.unit_cleanup.a"], ["tests.unit_cleanup.a"], ["tests.unit_cleanup.b"], []]
 
 
 def test_a_context_managers_exit_runs_its_step_once_after_the_block() -> None:
@@ -75,8 +75,8 @@ def test_a_context_managers_exit_runs_its_step_once_after_the_block() -> None:
 
     outcome, names, sent = drive(wf)
     assert outcome.status == "completed"
-    assert names == ["r.a", "r.b"]
-    assert sent == [["r.a"], ["r.b"], []]
+    assert names == ["tests.unit_cleanup.a", "tests.unit_cleanup.b"]
+    assert sent == [["tests.unit_cleanup.a"], ["tests.unit_cleanup.b"], []]
 
 
 def test_except_base_exception_runs_its_step_only_for_a_real_error() -> None:
@@ -91,8 +91,8 @@ def test_except_base_exception_runs_its_step_only_for_a_real_error() -> None:
 
     outcome, names, sent = drive(wf)
     assert outcome.status == "completed"
-    assert names == ["r.a", "r.a"]
-    assert sent == [["r.a"], ["r.a"], []]
+    assert names == ["tests.unit_cleanup.a", "tests.unit_cleanup.a"]
+    assert sent == [["tests.unit_cleanup.a"], ["tests.unit_cleanup.a"], []]
 
 
 def test_ctx_patched_on_the_way_out_of_a_suspended_turn_suspends_again() -> None:

@@ -1,0 +1,169 @@
+"""``durable.cancel(run_id, interrupt=True)`` through durable_env: ``Cancelled`` is raised at the
+body's current wait, its except/finally may run steps, the run ends cancelled unless the body
+returns a value, and a dispatched step of the run sees ``StepCancelled`` at its next heartbeat."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import durable
+from durable import conf
+from durable.engine.attempts import Beats
+from durable.models import Checkpoint
+
+pytestmark = pytest.mark.django_db
+
+RAN: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    RAN.clear()
+
+
+@durable.step(name="tests.cancel_interrupt.tidy")
+def tidy():
+    durable.heartbeat({"tidying": True})  # a cleanup step that beats is not stopped
+    RAN.append("tidy")
+    return "tidy"
+
+
+@durable.step(name="tests.cancel_interrupt.beats", heartbeat_timeout="1m")
+def beats(cancel_own_run):
+    RAN.append("beats")
+    if cancel_own_run:
+        durable.cancel(durable.step_info().run_id, interrupt=True, reason="stop it")
+    durable.heartbeat()
+    RAN.append("beats went on")
+    return "beat"
+
+
+@durable.workflow(name="tests.cancel_interrupt.waits")
+def waits(ctx, _):
+    try:
+        return ctx.wait_for_signal("go")
+    finally:
+        ctx.step(tidy)
+
+
+@durable.workflow(name="tests.cancel_interrupt.returns")
+def returns(ctx, _):
+    try:
+        return ctx.wait_for_signal("go")
+    except durable.Cancelled as exc:
+        return f"cancelled: {exc.message}"
+
+
+@durable.workflow(name="tests.cancel_interrupt.stepping")
+def stepping(ctx, cancel_own_run):
+    try:
+        return ctx.step(beats, cancel_own_run)
+    finally:
+        ctx.step(tidy)
+
+
+def kinds(run_id):
+    return list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("kind", flat=True))
+
+
+def test_cancel_with_interrupt_runs_the_finally_cleanup_once_and_ends_cancelled(durable_env):
+    run = durable.start(waits)
+    durable_env.run_until_idle()
+    assert durable.cancel(run.id, interrupt=True, reason="customer left") is True
+    durable_env.run_until_idle()
+    record = durable.get_run(run.id)
+    assert record.status == "cancelled"
+    assert record.error == {
+        "message": "customer left",
+        "type": "Cancelled",
+        "code": "cancelled",
+        "details": None,
+    }
+    assert RAN == ["tidy"]
+    assert kinds(run.id) == ["signal", "cancel", "step"]
+    with pytest.raises(durable.RunCancelled):
+        durable.result(run.id)
+
+
+def test_a_body_that_catches_cancelled_and_returns_completes(durable_env):
+    run = durable.start(returns)
+    durable_env.run_until_idle()
+    durable.cancel(run.id, interrupt=True)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "cancelled: cancelled"
+
+
+def test_a_running_step_sees_step_cancelled_at_its_next_heartbeat(durable_env):
+    run = durable.start(stepping, True)
+    durable_env.run_until_idle()
+    assert RAN == ["beats", "tidy"]  # it stopped at the heartbeat; the cleanup ran once
+    step = Checkpoint.objects.get(run_id=run.id, seq=0)
+    assert (step.status, step.attempt, step.error["type"], step.error["code"]) == (
+        "failed",
+        1,
+        "StepCancelled",
+        "cancelled",
+    )
+    assert kinds(run.id) == ["step", "cancel", "step"]
+    assert durable.get_run(run.id).status == "cancelled"
+
+
+def test_a_step_cancelled_before_the_body_heard_of_it_still_raises_cancelled_in_the_body(durable_env):
+    run = durable.start(stepping, False)
+    durable_env.run_next()  # the turn sends the step
+    durable.cancel(run.id, interrupt=True)
+    # The step runs before the turn the cancel sent: it stops at its heartbeat first.
+    durable_env.run_until_idle()
+    assert RAN == ["beats", "tidy"]
+    assert durable.get_run(run.id).status == "cancelled"
+    assert kinds(run.id) == ["step", "cancel", "step"]
+
+
+def test_a_plain_cancel_runs_no_code_of_the_body(durable_env):
+    run = durable.start(waits)
+    durable_env.run_until_idle()
+    durable.cancel(run.id)
+    durable_env.run_until_idle()
+    assert durable.get_run(run.id).status == "cancelled" and RAN == []
+
+
+def test_interrupt_on_a_finished_run_returns_false(durable_env):
+    run = durable.start(returns)
+    durable_env.run_until_idle()
+    durable.signal(run.id, "go", "now")
+    durable_env.run_until_idle()
+    assert durable.cancel(run.id, interrupt=True) is False
+    assert durable.result(run.id) == "now"
+
+
+def test_interrupt_must_be_a_bool(durable_env):
+    run = durable.start(waits)
+    with pytest.raises(durable.InvalidInput, match="interrupt"):
+        durable.cancel(run.id, interrupt="yes")
+
+
+def test_retry_of_an_interrupted_run_replays_its_cancel(durable_env):
+    run = durable.start(waits)
+    durable_env.run_until_idle()
+    durable.cancel(run.id, interrupt=True)
+    durable_env.run_until_idle()
+    durable.retry(run.id)
+    durable_env.run_until_idle()
+    assert durable.get_run(run.id).status == "cancelled"
+    assert RAN == ["tidy"]  # the cleanup replays as recorded, it does not run again
+
+
+def test_a_heartbeat_timeout_step_persists_beats_within_the_grace_whatever_the_throttle(db):
+    settings = conf.get()
+    assert settings.HEARTBEAT_PERSIST_THROTTLE == timedelta(seconds=10)
+    assert Beats("r", 0, 1, settings, timedelta(seconds=2)).throttle == timedelta(milliseconds=500)
+    assert Beats("r", 0, 1, settings, timedelta(minutes=1)).throttle == timedelta(seconds=1)
+    assert Beats("r", 0, 1, settings).throttle == timedelta(seconds=10)
+
+
+@pytest.mark.parametrize("option", [{"timeout": "5s"}, {"heartbeat_timeout": "5s"}])
+def test_a_local_step_refuses_a_timeout_at_declaration(option):
+    with pytest.raises(durable.InvalidInput, match="local=True step runs inside the turn"):
+        durable.step(name="tests.cancel_interrupt.local_timed", local=True, **option)(lambda: None)
