@@ -157,7 +157,7 @@ def test_retry_of_an_interrupted_run_replays_its_cancel(durable_env):
 
 def test_a_heartbeat_timeout_step_persists_beats_within_the_grace_whatever_the_throttle(db):
     settings = conf.get()
-    assert settings.HEARTBEAT_PERSIST_THROTTLE == timedelta(seconds=10)
+    assert timedelta(seconds=10) == settings.HEARTBEAT_PERSIST_THROTTLE
     assert Beats("r", 0, 1, settings, timedelta(seconds=2)).throttle == timedelta(milliseconds=500)
     assert Beats("r", 0, 1, settings, timedelta(minutes=1)).throttle == timedelta(seconds=1)
     assert Beats("r", 0, 1, settings).throttle == timedelta(seconds=10)

@@ -111,6 +111,6 @@ def test_with_steps_run_in_place_the_reproducer_completes_in_one_turn(durable_en
     durable_env.run_until_idle()
     assert durable.result(run.id) == "a"
     expected = ["a", "a"] if flow is except_base_flow else ["a", "a", "b"]
-    assert RAN == expected
+    assert expected == RAN
     assert history(run.id) == [f"r.{name}" for name in expected]
     assert Checkpoint.objects.filter(run_id=run.id, enqueued_at__isnull=False).count() == 0
