@@ -7,9 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from celery import shared_task
 
 import durable
 from durable import conf
+from durable.engine import steps
 from durable.engine.attempts import Beats
 from durable.models import Checkpoint
 
@@ -153,6 +155,27 @@ def test_retry_of_an_interrupted_run_replays_its_cancel(durable_env):
     durable_env.run_until_idle()
     assert durable.get_run(run.id).status == "cancelled"
     assert RAN == ["tidy"]  # the cleanup replays as recorded, it does not run again
+
+
+@shared_task(name="tests.cancel_interrupt.celery_task")
+def celery_task():
+    return "done"
+
+
+@durable.workflow(name="tests.cancel_interrupt.celery_flow")
+def celery_flow(ctx, _):
+    return ctx.step(celery_task)
+
+
+def test_a_celery_task_beating_by_message_is_told_to_stop(durable_env):
+    run = durable.start(celery_flow)
+    durable_env.run_next()
+    durable_env.drop()
+    token = Checkpoint.objects.get(run_id=run.id, seq=0).token
+    assert steps.heartbeat(run.id, 0, 1, {"done": 1}, token=token) is True
+    durable.cancel(run.id, interrupt=True)
+    assert steps.heartbeat(run.id, 0, 1, {"done": 2}, token=token) is False
+    assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 1}
 
 
 def test_a_heartbeat_timeout_step_persists_beats_within_the_grace_whatever_the_throttle(db):
