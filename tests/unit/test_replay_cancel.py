@@ -165,3 +165,34 @@ def test_a_compensating_cancel_without_interrupt_runs_no_body_code() -> None:
 
     result = turn(body, run=replace(RUN, cancel_request={"reason": None}))
     assert result.outcome.status == "cancelled" and calls == []
+
+
+def test_a_cancel_delivered_after_a_fan_replays_there_once_the_fan_closed() -> None:
+    def body(ctx: Any, _: Any) -> Any:
+        try:
+            return ctx.all([ctx.defer(long), ctx.defer(long)])
+        finally:
+            ctx.step(tidy)
+
+    records = stored(turn(body, run=INTERRUPT).state.records)
+    assert [records[s].kind for s in sorted(records)] == ["step", "step", "cancel", "step"]
+    finish_sent(records, output="x")
+    last = turn(body, stored(records), run=INTERRUPT)
+    assert last.outcome.status == "cancelled", last.outcome.error
+
+
+def test_a_fan_member_stopped_by_the_cancel_raises_cancelled_not_gather_error() -> None:
+    def body(ctx: Any, _: Any) -> Any:
+        try:
+            return ctx.all([ctx.defer(long)])
+        except durable.Cancelled:
+            return "cancelled"
+
+    first = turn(body)
+    records = stored(first.state.records)
+    member = records[0]
+    member.status, member.enqueued_at = FAILED, None
+    member.error = {"message": "stop", "type": "StepCancelled", "code": "cancelled", "details": None}
+    result = turn(body, stored(records), run=INTERRUPT)
+    assert (result.outcome.status, result.outcome.output) == ("completed", "cancelled")
+    assert result.state.records[1].kind == "cancel"
