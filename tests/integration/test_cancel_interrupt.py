@@ -66,6 +66,26 @@ def stepping(ctx, cancel_own_run):
         ctx.step(tidy)
 
 
+@durable.step(name="tests.cancel_interrupt.reserve")
+def reserve():
+    RAN.append("reserve")
+    return "res-1"
+
+
+@reserve.compensation
+def release(reservation):
+    RAN.append(f"release {reservation}")
+
+
+@durable.workflow(name="tests.cancel_interrupt.saga")
+def saga(ctx, _):
+    ctx.step(reserve)
+    try:
+        return ctx.wait_for_signal("go")
+    finally:
+        ctx.step(tidy)
+
+
 def kinds(run_id):
     return list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("kind", flat=True))
 
@@ -190,3 +210,13 @@ def test_a_heartbeat_timeout_step_persists_beats_within_the_grace_whatever_the_t
 def test_a_local_step_refuses_a_timeout_at_declaration(option):
     with pytest.raises(durable.InvalidInput, match="local=True step runs inside the turn"):
         durable.step(name="tests.cancel_interrupt.local_timed", local=True, **option)(lambda: None)
+
+
+def test_interrupt_with_compensate_cleans_up_then_unwinds_the_saga(durable_env):
+    run = durable.start(saga)
+    durable_env.run_until_idle()
+    assert durable.cancel(run.id, interrupt=True, compensate=True) is True
+    durable_env.run_until_idle()
+    assert RAN == ["reserve", "tidy", "release res-1"]
+    record = durable.get_run(run.id)
+    assert (record.status, record.error["code"]) == ("cancelled", "cancelled")
