@@ -69,8 +69,8 @@ def step_timeout(message: str) -> dict[str, Any]:
 
 
 def beat_grace(heartbeat_timeout: timedelta, throttle: timedelta) -> timedelta:
-    """How late past ``heartbeat_timeout`` a silent attempt is judged dead: the executor persists
-    the beats of such a step at least this often, so a live step that beats within its timeout
-    never looks silent, and a dead one is known within its timeout plus this (at most a second,
-    whatever HEARTBEAT_PERSIST_THROTTLE says)."""
-    return min(throttle, heartbeat_timeout / 4, MAX_BEAT_GRACE)
+    """How late past ``heartbeat_timeout`` a silent attempt is judged dead, and the persist
+    throttle of such a step's beats (instead of HEARTBEAT_PERSIST_THROTTLE): a live step that
+    beats within its timeout has a beat persisted within its timeout plus this, so it never looks
+    silent, and a dead one is known within its timeout plus this, at most a second."""
+    return min(throttle, heartbeat_timeout / 8, MAX_BEAT_GRACE)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 import durable
@@ -186,6 +187,8 @@ def test_a_dead_attempt_is_known_within_its_heartbeat_timeout_plus_the_grace(dur
     assert step.error["type"] == "StepTimeout", step.error
     silent = (step.finished_at - last_beat).total_seconds()
     print(f"judged dead {silent:.2f}s after its last persisted beat, {noticed:.2f}s after the kill")
-    # heartbeat_timeout 2 s + the grace (0.5 s for it, never over 1 s).
-    assert silent <= 3.0
-    assert noticed <= 3.5  # plus the time the test takes to see the run end
+    # heartbeat_timeout 2 s + the grace (0.25 s for it, never over 1 s); the embedded file broker
+    # adds its polling (a second) to the timer sweep's message, Redis nothing worth counting.
+    slack = 0.0 if settings.CELERY_BROKER_URL.startswith("redis") else 1.0
+    assert silent <= 3.0 + slack
+    assert noticed <= 3.5 + slack  # plus the time the test takes to see the run end

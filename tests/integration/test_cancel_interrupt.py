@@ -201,7 +201,7 @@ def test_a_celery_task_beating_by_message_is_told_to_stop(durable_env):
 def test_a_heartbeat_timeout_step_persists_beats_within_the_grace_whatever_the_throttle(db):
     settings = conf.get()
     assert timedelta(seconds=10) == settings.HEARTBEAT_PERSIST_THROTTLE
-    assert Beats("r", 0, 1, settings, timedelta(seconds=2)).throttle == timedelta(milliseconds=500)
+    assert Beats("r", 0, 1, settings, timedelta(seconds=2)).throttle == timedelta(milliseconds=250)
     assert Beats("r", 0, 1, settings, timedelta(minutes=1)).throttle == timedelta(seconds=1)
     assert Beats("r", 0, 1, settings).throttle == timedelta(seconds=10)
 

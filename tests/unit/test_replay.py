@@ -164,7 +164,7 @@ def test_step_that_beat_recently_waits_for_its_heartbeat_deadline() -> None:
 @pytest.mark.parametrize(
     ("timeout", "throttle", "grace"),
     [
-        (timedelta(seconds=2), timedelta(seconds=10), timedelta(milliseconds=500)),
+        (timedelta(seconds=2), timedelta(seconds=10), timedelta(milliseconds=250)),
         (timedelta(seconds=30), timedelta(seconds=10), timedelta(seconds=1)),
         (timedelta(seconds=30), timedelta(milliseconds=200), timedelta(milliseconds=200)),
     ],
