@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Cancelled, DurableError, cancelled_error
+from ..errors import Cancelled, DurableError, GatherError, StepFailed, cancelled_error
 from ..statuses import Decided
 from .history import COMPLETED, Decision
 from .positions import Pending, Positions
@@ -42,17 +42,30 @@ class Cancelling(Positions):
         if recorded is not None and recorded.kind == CANCEL:
             self._position(CANCEL, CANCEL)
             raise Cancelled((recorded.input or {}).get("reason") or "cancelled")
+        request = self._interrupt
+        if request is None and _step_cancelled(answer):
+            # A step run in place saw a cancel requested after this turn read the run: deliver it
+            # here, where the turn that reads the request will (this one cannot settle: the
+            # request woke the run), so what this turn flushes meanwhile replays the same.
+            request = {"interrupt": True, "reason": None}
         waiting = isinstance(answer, Pending) or (
             isinstance(answer, DurableError) and answer.code == "cancelled"
         )
-        if not waiting or self._interrupt is None or self._delivered or recorded is not None:
+        if not waiting or request is None or self._delivered or recorded is not None:
             return
         self._position(CANCEL, CANCEL)
-        reason = self._interrupt.get("reason")
+        reason = request.get("reason")
         rec = self._new(CANCEL, CANCEL, status=COMPLETED, input={"reason": reason})
         rec.finished_at = self._now()
         self._delivered = True
         raise Cancelled(reason or "cancelled")
+
+
+def _step_cancelled(answer: Any) -> bool:
+    """Whether ``answer`` is the failure of a step (or of a fan's steps) stopped by StepCancelled."""
+    if isinstance(answer, GatherError):
+        return any(_step_cancelled(error) for error in answer.errors)
+    return isinstance(answer, StepFailed) and (answer.cause or {}).get("type") == "StepCancelled"
 
 
 def cancelled(ctx: Cancelling, escaped: BaseException | None) -> Decision | None:

@@ -86,6 +86,22 @@ def saga(ctx, _):
         ctx.step(tidy)
 
 
+@durable.step(name="tests.cancel_interrupt.in_place")
+def in_place():
+    RAN.append("in place")
+    durable.cancel(durable.step_info().run_id, interrupt=True, reason="mid-turn")
+    durable.heartbeat()
+    return "went on"
+
+
+@durable.workflow(name="tests.cancel_interrupt.in_place_flow")
+def in_place_flow(ctx, _):
+    try:
+        return ctx.step(in_place)
+    finally:
+        ctx.step(tidy)
+
+
 def kinds(run_id):
     return list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("kind", flat=True))
 
@@ -220,3 +236,15 @@ def test_interrupt_with_compensate_cleans_up_then_unwinds_the_saga(durable_env):
     assert RAN == ["reserve", "tidy", "release res-1"]
     record = durable.get_run(run.id)
     assert (record.status, record.error["code"]) == ("cancelled", "cancelled")
+
+
+def test_a_step_run_in_place_stopped_by_a_cancel_the_turn_had_not_read_raises_cancelled(
+    durable_env, monkeypatch
+):
+    monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})
+    run = durable.start(in_place_flow)
+    durable_env.run_until_idle()
+    assert RAN == ["in place", "tidy"]
+    assert kinds(run.id) == ["step", "cancel", "step"]
+    record = durable.get_run(run.id)
+    assert (record.status, record.error["message"]) == ("cancelled", "mid-turn")
