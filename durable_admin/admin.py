@@ -34,7 +34,18 @@ MAX_REASONS_SHOWN = 5
 
 #: Checkpoint kinds and statuses, fixed so the filters need no DISTINCT scan
 #: over what can be the largest table in the project.
-CHECKPOINT_KINDS = ("step", "sleep", "signal", "event", "child", "entity", "value", "patch", "compensation")
+CHECKPOINT_KINDS = (
+    "step",
+    "sleep",
+    "signal",
+    "event",
+    "child",
+    "entity",
+    "value",
+    "patch",
+    "compensation",
+    "cancel",
+)
 CHECKPOINT_STATUSES = tuple(CheckpointStatus)
 
 
