@@ -20,6 +20,7 @@ from .api_updates import query, update
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
 from .errors import (
     ApplicationError,
+    Cancelled,
     ChildFailed,
     CompleteLater,
     DurableError,
@@ -31,6 +32,7 @@ from .errors import (
     RunFailed,
     RunFinished,
     RunNotFound,
+    StepCancelled,
     StepFailed,
     UpdateRejected,
     WaitTimeout,
@@ -45,6 +47,7 @@ from .replay.updates import Update
 
 __all__ = [
     "ApplicationError",
+    "Cancelled",
     "ChildFailed",
     "CompleteLater",
     "Context",
@@ -66,6 +69,7 @@ __all__ = [
     "Schedule",
     "Singleton",
     "Step",
+    "StepCancelled",
     "StepFailed",
     "StepInfo",
     "Update",

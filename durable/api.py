@@ -157,17 +157,24 @@ def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
     steps.complete_step(token, output, error)
 
 
-def cancel(run_id: str, *, compensate: bool = False, reason: str | None = None) -> bool:
-    """Cancel an unfinished run; False if it had already finished."""
+def cancel(
+    run_id: str, *, compensate: bool = False, reason: str | None = None, interrupt: bool = False
+) -> bool:
+    """Cancel an unfinished run; False if it had already finished.
+
+    With ``interrupt``, ``durable.Cancelled`` is raised in the body at its current wait (its
+    except/finally may run steps) and its running steps see ``durable.StepCancelled`` at their
+    next heartbeat; with ``compensate`` too, the saga unwinds once the body lets it escape."""
     settings = conf.get()
     _run_id(run_id)
-    if not isinstance(compensate, bool):
-        raise guards.refuse("compensate", f"must be True or False, got {guards.shown(compensate)}")
+    for option, value in (("compensate", compensate), ("interrupt", interrupt)):
+        if not isinstance(value, bool):
+            raise guards.refuse(option, f"must be True or False, got {guards.shown(value)}")
     guards.free_text(reason, "reason", max_bytes=settings.MAX_PAYLOAD_BYTES)
     error = cancelled_error(reason)
     from .engine import lifecycle
 
-    return lifecycle.cancel(run_id, error, compensate=compensate, reason=reason)
+    return lifecycle.cancel(run_id, error, compensate=compensate, reason=reason, interrupt=interrupt)
 
 
 def retry(run_id: str) -> RunHandle:

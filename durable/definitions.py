@@ -478,6 +478,13 @@ def step(
     def wrap(func: Callable[..., Any]) -> Step:
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInput(f"step retry= must be a durable.Retry, got {retry!r}")
+        if local and (timeout is not None or heartbeat_timeout is not None):
+            # A local step runs inside the turn, where nothing could stop it at the timeout.
+            raise InvalidInput(
+                f"step {name or _default_name(func)!r}: a local=True step runs inside the turn, "
+                "where no timeout= or heartbeat_timeout= can stop it; drop the option (the "
+                "turn's TURN_TIME_LIMIT bounds it) or make it a dispatched step (local=False)"
+            )
         _schema_option(input_schema, "input_schema", func)
         _schema_option(output_schema, "output_schema", func)
         if input_schema is not None and _parameters(func) != 1:

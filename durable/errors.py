@@ -18,6 +18,9 @@ Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs an
         ├── InvalidInput               refused input (code invalid_input; invalid_output for results)
         ├── QueueFull                  a singleton key has too many unfinished runs
         ├── UpdateRejected             an update's validator refused the payload
+        ├── Cancelled                  raised in a body at its current wait by cancel(interrupt=True)
+        ├── StepCancelled              raised in a step by durable.heartbeat() once its run is
+        │                              cancelled with interrupt=True (the attempt fails, cancelled)
         ├── RunNotFound                no run has that id
         └── RunFinished                the run has already finished
 
@@ -176,6 +179,18 @@ class UpdateRejected(DurableError):
     """The update's validator refused the payload."""
 
     default_code = "update_rejected"
+
+
+class Cancelled(DurableError):
+    """The run was cancelled: clean up in except/finally (steps may run there), then re-raise."""
+
+    default_code = "cancelled"
+
+
+class StepCancelled(DurableError):
+    """The run of this step was cancelled: stop the work and let the exception escape."""
+
+    default_code = "cancelled"
 
 
 class RunNotFound(DurableError):

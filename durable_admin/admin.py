@@ -48,6 +48,7 @@ CHECKPOINT_KINDS = (
     "expose",
     "patch",
     "compensation",
+    "cancel",
     "send_signal",
     "send_event",
     "start",

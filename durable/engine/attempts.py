@@ -5,13 +5,14 @@ dispatched step may run here, inside the turn that reached it, instead of crossi
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .. import clock, conf, dispatch
 from ..definitions import Step
-from ..models import Checkpoint
-from ..replay.attempt import Result, run_attempt
+from ..errors import StepCancelled
+from ..models import Checkpoint, Run
+from ..replay.attempt import Result, beat_grace, run_attempt
 from ..replay.history import Record, check_size, roundtrip
 from ..replay.stepscope import StepInfo
 from . import leases
@@ -49,7 +50,7 @@ class InPlace:
         return queue in (dispatch.transport.served_queues or ())
 
     def __call__(self, rec: Record, step: Step) -> Result:
-        beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings)
+        beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings, step.heartbeat_timeout)
         with leases.unwatched(self.run_id):
             info = StepInfo(self.run_id, rec.seq, rec.attempt, step.name, secret=rec.token)
             result = execute(step, info, rec.input, beats)
@@ -62,17 +63,34 @@ def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
     return run_attempt(step, info, payload, beats, timed_out=dispatch.SOFT_TIME_LIMIT_ERRORS)
 
 
-class Beats:
-    """``durable.heartbeat()`` for a dispatched step: persist at most once per throttle window."""
+#: How often a heartbeating step asks whether its run was cancelled with interrupt=True.
+CANCEL_CHECK = timedelta(seconds=1)
 
-    def __init__(self, run_id: str, seq: int, attempt: int, settings: conf.Settings) -> None:
+
+class Beats:
+    """``durable.heartbeat()`` for a dispatched step: persist at most once per throttle window
+    (for a step with a ``heartbeat_timeout``, at most once per ``beat_grace``, so the judge of its
+    liveness never waits out the throttle), and raise ``StepCancelled`` once its run is cancelled
+    with ``interrupt=True`` (asked at most once per CANCEL_CHECK)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        settings: conf.Settings,
+        heartbeat_timeout: timedelta | None = None,
+    ) -> None:
         self.key = (run_id, seq, attempt)
         self.db = settings.DATABASE
         self.max_bytes = settings.MAX_PAYLOAD_BYTES
         self.throttle = settings.HEARTBEAT_PERSIST_THROTTLE
+        if heartbeat_timeout is not None:
+            self.throttle = beat_grace(heartbeat_timeout, self.throttle)
         self.last: datetime | None = None
         self.last_had_progress = False
         self.unsaved: tuple[Any] | None = None
+        self.checked: datetime | None = None
 
     def __call__(self, progress: Any = None) -> None:
         if progress is not None:
@@ -84,13 +102,23 @@ class Beats:
             or now - self.last >= self.throttle
             or (progress is not None and not self.last_had_progress)
         )
-        if not due:
-            if progress is not None:
-                self.unsaved = (progress,)
+        if due:
+            Checkpoint.objects.using(self.db).beat(*self.key, now, progress, progress is not None)
+            self.last, self.last_had_progress = now, progress is not None
+            self.unsaved = None
+        elif progress is not None:
+            self.unsaved = (progress,)
+        self._check_cancel(now)
+
+    def _check_cancel(self, now: datetime) -> None:
+        if self.checked is not None and now - self.checked < CANCEL_CHECK:
             return
-        Checkpoint.objects.using(self.db).beat(*self.key, now, progress, progress is not None)
-        self.last, self.last_had_progress = now, progress is not None
-        self.unsaved = None
+        self.checked = now
+        run_id, seq, attempt = self.key
+        if Run.objects.using(self.db).interrupted(run_id, seq):
+            raise StepCancelled(
+                f"run {run_id} was cancelled with interrupt=True: step attempt {seq}#{attempt} stops here"
+            )
 
     def keep_last(self, checkpoints: Any) -> None:
         """Persist the newest progress a throttled beat skipped, so it outlives the step."""

@@ -36,16 +36,22 @@ def finished(run: Run) -> None:
         _cancel_children(run)
 
 
-def cancel(run_id: str, error: dict[str, Any], *, compensate: bool, reason: str | None) -> bool:
+def cancel(
+    run_id: str, error: dict[str, Any], *, compensate: bool, reason: str | None, interrupt: bool = False
+) -> bool:
     """Cancel an unfinished run with ``error`` (RunNotFound if there is none); False if it had
-    already finished. With ``compensate``, the cancel is a durable request instead: the run's next
-    turn unwinds its saga, then ends it cancelled."""
+    already finished. With ``compensate`` or ``interrupt``, the cancel is a durable request
+    instead: the run's next turn unwinds its saga, or raises ``Cancelled`` in its body, then
+    ends it cancelled. A run asked once keeps its first request."""
     settings = conf.get()
     with transaction.atomic(using=settings.DATABASE):
         run = get_run(run_id)
-        if not compensate:
+        if not compensate and not interrupt:
             return cancel_tree(run_id, error)
-        if not Run.objects.using(settings.DATABASE).request_cancel(run_id, {"reason": reason}, clock.now()):
+        request: dict[str, Any] = {"reason": reason}
+        if interrupt:
+            request.update(interrupt=True, compensate=compensate)
+        if not Run.objects.using(settings.DATABASE).request_cancel(run_id, request, clock.now()):
             return run.status not in TERMINAL
         dispatch.advance(run_id, run.queue)
         return True

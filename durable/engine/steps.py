@@ -83,6 +83,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         beats = Beats(run_id, seq, attempt, settings)
         try:
             step = registry.step(row.name)
+            beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout)
             info = StepInfo(run_id, seq, attempt, row.name, secret=token)
             output, error, retryable = attempts.execute(step, info, row.input, beats)
         except WorkflowNotRegistered as exc:
@@ -201,7 +202,10 @@ def _error_shape(error: Any) -> dict[str, Any]:
 
 
 def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
-    """A beat sent as a message by a worker that only speaks Celery, with the attempt's token."""
+    """A beat sent as a message by a worker that only speaks Celery, with the attempt's token.
+
+    False (nothing recorded) when the beat is not this attempt's to give, or when the step's run
+    was cancelled with ``interrupt=True``: either way, a caller that reads it should stop."""
     settings = conf.get()
     db = settings.DATABASE
     try:
@@ -212,6 +216,8 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         log.warning("durable: heartbeat for %s#%s dropped: %s", run_id, seq, exc)
         return False
     if _task_attempt(run_id, seq, attempt, token, db) is None:
+        return False
+    if Run.objects.using(db).interrupted(run_id, seq):
         return False
     return Checkpoint.objects.using(db).beat(
         run_id, seq, attempt, clock.now(), progress, progress is not None

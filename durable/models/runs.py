@@ -120,6 +120,17 @@ class RunQuerySet(models.QuerySet["Run"]):
             )
         )
 
+    def interrupted(self, run_id: str, seq: int) -> bool:
+        """Whether the step at ``seq`` should stop: its run was cancelled with ``interrupt=True``
+        and the cancel was not delivered to the body before that step began (a cleanup step the
+        body runs after catching ``Cancelled`` is not stopped). Asked by a heartbeating step."""
+        from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
+
+        delivered_before = Checkpoint.objects.filter(run_id=OuterRef("id"), kind="cancel", seq__lt=seq)
+        return (
+            self.filter(id=run_id, cancel_request__interrupt=True).exclude(Exists(delivered_before)).exists()
+        )
+
     def reopen(self, run_id: str, now: datetime) -> bool:
         """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
         return bool(

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from ..definitions import Step
-from ..errors import CompleteLater, InvalidInput, _ControlFlow, error_dict, step_timeout_error
+from ..errors import CompleteLater, InvalidInput, StepCancelled, _ControlFlow, error_dict, step_timeout_error
 from .history import roundtrip
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
+
+#: The most a dead attempt of a step with a heartbeat_timeout may go unnoticed past that timeout.
+MAX_BEAT_GRACE = timedelta(seconds=1)
 
 #: (output, error, retryable): the output when the attempt succeeded, else its error and whether
 #: the step's retry policy may run another attempt.
@@ -76,7 +80,9 @@ def run_attempt(
         log.info(
             "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc
         )
-        return None, error_dict(exc), step.retry.is_retryable(exc) and not isinstance(exc, InvalidInput)
+        # A step stopped by its run's cancel is not worth another attempt.
+        retryable = step.retry.is_retryable(exc) and not isinstance(exc, (InvalidInput, StepCancelled))
+        return None, error_dict(exc), retryable
     try:
         if step.output_schema is not None:
             output = _validated_output(step, output)
@@ -119,3 +125,11 @@ def _details(exc: Exception) -> Any:
         return roundtrip(errors(include_url=False, include_input=False), what="validation errors")
     except Exception:  # noqa: BLE001 - a schema library's own error shape: its message is enough
         return None
+
+
+def beat_grace(heartbeat_timeout: timedelta, throttle: timedelta) -> timedelta:
+    """How late past ``heartbeat_timeout`` a silent attempt is judged dead, and the persist
+    throttle of such a step's beats (instead of HEARTBEAT_PERSIST_THROTTLE): a live step that
+    beats within its timeout has a beat persisted within its timeout plus this, so it never looks
+    silent, and a dead one is known within its timeout plus this, at most a second."""
+    return min(throttle, heartbeat_timeout / 8, MAX_BEAT_GRACE)

@@ -120,15 +120,18 @@ class Composition(Positions):
                     member.target, member.args[0], member.kwargs.get("run_id"), fan=first, fail_fast=fail_fast
                 )
                 answers.append(self._resolve_child(rec))
+        # Every answer goes through _settle, so a cancel delivered after the fan replays there.
         failures = [a for a in answers if isinstance(a, DurableError)]
         if fail_fast and failures:
-            raise self._failure_of_all(failures)
+            return self._settle(self._failure_of_all(failures))
         waiting = [a for a in answers if not isinstance(a, DurableError) and isinstance(a, Pending)]
         if waiting:
             self._settle(min(waiting, key=lambda a: (a.wake_at is None, a.wake_at)))
         if fail_fast:
-            return answers
-        return [Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, a) for a in answers]
+            return self._settle(answers)
+        return self._settle(
+            [Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, a) for a in answers]
+        )
 
     def _failure_of_all(self, failures: list[DurableError]) -> GatherError:
         error = GatherError(failures)

@@ -30,8 +30,9 @@ from ..errors import (
     step_timeout_error,
 )
 from ..statuses import Decided
-from . import saga, stopping
-from .attempt import LATER, Result, run_attempt
+from . import cancelling, saga, stopping
+from .attempt import LATER, Result, beat_grace, run_attempt
+from .cancelling import Cancelling
 from .composition import Composition
 from .history import (
     COMPLETED,
@@ -66,7 +67,8 @@ class RunFacts:
     namespace: str | None
     input: Any
     deadline: datetime | None = None
-    #: Set by ``cancel(compensate=True)``: unwind instead of running the body.
+    #: Set by ``cancel(compensate=True)``: unwind instead of running the body; with
+    #: ``interrupt``, ``Cancelled`` is raised in the body at its current wait instead.
     cancel_request: dict[str, Any] | None = None
 
 
@@ -130,7 +132,9 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, Patches, Stopping, Positions):
+class Context(
+    Composition, Updates, Waits, Queries, Messages, SearchAttributes, Patches, Cancelling, Stopping, Positions
+):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
@@ -157,6 +161,7 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
         self._at = 0  # the position of the primitive being answered
         self._replay_until = max(state.records, default=-1)
         self._nondeterminism: NonDeterminismError | None = None
+        self._init_cancelling(run.cancel_request)
         self.logger = _QuietWhileReplaying(log, self)
 
     # -- facts -----------------------------------------------------------------------------
@@ -309,6 +314,7 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
         return rec.output
 
     def _settle(self, answer: Any) -> Any:
+        self._deliver_cancel(answer)
         if isinstance(answer, Pending):
             if answer.wake_at is not None:
                 self._turn.wakes.append(answer.wake_at)
@@ -397,8 +403,9 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
             limits.append(since + step.timeout + self._limits.timeout_grace)
         if step.heartbeat_timeout is not None:
             last = max(filter(None, [since, rec.last_heartbeat_at]))
-            # A beat persisted by another process may lag by up to the throttle.
-            limits.append(last + step.heartbeat_timeout + self._limits.heartbeat_throttle)
+            # The executor persists beats of such a step at least this often (see beat_grace).
+            grace = beat_grace(step.heartbeat_timeout, self._limits.heartbeat_throttle)
+            limits.append(last + step.heartbeat_timeout + grace)
         return min(limits, default=None)
 
     def _send(self, rec: Record, step: Step) -> None:
@@ -523,7 +530,7 @@ def replay(
     ctx = Context(
         run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
     )
-    if run.cancel_request is not None:
+    if run.cancel_request is not None and not run.cancel_request.get("interrupt"):
         return saga.unwind(
             ctx, Decision(Decided.CANCELLED, error=cancelled_error(run.cancel_request.get("reason")))
         )
@@ -548,6 +555,9 @@ def replay(
         return ended if ctx._nondeterminism is None else _failed(ctx._nondeterminism, state)
     # A change of code, or a primitive misused, fails the run even when the body caught it.
     error = ctx._nondeterminism or ctx._stopping
+    cancelled = None if error is not None else cancelling.cancelled(ctx, escaped)
+    if cancelled is not None:
+        return saga.unwind(ctx, cancelled) if cancelling.compensates(ctx) else cancelled
     if escaped is not None:
         # So does an error escaping the body, KeyboardInterrupt and SystemExit included: they
         # must not take the worker process down with them.

@@ -81,7 +81,9 @@ def step_info() -> StepInfo:
 def heartbeat(progress: Any = None) -> None:
     """Tell durable this step is alive and, optionally, how far it got (JSON).
 
-    Outside a step run by durable (a plain call in a test) it does nothing.
+    Raises ``durable.StepCancelled`` once the step's run was cancelled with ``interrupt=True``
+    (let it escape: the attempt fails with code ``cancelled``, not retried). Outside a step run
+    by durable (a plain call in a test) it does nothing.
     """
     scope = _current.get()
     if scope is not None:

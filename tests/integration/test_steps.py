@@ -227,9 +227,9 @@ def test_silent_step_past_heartbeat_timeout_fails(durable_env):
     durable_env.run_next()
     durable_env.drop()
     Checkpoint.objects.filter(run_id=run.id).update(started_at=durable_env.now())
-    durable_env.advance_time("25s")
-    assert durable.get_run(run.id).status == "suspended"  # within timeout + persist throttle
-    durable_env.advance_time("10s")
+    durable_env.advance_time("20.5s")
+    assert durable.get_run(run.id).status == "suspended"  # within timeout + its grace (1 s)
+    durable_env.advance_time("1s")
     record = durable.get_run(run.id)
     assert record.status == "failed"
     assert Checkpoint.objects.get(run_id=run.id).error["type"] == "StepTimeout"

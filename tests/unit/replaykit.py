@@ -73,16 +73,17 @@ def turn(
     stopped: Callable[[], BaseException | None] | None = None,
     exposed: dict[str, Any] | None = None,
     limits: Limits = LIMITS,
+    run: RunFacts = RUN,
 ) -> Turn:
-    """Replay ``body`` once at ``now`` over ``records`` and ``signals`` (and the run's
+    """Replay ``body`` once at ``now`` over ``records`` and ``signals`` (as ``run``, with its
     ``exposed`` values as stored)."""
     recs = records if isinstance(records, dict) else {r.seq: r for r in records}
     state = TurnState(records=recs, signals=list(signals), exposed=dict(exposed or {}))
     flushes: list[TurnState] = []
     renews: list[None] = []
     outcome = replay(
-        Workflow(fn=body, name=RUN.workflow),
-        RUN,
+        Workflow(fn=body, name=run.workflow),
+        run,
         state,
         clock=lambda: now,
         limits=limits,
@@ -101,3 +102,20 @@ def done(seq: int, name: str, output: Any, kind: str = "step") -> Record:
 @durable.step(name="tests.unit_replay.beating", heartbeat_timeout="10s")
 def beating() -> None:
     calls.append("beating")
+
+
+def stored(records: dict[int, Record]) -> dict[int, Record]:
+    """The records as the next turn loads them: every change of the last turn persisted."""
+    for rec in records.values():
+        rec.stored_as, rec.dirty = (rec.status, rec.attempt), False
+    return records
+
+
+def finish_sent(records: dict[int, Record], output: Any = None) -> list[str]:
+    """Complete every dispatched step still in flight, as its worker would; their names."""
+    finished = []
+    for rec in sorted(records.values(), key=lambda r: r.seq):
+        if rec.kind == "step" and rec.status != COMPLETED and rec.enqueued_at is not None:
+            rec.status, rec.output, rec.enqueued_at = COMPLETED, output, None
+            finished.append(rec.name)
+    return finished

@@ -8,6 +8,7 @@ import durable
 
 PUBLIC = [
     "ApplicationError",
+    "Cancelled",
     "ChildFailed",
     "CompleteLater",
     "Context",
@@ -29,6 +30,7 @@ PUBLIC = [
     "Schedule",
     "Singleton",
     "Step",
+    "StepCancelled",
     "StepFailed",
     "StepInfo",
     "Update",

@@ -10,6 +10,7 @@ import pytest
 import durable
 from durable.definitions import Workflow
 from durable.errors import ApplicationError, NonDeterminismError, StepFailed, _ControlFlow
+from durable.replay.attempt import beat_grace
 from durable.replay.context import TurnState, replay
 from durable.replay.history import COMPLETED, FAILED, PENDING, Record
 
@@ -146,8 +147,8 @@ def _beating(last_beat_ago: timedelta) -> Record:
     )
 
 
-def test_step_silent_past_heartbeat_timeout_and_throttle_schedules_a_retry() -> None:
-    rec = _beating(last_beat_ago=timedelta(seconds=25))
+def test_step_silent_past_heartbeat_timeout_and_grace_schedules_a_retry() -> None:
+    rec = _beating(last_beat_ago=timedelta(seconds=11, milliseconds=1))
     turn(lambda ctx, inp: ctx.step(beating), [rec])
     assert rec.attempt == 2
     assert rec.error is not None and rec.error["type"] == "StepTimeout"
@@ -155,8 +156,21 @@ def test_step_silent_past_heartbeat_timeout_and_throttle_schedules_a_retry() -> 
 
 def test_step_that_beat_recently_waits_for_its_heartbeat_deadline() -> None:
     t = turn(lambda ctx, inp: ctx.step(beating), [_beating(last_beat_ago=timedelta(seconds=5))])
-    assert t.outcome.wake_at == T0 + timedelta(seconds=15)
+    # heartbeat_timeout 10 s + a grace of 1 s, not + the 10 s persist throttle.
+    assert t.outcome.wake_at == T0 + timedelta(seconds=6)
     assert t.state.records[0].attempt == 1
+
+
+@pytest.mark.parametrize(
+    ("timeout", "throttle", "grace"),
+    [
+        (timedelta(seconds=2), timedelta(seconds=10), timedelta(milliseconds=250)),
+        (timedelta(seconds=30), timedelta(seconds=10), timedelta(seconds=1)),
+        (timedelta(seconds=30), timedelta(milliseconds=200), timedelta(milliseconds=200)),
+    ],
+)
+def test_the_heartbeat_grace_is_at_most_a_second_whatever_the_throttle(timeout, throttle, grace) -> None:
+    assert beat_grace(timeout, throttle) == grace
 
 
 # -- local steps ---------------------------------------------------------------------------
