@@ -19,9 +19,9 @@ def test_a_durable_message_is_json_even_when_the_project_pickles_its_tasks() -> 
     app.set_current()
     try:
         with app.connection_for_write() as conn:
-            queue = conn.SimpleQueue("durable")
+            queue = conn.SimpleQueue("durable-format-check")  # a queue no other test uses
             try:
-                dispatch.celery_sender(dispatch.Message(dispatch.ADVANCE, ("run-1",), "durable"))
+                dispatch.celery_sender(dispatch.Message(dispatch.ADVANCE, ("run-1",), "durable-format-check"))
                 message = queue.get(timeout=2)
                 assert message.content_type == "application/json"
                 assert json.loads(message.body)[0] == ["run-1"]
