@@ -203,6 +203,22 @@ class Workflow:
             raise RuntimeError("durable.api is not imported yet: import durable before starting runs")
         return Workflow.starter(self, input, **kwargs)
 
+    def check_input(self, stored: Any) -> None:
+        """Refuse, with ``InvalidInput``, an input this workflow's ``input_schema`` or
+        ``validate_input`` refuses: before a run of it is stored, whoever starts it."""
+        if self.input_schema is not None:
+            try:
+                self.input_schema.model_validate(stored)
+            except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
+                raise InvalidInput(
+                    f"the input does not fit workflow {self.name!r}'s input_schema: {exc}"
+                ) from exc
+        if self.validate_input is not None:
+            try:
+                self.validate_input(stored)
+            except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
+                raise InvalidInput(f"workflow {self.name!r} refused its input: {exc}") from exc
+
     def validator(self, update_name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
         """Register ``fn(payload)`` to vet ``durable.update(run_id, update_name, payload)``: it
         raises to refuse the update, before anything is stored."""

@@ -87,7 +87,7 @@ def start(
     stored_input = guards.json_value(
         input, f"the input of workflow {definition.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES
     )
-    _validate_input(definition, stored_input)
+    definition.check_input(stored_input)
     tags = guards.tags(tags, max_bytes=settings.MAX_PAYLOAD_BYTES)
     try:
         wait = timedelta(0) if delay is None else parse_duration(delay, what="delay")
@@ -126,21 +126,6 @@ def first_search_attributes(definition: Workflow, mapping: Any, max_bytes: int) 
     checked = check_search_attributes(mapping, definition)
     guards.json_value(checked, "search_attributes", max_bytes=max_bytes)
     return {name: value for name, value in checked.items() if value is not None}
-
-
-def _validate_input(definition: Workflow, stored_input: Any) -> None:
-    if definition.input_schema is not None:
-        try:
-            definition.input_schema.model_validate(stored_input)
-        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
-            raise InvalidInput(
-                f"the input does not fit workflow {definition.name!r}'s input_schema: {exc}"
-            ) from exc
-    if definition.validate_input is not None:
-        try:
-            definition.validate_input(stored_input)
-        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
-            raise InvalidInput(f"workflow {definition.name!r} refused its input: {exc}") from exc
 
 
 def _same_workflow(existing: Run, name: str) -> str:

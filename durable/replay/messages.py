@@ -76,7 +76,7 @@ class Messages(Positions):
         if run_id is not None:
             run_id = checked_run_id(run_id, max_length=NAME_LENGTH, reserved_ok=False)
         stored = self._payload(input, f"the input of workflow {definition.name!r}")
-        _check_input(definition, stored)
+        definition.check_input(stored)
         rec = self._position(START, definition.name)
         if rec is None:
             target = run_id or started_run_id(self._facts.id, self._here)
@@ -131,19 +131,3 @@ class Messages(Positions):
         return self._failure(
             cls(error.get("message"), code=error.get("code"), details=error.get("details")), rec
         )
-
-
-def _check_input(definition: Workflow, stored: Any) -> None:
-    """Refuse an input the started workflow would refuse (nothing is recorded)."""
-    if definition.input_schema is not None:
-        try:
-            definition.input_schema.model_validate(stored)
-        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
-            raise InvalidInput(
-                f"the input does not fit workflow {definition.name!r}'s input_schema: {exc}"
-            ) from exc
-    if definition.validate_input is not None:
-        try:
-            definition.validate_input(stored)
-        except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
-            raise InvalidInput(f"workflow {definition.name!r} refused its input: {exc}") from exc
