@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from .engine import retention, schedules, steps, sweeps, turn
+from .engine import lifecycle, retention, schedules, steps, sweeps, turn
 from .errors import error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
@@ -18,7 +18,7 @@ def _redelivered(task: Any, run_id: str) -> None:
     # The process that had this message died before acknowledging it: it may have committed
     # sends it never published.
     if (task.request.delivery_info or {}).get("redelivered"):
-        steps.resend_unsent(run_id)
+        lifecycle.resend_unsent(run_id)
 
 
 @shared_task(name="durable.advance", bind=True, **_RELIABLE)

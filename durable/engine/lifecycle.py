@@ -147,3 +147,17 @@ def _definition(run: Run) -> Workflow | None:
         return registry.workflow(run.workflow, run.version)
     except DurableError:
         return None
+
+
+def resend_unsent(run_id: str) -> None:
+    """A message for this run came again after the process handling it died: that process may
+    have committed sends it never published. Send the run's unstarted attempts again (new
+    tokens) through a turn, now rather than after STEP_REDISPATCH_AFTER."""
+    settings = conf.get()
+    db = settings.DATABASE
+    now = clock.now()
+    with transaction.atomic(using=db):
+        Checkpoint.objects.using(db).unsend([run_id])
+        queue = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
+    if queue:
+        dispatch.advance(run_id, queue)

@@ -73,11 +73,20 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     db = settings.DATABASE
     began = time.monotonic()
     holder = leases.process_holder()
-    now = clock.now()
-    row = Checkpoint.objects.using(db).take(run_id, seq, attempt, token, holder, now, now + settings.LEASE)
+    key = (run_id, seq, attempt)
+
+    def take() -> Checkpoint | None:
+        now = clock.now()
+        return Checkpoint.objects.using(db).take(
+            run_id, seq, attempt, token, holder, now, now + settings.LEASE
+        )
+
+    # Through a cut connection too: this message is the attempt's only prompt until
+    # STEP_REDISPATCH_AFTER. A take that committed unseen finds the attempt started (None here):
+    # its hold then lapses and the attempt counts as lost, within a LEASE.
+    row = _persistently(take, key)
     if row is None:
         return "stale"
-    key = (run_id, seq, attempt)
     leases.hold_attempt(key, holder)
     try:
         beats = Beats(run_id, seq, attempt, settings)
@@ -106,7 +115,7 @@ def _await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
         return Checkpoint.objects.using(db).await_completion(row.run_id, row.seq, row.attempt, holder)
 
     # Not let go (a database down for good): the hold lapses and the attempt counts as lost.
-    return "later" if _persistently(let_go, row) else "stale"
+    return "later" if _persistently(let_go, (row.run_id, row.seq, row.attempt)) else "stale"
 
 
 def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
@@ -224,20 +233,6 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
     )
 
 
-def resend_unsent(run_id: str) -> None:
-    """A message for this run came again after the process handling it died: that process may
-    have committed sends it never published. Send the run's unstarted attempts again (new
-    tokens) through a turn, now rather than after STEP_REDISPATCH_AFTER."""
-    settings = conf.get()
-    db = settings.DATABASE
-    now = clock.now()
-    with transaction.atomic(using=db):
-        Checkpoint.objects.using(db).unsend([run_id])
-        queue = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
-    if queue:
-        dispatch.advance(run_id, queue)
-
-
 def record(
     row: Checkpoint,
     step: Step | None,
@@ -253,7 +248,8 @@ def record(
     result the database refuses (say a NUL character) fails the attempt with that reason."""
     settings = conf.get()
     run_id, fan = row.run_id, row.fan
-    outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats), row)
+    key = (row.run_id, row.seq, row.attempt)
+    outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats), key)
     if outcome is None:
         return "unrecorded"
     recorded, woken, joins_later = outcome
@@ -262,13 +258,13 @@ def record(
     # A fan member wakes the run only once the fan is closed. Asked after this result committed,
     # so the last member always sees it closed (two may: the second turn is a harmless replay).
     if joins_later:
-        woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), row)
+        woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), key)
     if woken:
         next_turn(run_id, woken, settings, began)
     return "completed" if recorded == COMPLETED else "failed"
 
 
-def _persistently(write: Callable[[], T], row: Checkpoint) -> T | None:
+def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None:
     """Run ``write`` until it gets through a transient database error; None if it never did."""
     db = conf.get().DATABASE
     for pause in RECORD_TRIES:
@@ -276,13 +272,7 @@ def _persistently(write: Callable[[], T], row: Checkpoint) -> T | None:
         try:
             return write()
         except _TRANSIENT:
-            log.warning(
-                "durable: could not record %s#%s attempt %s yet",
-                row.run_id,
-                row.seq,
-                row.attempt,
-                exc_info=True,
-            )
+            log.warning("durable: could not write %s#%s attempt %s yet", *key, exc_info=True)
             connections[db].close()
     return None
 

@@ -8,12 +8,13 @@ again instead of going to sleep on stale facts.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
@@ -28,6 +29,8 @@ log = logging.getLogger("durable.engine")
 
 #: A turn re-runs at most this many times in a row because wakes kept arriving.
 MAX_RERUNS = 20
+#: Pauses between the tries of a repair after the database went away mid-turn (seconds).
+REPAIR_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 
 class LeaseLost(_ControlFlow):
@@ -55,6 +58,17 @@ def limits(settings: conf.Settings) -> Limits:
 def advance(run_id: str) -> str:
     """Run turns of ``run_id`` until it settles; return what happened, for logs and tests."""
     settings = conf.get()
+    try:
+        return _advance(run_id, settings)
+    except (OperationalError, InterfaceError):
+        # The database went away mid-turn. This message, the run's prompt, is spent, and a
+        # commit this process could not confirm may hold sends it never published: once the
+        # database answers, send the run's unstarted attempts and its turn again.
+        _when_the_database_answers(lambda: lifecycle.resend_unsent(run_id), settings)
+        raise
+
+
+def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
     owner = f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
     run = runs.claim(run_id, owner, clock.now(), settings.LEASE)
@@ -65,6 +79,18 @@ def advance(run_id: str) -> str:
         return _turns(run, owner, settings)
     finally:
         leases.release(run_id)
+
+
+def _when_the_database_answers(write: Callable[[], None], settings: conf.Settings) -> None:
+    for pause in REPAIR_TRIES:
+        time.sleep(pause)
+        connections[settings.DATABASE].close()
+        try:
+            write()
+            return
+        except (OperationalError, InterfaceError):
+            continue
+    log.warning("durable: the database did not answer; the sweeps will repair what this turn left")
 
 
 def _turns(claimed: Run, owner: str, settings: conf.Settings) -> str:

@@ -14,7 +14,7 @@ from django.test import override_settings
 
 import durable
 from durable import clock, dispatch
-from durable.engine import steps
+from durable.engine import lifecycle, steps
 from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
@@ -201,7 +201,7 @@ def test_a_resend_after_a_redelivery_refuses_the_old_message(durable_env):
     run = durable.start(one, "a")
     durable_env.run_next()
     old = _sent(durable_env)  # committed, maybe never published by a sender that died
-    steps.resend_unsent(run.id)
+    lifecycle.resend_unsent(run.id)
     durable_env.run_next()  # the turn it asks for sends the attempt again
     new = _sent(durable_env)
     assert new.args[:3] == old.args[:3] and new.args[3] != old.args[3]

@@ -1,0 +1,63 @@
+"""A durable task that meets a connection the database dropped (a restart, a proxy's idle cut)
+still does its work: the step message is the attempt's only prompt for STEP_REDISPATCH_AFTER."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.db import connection
+
+import durable
+from durable.models import Checkpoint
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RAN: list[int] = []
+
+
+@durable.step
+def count(n: int) -> int:
+    RAN.append(n)
+    return n
+
+
+@durable.workflow(name="tests.cut.one_step")
+def one_step(ctx: durable.Context, n: int) -> int:
+    return ctx.step(count, n)
+
+
+def _drop_this_process_connection() -> None:
+    """The database ends this process's session, as a restart does, unseen until the next query."""
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def test_a_step_message_that_meets_a_dropped_connection_still_runs_its_attempt(postgres, durable_env):
+    RAN.clear()
+    run = durable.start(one_step, 7)
+    durable_env.run_next()  # the first turn: it sends the step's message
+    assert [m.task for m in durable_env.pending()] == ["durable.run_step"]
+    _drop_this_process_connection()
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 7
+    assert RAN == [7]
+    assert Checkpoint.objects.get(run_id=run.id).attempt == 1
+
+
+def test_a_turn_that_meets_a_dropped_connection_sends_the_run_again_once_the_database_answers(
+    postgres, durable_env
+):
+    RAN.clear()
+    run = durable.start(one_step, 3)
+    _drop_this_process_connection()
+    with pytest.raises(Exception, match="terminat|closed|connection"):
+        durable_env.run_next()  # the turn's first query meets the dropped session
+    # Whatever that turn committed unseen, the run is prompted again instead of waiting for a sweep.
+    assert [(m.task, m.args) for m in durable_env.pending()] == [("durable.advance", (run.id,))]
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 3 and RAN == [3]
