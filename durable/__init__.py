@@ -15,8 +15,10 @@ from .api import (
     start,
     update,
 )
+from .api_entities import entity_state, signal_entity
 from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
+from .entities import entity
 from .errors import (
     ApplicationError,
     ChildFailed,
@@ -71,6 +73,8 @@ __all__ = [
     "WorkflowNotRegistered",
     "cancel",
     "delete_run",
+    "entity",
+    "entity_state",
     "get_run",
     "heartbeat",
     "pause_schedule",
@@ -80,6 +84,7 @@ __all__ = [
     "retry",
     "schedule",
     "signal",
+    "signal_entity",
     "signal_with_start",
     "start",
     "step",

@@ -22,7 +22,7 @@ from ..models import Checkpoint, Run, Signal, Status
 from ..replay.context import RunFacts, TurnState, replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..statuses import Decided
-from . import attempts, events, leases, lifecycle, runs
+from . import attempts, entities, events, leases, lifecycle, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -178,10 +178,11 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             raise LeaseLost()
 
     def flush(current: TurnState) -> None:
-        # A local step's record is one fenced INSERT; signals taken need a transaction with it.
+        # A local step's record is one fenced INSERT; signals taken and entity ops sent need a
+        # transaction with it.
         if leases.is_lost(run.id):
             raise LeaseLost()
-        if current.consumed:
+        if current.consumed or entities.new_ops(current.unsaved()):
             with transaction.atomic(using=db):
                 _write(run.id, current, settings, fenced_by=owner)
         else:
@@ -352,6 +353,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     db = settings.DATABASE
     checkpoints = Checkpoint.objects.using(db)
     new = []
+    sent = entities.new_ops(state.unsaved())
     for rec in state.unsaved():
         fields = {f: getattr(rec, f) for f in _WRITTEN}
         if rec.stored_as is None:
@@ -377,6 +379,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 raise _Stale()
     if new:
         checkpoints.bulk_create(new)
+    entities.send_from_run(run_id, sent)
     for signal in state.consumed:
         if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
             raise _Stale()

@@ -33,6 +33,7 @@ from ..statuses import Decided
 from . import saga, stopping
 from .attempt import Result, run_attempt
 from .composition import Composition
+from .entities import Entities
 from .history import (
     COMPLETED,
     FAILED,
@@ -117,7 +118,7 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, {**kwargs, "extra": extra}
 
 
-class Context(Composition, Waits, SearchAttributes, Stopping, Positions):
+class Context(Composition, Waits, SearchAttributes, Stopping, Entities, Positions):
     """What a workflow body receives; every call is recorded once and replayed after."""
 
     def __init__(
