@@ -79,6 +79,8 @@ class Settings:
     TURN_TIME_LIMIT: timedelta = timedelta(minutes=15)
     #: How often beat runs the entity sweep, which prompts again the ops pending for longer.
     ENTITY_SWEEP_INTERVAL: timedelta = timedelta(seconds=5)
+    #: Settled ops kept per entity key (the newest); older ones are deleted as new ones apply.
+    ENTITY_OPS_KEPT: int = 1000
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how

@@ -113,6 +113,11 @@ def _apply_batch(definition: Definition, key: str, settings: conf.Settings) -> t
             _answer(op.caller_run_id, op.caller_seq, result, error, settings)
     if applied:
         Entity.objects.using(db).write(row, state, definition.version, applied, batch[-1].id, now)
+        keep = settings.ENTITY_OPS_KEPT
+        if (row.applied + applied) // keep > row.applied // keep:
+            # Once per ENTITY_OPS_KEPT ops: the key's history stays bounded at a cost per op
+            # that does not grow with it.
+            ops.prune(definition.name, key, keep)
     return applied, len(batch) == BATCH
 
 

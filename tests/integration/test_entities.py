@@ -326,3 +326,15 @@ def test_many_workflows_calling_one_key_each_get_their_own_result(durable_env):
     log = durable.entity_state("tests.account", "shared")["log"]
     running = [sum(log[: i + 1]) for i in range(len(log))]
     assert sorted(results) == running
+
+
+def test_settled_ops_beyond_entity_ops_kept_are_pruned_newest_kept(durable_env, settings):
+    settings.DURABLE = {"ENTITY_OPS_KEPT": 3}
+    for amount in range(1, 9):
+        durable.signal_entity("tests.account", "a", "deposit", amount, op_id=f"op-{amount}")
+        durable_env.run_until_idle()
+    kept = list(EntityOp.objects.filter(key="a").order_by("id").values_list("op_id", flat=True))
+    assert len(kept) <= 2 * 3 and kept[-3:] == ["op-6", "op-7", "op-8"]
+    assert "op-1" not in kept
+    assert balance("a") == 36
+    assert Entity.objects.get(key="a").applied == 8
