@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from .. import clock, conf, dispatch, guards
 from ..entities import Entity as Definition
@@ -53,12 +54,23 @@ def send(
 
 
 def send_from_run(run_id: str, records: list[Record]) -> None:
-    """Store the ops of a turn's new ``entity`` positions, in the turn's transaction: their ids
-    derive from the run and position, so a replay that writes them again sends nothing twice."""
+    """Store the ops of a turn's new ``entity`` positions, in the turn's transaction (call before
+    the positions are written: an op id it changes is stored with them). Their ids derive from the
+    run and position, and a recorded position is never sent again, so replays send nothing twice."""
     for rec in records:
         spec = rec.input
+        taken = _attempts_sent(spec["entity"], spec["key"], spec["op_id"])
+        if taken:
+            # The position was forgotten by retry(): the op gets a fresh attempt, under a new id.
+            spec["op_id"] = f"{spec['op_id']}#{taken}"
         caller = (run_id, rec.seq) if spec.get("call") else None
         send(spec["entity"], spec["key"], spec["op"], spec["arg"], spec["op_id"], caller=caller)
+
+
+def _attempts_sent(name: str, key: str, op_id: str) -> int:
+    """How many ops the position with this op id sent before (its earlier attempts)."""
+    ops = EntityOp.objects.using(conf.get().DATABASE).filter(entity=name, key=key)
+    return ops.filter(Q(op_id=op_id) | Q(op_id__startswith=f"{op_id}#")).count()
 
 
 def new_ops(records: list[Record]) -> list[Record]:

@@ -353,7 +353,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     db = settings.DATABASE
     checkpoints = Checkpoint.objects.using(db)
     new = []
-    sent = entities.new_ops(state.unsaved())
+    entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
     for rec in state.unsaved():
         fields = {f: getattr(rec, f) for f in _WRITTEN}
         if rec.stored_as is None:
@@ -379,7 +379,6 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 raise _Stale()
     if new:
         checkpoints.bulk_create(new)
-    entities.send_from_run(run_id, sent)
     for signal in state.consumed:
         if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
             raise _Stale()

@@ -338,3 +338,25 @@ def test_settled_ops_beyond_entity_ops_kept_are_pruned_newest_kept(durable_env, 
     assert "op-1" not in kept
     assert balance("a") == 36
     assert Entity.objects.get(key="a").applied == 8
+
+
+@durable.workflow(name="tests.entities_must_withdraw")
+def must_withdraw(ctx, key):
+    return ctx.call_entity("tests.account", key, "withdraw", 5)
+
+
+def test_a_retried_run_sends_the_op_that_failed_it_again_under_a_new_id(durable_env):
+    run = durable.start(must_withdraw, "r")
+    durable_env.run_until_idle()
+    with pytest.raises(durable.RunFailed):
+        durable.result(run.id)
+    durable.signal_entity("tests.account", "r", "deposit", 7)
+    durable.retry(run.id)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 2
+    ops = EntityOp.objects.filter(caller_run_id=run.id).order_by("id")
+    assert [(op.op_id, op.status) for op in ops] == [
+        (f"run:{run.id}:0", "failed"),
+        (f"run:{run.id}:0#1", "applied"),
+    ]
+    assert Checkpoint.objects.get(run_id=run.id).input["op_id"] == f"run:{run.id}:0#1"
