@@ -68,9 +68,12 @@ def send_from_run(run_id: str, records: list[Record]) -> None:
 
 
 def _attempts_sent(name: str, key: str, op_id: str) -> int:
-    """How many ops the position with this op id sent before (its earlier attempts)."""
+    """The number of the position's next op attempt: 0 if no op with this id is kept, else one
+    past the highest (``<op id>#<n>``) kept."""
     ops = EntityOp.objects.using(conf.get().DATABASE).filter(entity=name, key=key)
-    return ops.filter(Q(op_id=op_id) | Q(op_id__startswith=f"{op_id}#")).count()
+    sent = ops.filter(Q(op_id=op_id) | Q(op_id__startswith=f"{op_id}#")).values_list("op_id", flat=True)
+    numbers = [int(sent_id.rpartition("#")[2]) if "#" in sent_id else 0 for sent_id in sent]
+    return max(numbers) + 1 if numbers else 0
 
 
 def new_ops(records: list[Record]) -> list[Record]:
