@@ -72,7 +72,8 @@ def _attempts_sent(name: str, key: str, op_id: str) -> int:
     past the highest (``<op id>#<n>``) kept."""
     ops = EntityOp.objects.using(conf.get().DATABASE).filter(entity=name, key=key)
     sent = ops.filter(Q(op_id=op_id) | Q(op_id__startswith=f"{op_id}#")).values_list("op_id", flat=True)
-    numbers = [int(sent_id.rpartition("#")[2]) if "#" in sent_id else 0 for sent_id in sent]
+    suffixes = [sent_id[len(op_id) + 1 :] for sent_id in sent]
+    numbers = [int(n) if n.isdigit() else 0 for n in suffixes]
     return max(numbers) + 1 if numbers else 0
 
 
