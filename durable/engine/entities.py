@@ -12,7 +12,7 @@ import copy
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 
 from .. import clock, conf, dispatch, guards
@@ -91,10 +91,18 @@ def apply(name: str, key: str) -> int:
         # A rolling deploy: this worker lacks the code. The sweep prompts again later.
         log.warning("durable: entity %r is not registered here; its ops are left for another worker", name)
         return 0
+    if not EntityOp.objects.using(settings.DATABASE).waiting(name, key):
+        # Most prompts of a busy key find their op applied by an earlier batch: one indexed read,
+        # no lock, no transaction. An op committed after this read sends a prompt of its own.
+        return 0
     total = 0
     for _ in range(MAX_BATCHES):
-        with transaction.atomic(using=settings.DATABASE):
-            applied, more = _apply_batch(definition, key, settings)
+        try:
+            with transaction.atomic(using=settings.DATABASE):
+                applied, more = _apply_batch(definition, key, settings, careful=False)
+        except _Redo:
+            with transaction.atomic(using=settings.DATABASE):
+                applied, more = _apply_batch(definition, key, settings, careful=True)
         total += applied
         if not more:
             return total
@@ -102,7 +110,13 @@ def apply(name: str, key: str) -> int:
     return total
 
 
-def _apply_batch(definition: Definition, key: str, settings: conf.Settings) -> tuple[int, bool]:
+class _Redo(Exception):  # noqa: N818 - not an error: a way back out of the batch
+    """An op that used the database raised: the batch runs again, each op in a savepoint."""
+
+
+def _apply_batch(
+    definition: Definition, key: str, settings: conf.Settings, *, careful: bool
+) -> tuple[int, bool]:
     db, now = settings.DATABASE, clock.now()
     ops = EntityOp.objects.using(db)
     obj = definition.instance(key)
@@ -119,22 +133,24 @@ def _apply_batch(definition: Definition, key: str, settings: conf.Settings) -> t
         )
         return 0, False
     batch = ops.next_pending(definition.name, key, BATCH)
-    state, applied = row.state, 0
+    if not batch:
+        return 0, False
+    state = row.state
     for op in batch:
-        result, error, after = _run(definition, obj, op, state, settings)
-        if not ops.settle(op, result, error, now):
-            continue  # cannot happen under the lock; never apply an op twice if it did
-        state, applied = after, applied + 1
+        op.result, op.error, state = _run(definition, obj, op, state, settings, careful=careful)
+    if not ops.settle(batch, now):
+        # Cannot happen under the lock; never let an op count twice if it did.
+        raise RuntimeError(f"ops of entity {definition.name}:{key} were settled by another applier")
+    for op in batch:
         if op.caller_run_id is not None and op.caller_seq is not None:
-            _answer(op.caller_run_id, op.caller_seq, result, error, settings)
-    if applied:
-        Entity.objects.using(db).write(row, state, definition.version, applied, batch[-1].id, now)
-        keep = settings.ENTITY_OPS_KEPT
-        if (row.applied + applied) // keep > row.applied // keep:
-            # Once per ENTITY_OPS_KEPT ops: the key's history stays bounded at a cost per op
-            # that does not grow with it.
-            ops.prune(definition.name, key, keep)
-    return applied, len(batch) == BATCH
+            _answer(op.caller_run_id, op.caller_seq, op.result, op.error, settings)
+    Entity.objects.using(db).write(row, state, definition.version, len(batch), batch[-1].id, now)
+    keep = settings.ENTITY_OPS_KEPT
+    if (row.applied + len(batch)) // keep > row.applied // keep:
+        # Once per ENTITY_OPS_KEPT ops: the key's history stays bounded at a cost per op that
+        # does not grow with it.
+        ops.prune(definition.name, key, keep)
+    return len(batch), len(batch) == BATCH
 
 
 def _initial(definition: Definition, obj: Any, settings: conf.Settings) -> Any:
@@ -148,14 +164,26 @@ def _initial(definition: Definition, obj: Any, settings: conf.Settings) -> Any:
 
 
 def _run(
-    definition: Definition, obj: Any, op: EntityOp, state: Any, settings: conf.Settings
+    definition: Definition, obj: Any, op: EntityOp, state: Any, settings: conf.Settings, *, careful: bool
 ) -> tuple[Any, dict[str, Any] | None, Any]:
     """Run one op on a copy of ``state``: (result, None, new state), or (None, error, ``state``)
-    when it raised or left something that is not JSON; what it wrote to the database goes too."""
+    when it raised or left something that is not JSON.
+
+    What a raising op wrote to the database must go with it: ``careful``, each op runs in a
+    savepoint; otherwise (the fast path: most ops touch only their state) one that used the
+    database and raised raises ``_Redo``, which rolls the batch back to run it carefully.
+    """
     what = f"entity {definition.name!r} op {op.op!r}"
     working = copy.deepcopy(state)
+    connection = connections[settings.DATABASE]
+    callbacks, used = len(connection.run_on_commit), []
+
+    def noted(execute: Any, *args: Any) -> Any:
+        used.append(True)
+        return execute(*args)
+
     try:
-        with transaction.atomic(using=settings.DATABASE):
+        with transaction.atomic(using=settings.DATABASE) if careful else connection.execute_wrapper(noted):
             method = definition.method(obj, op.op)
             result = guards.json_value(
                 method(working, op.arg), f"the result of {what}", max_bytes=settings.MAX_PAYLOAD_BYTES
@@ -164,6 +192,8 @@ def _run(
                 working, f"the state left by {what}", max_bytes=settings.MAX_PAYLOAD_BYTES
             )
     except Exception as exc:  # noqa: BLE001 - the op's failure is its outcome, recorded on its row
+        if not careful and (used or len(connection.run_on_commit) != callbacks):
+            raise _Redo() from exc
         return None, error_dict(exc), state
     return result, None, working
 

@@ -97,6 +97,7 @@ def test_ops_sent_from_outside_are_applied_after_commit_in_arrival_order(durable
     ops = EntityOp.objects.order_by("id")
     assert [(op.status, op.result) for op in ops] == [("applied", 5), ("applied", 12), ("applied", 23)]
     assert Entity.objects.get(name="tests.account", key="a").applied == 3
+    assert EntityOp.objects.filter(error__isnull=True, applied_at__isnull=False).count() == 3
 
 
 def test_an_unknown_key_reads_as_its_initial_state_and_keys_are_independent(durable_env):
