@@ -97,12 +97,13 @@ def apply(name: str, key: str) -> int:
         return 0
     total = 0
     for _ in range(MAX_BATCHES):
-        try:
+        with transaction.atomic(using=settings.DATABASE):
+            done = _apply_batch(definition, key, settings, careful=False)
+        if done is None:  # rolled back: an op that used the database raised
             with transaction.atomic(using=settings.DATABASE):
-                applied, more = _apply_batch(definition, key, settings, careful=False)
-        except _Redo:
-            with transaction.atomic(using=settings.DATABASE):
-                applied, more = _apply_batch(definition, key, settings, careful=True)
+                done = _apply_batch(definition, key, settings, careful=True)
+        assert done is not None
+        applied, more = done
         total += applied
         if not more:
             return total
@@ -110,19 +111,25 @@ def apply(name: str, key: str) -> int:
     return total
 
 
-class _Redo(Exception):  # noqa: N818 - not an error: a way back out of the batch
-    """An op that used the database raised: the batch runs again, each op in a savepoint."""
-
-
 def _apply_batch(
     definition: Definition, key: str, settings: conf.Settings, *, careful: bool
-) -> tuple[int, bool]:
+) -> tuple[int, bool] | None:
+    """Apply a batch of the key's pending ops: (how many, whether more may wait). None when the
+    batch was rolled back to run again ``careful`` (see ``_run``)."""
     db, now = settings.DATABASE, clock.now()
     ops = EntityOp.objects.using(db)
     obj = definition.instance(key)
-    row = Entity.objects.using(db).lock(
-        definition.name, key, lambda: _initial(definition, obj, settings), definition.version, now
-    )
+    try:
+        row = Entity.objects.using(db).lock(
+            definition.name, key, lambda: _initial(definition, obj, settings), definition.version, now
+        )
+    except InvalidInput as exc:
+        # No state to start from: the key's ops fail with the reason, and none is applied.
+        batch = ops.next_pending(definition.name, key, BATCH)
+        for op in batch:
+            op.result, op.error = None, exc.to_dict()
+        _settle(definition, key, batch, now, settings)
+        return len(batch), len(batch) == BATCH
     if version_key(row.version) > version_key(definition.version):
         log.warning(
             "durable: entity %s:%s was written by version %s; this worker has %s and leaves it alone",
@@ -137,13 +144,12 @@ def _apply_batch(
         return 0, False
     state = row.state
     for op in batch:
-        op.result, op.error, state = _run(definition, obj, op, state, settings, careful=careful)
-    if not ops.settle(batch, now):
-        # Cannot happen under the lock; never let an op count twice if it did.
-        raise RuntimeError(f"ops of entity {definition.name}:{key} were settled by another applier")
-    for op in batch:
-        if op.caller_run_id is not None and op.caller_seq is not None:
-            _answer(op.caller_run_id, op.caller_seq, op.result, op.error, settings)
+        outcome = _run(definition, obj, op, state, settings, careful=careful)
+        if outcome is None:
+            transaction.set_rollback(True, using=db)
+            return None
+        op.result, op.error, state = outcome
+    _settle(definition, key, batch, now, settings)
     Entity.objects.using(db).write(row, state, definition.version, len(batch), batch[-1].id, now)
     keep = settings.ENTITY_OPS_KEPT
     if (row.applied + len(batch)) // keep > row.applied // keep:
@@ -153,10 +159,22 @@ def _apply_batch(
     return len(batch), len(batch) == BATCH
 
 
+def _settle(
+    definition: Definition, key: str, batch: list[EntityOp], now: Any, settings: conf.Settings
+) -> None:
+    """Record how each op of ``batch`` ended, and answer the workflows that called them."""
+    if not EntityOp.objects.using(settings.DATABASE).settle(batch, now):
+        # Another applier settled one of them: roll this batch back, never count an op twice.
+        raise RuntimeError(f"ops of entity {definition.name}:{key} were settled by another applier")
+    for op in batch:
+        if op.caller_run_id is not None and op.caller_seq is not None:
+            _answer(op.caller_run_id, op.caller_seq, op.result, op.error, settings)
+
+
 def _initial(definition: Definition, obj: Any, settings: conf.Settings) -> Any:
     try:
         state = obj.initial_state()
-    except Exception as exc:  # noqa: BLE001 - reported on every op of the key until fixed
+    except Exception as exc:  # noqa: BLE001 - reported on the ops of the key until fixed
         raise InvalidInput(f"initial_state() of entity {definition.name!r} raised {exc!r}") from None
     return guards.json_value(
         state, f"the initial state of entity {definition.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES
@@ -165,13 +183,13 @@ def _initial(definition: Definition, obj: Any, settings: conf.Settings) -> Any:
 
 def _run(
     definition: Definition, obj: Any, op: EntityOp, state: Any, settings: conf.Settings, *, careful: bool
-) -> tuple[Any, dict[str, Any] | None, Any]:
+) -> tuple[Any, dict[str, Any] | None, Any] | None:
     """Run one op on a copy of ``state``: (result, None, new state), or (None, error, ``state``)
     when it raised or left something that is not JSON.
 
     What a raising op wrote to the database must go with it: ``careful``, each op runs in a
-    savepoint; otherwise (the fast path: most ops touch only their state) one that used the
-    database and raised raises ``_Redo``, which rolls the batch back to run it carefully.
+    savepoint; otherwise (the fast path: most ops touch only their state) None says that one
+    which used the database raised, and the batch must be rolled back and run carefully.
     """
     what = f"entity {definition.name!r} op {op.op!r}"
     working = copy.deepcopy(state)
@@ -193,7 +211,7 @@ def _run(
             )
     except Exception as exc:  # noqa: BLE001 - the op's failure is its outcome, recorded on its row
         if not careful and (used or len(connection.run_on_commit) != callbacks):
-            raise _Redo() from exc
+            return None
         return None, error_dict(exc), state
     return result, None, working
 

@@ -361,3 +361,33 @@ def test_a_retried_run_sends_the_op_that_failed_it_again_under_a_new_id(durable_
         (f"run:{run.id}:0#1", "applied"),
     ]
     assert Checkpoint.objects.get(run_id=run.id).input["op_id"] == f"run:{run.id}:0#1"
+
+
+@durable.entity("tests.broken_start")
+class BrokenStart:
+    def initial_state(self):
+        return {"tags": {"a", "b"}}  # a set: not JSON
+
+    def touch(self, state, _):
+        return "touched"
+
+
+@durable.workflow(name="tests.entities_broken_start")
+def touch_broken(ctx, _):
+    try:
+        return ctx.call_entity("tests.broken_start", "x", "touch")
+    except durable.StepFailed as exc:
+        return exc.message
+
+
+def test_an_initial_state_that_is_not_json_fails_the_ops_clearly_and_applies_none(durable_env):
+    durable.signal_entity("tests.broken_start", "x", "touch")
+    run = durable.start(touch_broken)
+    durable_env.run_until_idle()
+    assert "the initial state of entity 'tests.broken_start'" in durable.result(run.id)
+    assert set(EntityOp.objects.filter(entity="tests.broken_start").values_list("status", flat=True)) == {
+        "failed"
+    }
+    assert not Entity.objects.filter(name="tests.broken_start").exists()
+    with pytest.raises(durable.InvalidInput, match="must be JSON-serialisable"):
+        durable.entity_state("tests.broken_start", "x")
