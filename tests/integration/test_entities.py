@@ -48,6 +48,14 @@ class Account:
         durable.signal_entity("tests.account", arg["to"], "deposit", arg["amount"])
         return state["balance"]
 
+    def open_case(self, state, arg):
+        # An op may start a workflow: the run is written in the op's transaction.
+        return durable.start(pay, {"key": arg, "amount": 1}, run_id=f"case-{arg}").id
+
+    def open_case_then_fail(self, state, arg):
+        durable.start(pay, {"key": arg, "amount": 1}, run_id=f"case-{arg}")
+        raise ValueError("no case after all")
+
     def transfer_then_fail(self, state, arg):
         durable.signal_entity("tests.account", arg["to"], "deposit", arg["amount"])
         raise ValueError("changed my mind")
@@ -391,3 +399,12 @@ def test_an_initial_state_that_is_not_json_fails_the_ops_clearly_and_applies_non
     assert not Entity.objects.filter(name="tests.broken_start").exists()
     with pytest.raises(durable.InvalidInput, match="must be JSON-serialisable"):
         durable.entity_state("tests.broken_start", "x")
+
+
+def test_an_op_may_start_a_workflow_and_a_raising_op_starts_none(durable_env):
+    durable.signal_entity("tests.account", "a", "open_case", "c1")
+    durable.signal_entity("tests.account", "a", "open_case_then_fail", "c2")
+    durable_env.run_until_idle()
+    assert durable.result("case-c1") == {"balance": 11, "after": ["tests.account", "c1"]}
+    assert not durable.models.Run.objects.filter(id="case-c2").exists()
+    assert EntityOp.objects.get(op="open_case_then_fail").error["message"] == "no case after all"
