@@ -15,9 +15,11 @@ from .api import (
     signal_with_start,
     start,
 )
+from .api_entities import entity_state, signal_entity
 from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .api_updates import query, update
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
+from .entities import entity
 from .errors import (
     ApplicationError,
     Cancelled,
@@ -81,6 +83,8 @@ __all__ = [
     "cancel",
     "complete_step",
     "delete_run",
+    "entity",
+    "entity_state",
     "get_run",
     "heartbeat",
     "pause_schedule",
@@ -91,6 +95,7 @@ __all__ = [
     "retry",
     "schedule",
     "signal",
+    "signal_entity",
     "signal_with_start",
     "start",
     "step",

@@ -26,6 +26,7 @@ _MUST_BE_POSITIVE = {
     "STEP_REDISPATCH_AFTER",
     "RETENTION_SWEEP_INTERVAL",
     "TURN_TIME_LIMIT",
+    "ENTITY_SWEEP_INTERVAL",
 }
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
 
@@ -77,6 +78,10 @@ class Settings:
     #: (towards MAX_RECOVERY_ATTEMPTS): a body that never reaches a primitive cannot hold a
     #: worker process forever.
     TURN_TIME_LIMIT: timedelta = timedelta(minutes=15)
+    #: How often beat runs the entity sweep, which prompts again the ops pending for longer.
+    ENTITY_SWEEP_INTERVAL: timedelta = timedelta(seconds=5)
+    #: Settled ops kept per entity key (the newest); older ones are deleted as new ones apply.
+    ENTITY_OPS_KEPT: int = 1000
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how

@@ -24,6 +24,7 @@ ADVANCE = "durable.advance"
 RUN_STEP = "durable.run_step"
 STEP_RESULT = "durable.step_result"
 STEP_FAILED = "durable.step_failed"
+APPLY_ENTITY = "durable.apply_entity"
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,11 @@ def celery_task(
         "headers": {"durable": [run_id, seq, attempt, token]},
     }
     send_after_commit(Message(name, tuple(payload.get("args", [])), queue, options))
+
+
+def apply_entity(name: str, key: str, queue: str) -> None:
+    """Ask a worker on ``queue`` to apply the pending ops of entity (``name``, ``key``)."""
+    send_after_commit(Message(APPLY_ENTITY, (name, key), queue))
 
 
 def sweep(task: str, queue: str) -> None:

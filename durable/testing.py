@@ -82,12 +82,13 @@ class DurableEnv:
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
-            from .engine import steps, turn
+            from .engine import entities, steps, turn
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
+                dispatch.APPLY_ENTITY: entities.apply,
                 **{sweep.task: sweep.run for sweep in SWEEPS},
             }
         return self._handlers[task]

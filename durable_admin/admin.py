@@ -532,3 +532,7 @@ class EventAdmin(DurableRows, admin.ModelAdmin):
     fields = ("id", "name", "created_time", "payload_json")
     readonly_fields = fields
     payload_json = json_display("payload")
+
+
+# Registered here so that installing durable_admin is enough (admin autodiscovery imports admin.py).
+from . import entities as _entities  # noqa: E402, F401

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..models import Checkpoint, Run, Status
-from . import lifecycle, retention, schedules, singletons
+from . import entities, lifecycle, retention, schedules, singletons
 from .turn import recovery_exhausted
 
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
@@ -156,6 +156,12 @@ SWEEPS = (
         schedules.sweep_schedules,
         "TIMER_SWEEP_INTERVAL",
         "started {} scheduled run(s)",
+    ),
+    Sweep(
+        "durable.sweep_entities",
+        entities.sweep_entities,
+        "ENTITY_SWEEP_INTERVAL",
+        "prompted {} entity key(s) with ops pending",
     ),
     Sweep(
         "durable.sweep_retention",

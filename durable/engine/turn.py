@@ -23,7 +23,7 @@ from ..models import Checkpoint, Run, Signal, Status
 from ..replay.context import RunFacts, TurnState, replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..statuses import Decided
-from . import attempts, events, leases, lifecycle, outbox, runs
+from . import attempts, entities, events, leases, lifecycle, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -207,8 +207,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             raise LeaseLost()
 
     def flush(current: TurnState) -> None:
-        # A local step's record is one fenced INSERT; signals taken, replies and exposed values
-        # need a transaction with their position, or a crash between could lose them.
+        # A local step's record is one fenced INSERT; signals taken, replies, exposed values and
+        # entity ops sent need a transaction with their position, or a crash between could lose them.
         if leases.is_lost(run.id):
             raise LeaseLost()
         if current.outgoing or current.children:
@@ -220,7 +220,12 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
                 _write(run.id, current, settings, fenced_by=owner)
                 runs.start_children(run, current.children)
                 current.children.clear()
-        elif current.consumed or current.exposed_changed or _replies(current):
+        elif (
+            current.consumed
+            or current.exposed_changed
+            or _replies(current)
+            or entities.new_ops(current.unsaved())
+        ):
             with transaction.atomic(using=db):
                 _write(run.id, current, settings, fenced_by=owner)
         else:
@@ -412,6 +417,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     checkpoints = Checkpoint.objects.using(db)
     new = []
     replies = _replies(state)
+    entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
     for rec in state.unsaved():
         fields = {f: getattr(rec, f) for f in _WRITTEN}
         if rec.stored_as is None:

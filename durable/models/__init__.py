@@ -8,6 +8,7 @@ from ..statuses import TERMINAL, UNFINISHED
 from .base import RETRYABLE, Status, column_length
 from .checkpoints import Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
+from .entities import Entity, EntityOp, EntityOpQuerySet, EntityQuerySet, OpStatus
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .runs import Run, RunQuerySet
 
@@ -19,8 +20,13 @@ __all__ = [
     "CheckpointQuerySet",
     "CronSchedule",
     "CronScheduleQuerySet",
+    "Entity",
+    "EntityOp",
+    "EntityOpQuerySet",
+    "EntityQuerySet",
     "Event",
     "EventQuerySet",
+    "OpStatus",
     "Run",
     "RunQuerySet",
     "Signal",

@@ -202,6 +202,16 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             )
         )
 
+    def settle_entity_call(
+        self, run_id: str, seq: int, status: str, output: Any, error: Any, now: datetime
+    ) -> bool:
+        """Record at position ``seq`` of ``run_id`` how the entity op it called ended."""
+        return bool(
+            self.filter(run_id=run_id, seq=seq, kind="entity", status=CheckpointStatus.PENDING).update(
+                status=status, output=output, error=error, finished_at=now, wake_at=None
+            )
+        )
+
     def reattempt(self, run_id: str, seqs: list[int]) -> None:
         """Give the failed positions ``seqs`` of a failed, dead or cancelled run a fresh attempt
         (call before the run is reopened): a child position waits again for its run, retried

@@ -34,6 +34,7 @@ from . import cancelling, saga, stopping
 from .attempt import LATER, Result, beat_grace, run_attempt
 from .cancelling import Cancelling
 from .composition import Composition
+from .entities import Entities
 from .history import (
     COMPLETED,
     FAILED,
@@ -133,7 +134,17 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 
 class Context(
-    Composition, Updates, Waits, Queries, Messages, SearchAttributes, Patches, Cancelling, Stopping, Positions
+    Composition,
+    Updates,
+    Waits,
+    Queries,
+    Messages,
+    SearchAttributes,
+    Patches,
+    Entities,
+    Cancelling,
+    Stopping,
+    Positions,
 ):
     """What a workflow body receives; every call is recorded once and replayed after."""
 

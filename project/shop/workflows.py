@@ -77,3 +77,43 @@ def wholesale(ctx: durable.Context, order: dict) -> dict:
     cents = ctx.step(price, order)
     invoice = ctx.child(send_invoice, {"order": order["id"], "cents": cents})
     return {"holds": holds, "labels": labels, "invoice": invoice}
+
+
+@durable.entity("shop.stock")
+class Stock:
+    """The units of one SKU (the key): restocked from views, held and released by orders, one op
+    at a time per SKU, each exactly once."""
+
+    def initial_state(self) -> dict:
+        return {"on_hand": 0, "held": 0}
+
+    def restock(self, state: dict, qty: int) -> int:
+        state["on_hand"] += qty
+        return state["on_hand"] - state["held"]
+
+    def hold(self, state: dict, qty: int) -> int:
+        available = state["on_hand"] - state["held"]
+        if qty > available:
+            # Raising leaves the state as it was; the caller's call_entity raises StepFailed.
+            raise durable.ApplicationError(f"only {available} {self.entity_key} left", code="out_of_stock")
+        state["held"] += qty
+        return available - qty
+
+    def release(self, state: dict, qty: int) -> int:
+        state["held"] -= qty
+        return state["on_hand"] - state["held"]
+
+
+@durable.workflow(name="shop.hold_order")
+def hold_order(ctx: durable.Context, order: dict) -> dict:
+    """Hold every item of an order, or none: a hold that fails releases the ones taken."""
+    held = []
+    for item in order["items"]:
+        try:
+            ctx.call_entity("shop.stock", item["sku"], "hold", item["qty"])
+        except durable.StepFailed as exc:
+            for sku, qty in held:
+                ctx.signal_entity("shop.stock", sku, "release", qty)
+            return {"held": False, "reason": exc.message}
+        held.append((item["sku"], item["qty"]))
+    return {"held": True}

@@ -364,3 +364,42 @@ def test_trigger_of_a_schedule_whose_workflow_is_gone_shows_an_error(
         for text in shown
     ), shown
     assert list(Run.objects.values_list("workflow", flat=True)) == ["tests.admin_add"]
+
+
+@durable.entity("tests.admin_counter")
+class AdminCounter:
+    def initial_state(self) -> dict:
+        return {"n": 0}
+
+    def add(self, state: dict, k: int) -> int:
+        if k < 0:
+            raise ValueError("only up")
+        state["n"] += k
+        return state["n"]
+
+
+def test_entities_are_listed_with_pending_ops_and_shown_with_state_and_recent_ops(
+    admin_client: Client, durable_env: Any
+) -> None:
+    from durable.models import EntityOp
+
+    durable.signal_entity("tests.admin_counter", "c1", "add", 5)
+    durable.signal_entity("tests.admin_counter", "c1", "add", -1)
+    durable_env.run_until_idle()
+    durable.signal_entity("tests.admin_counter", "c1", "add", 2)  # pending
+    page = admin_client.get(reverse("admin:durable_entity_changelist")).content.decode()
+    assert "tests.admin_counter" in page and "c1" in page
+    assert "status__exact=pending" in page  # the pending count links to the key's pending ops
+    (entity_id,) = durable.models.Entity.objects.values_list("id", flat=True)
+    page = admin_client.get(reverse("admin:durable_entity_change", args=[entity_id])).content.decode()
+    assert "&quot;n&quot;: 5" in page
+    assert "only up" in page and "applied" in page and "failed" in page
+    ops = admin_client.get(
+        reverse("admin:durable_entityop_changelist")
+        + "?entity=tests.admin_counter&key=c1&status__exact=pending"
+    )
+    assert ops.status_code == 200
+    assert ops.context["cl"].result_count == 1
+    failed = EntityOp.objects.get(status="failed")
+    page = admin_client.get(reverse("admin:durable_entityop_change", args=[failed.id])).content.decode()
+    assert "ValueError" in page

@@ -50,3 +50,16 @@ def test_wholesale_releases_held_stock_when_it_fails(durable_env):
     assert (record.status, record.error["code"]) == ("failed", "bad_quantity")
     undone = Checkpoint.objects.filter(run_id=run.id, kind="compensation", status="completed")
     assert undone.count() == 2
+
+
+def test_hold_order_holds_every_item_or_none(durable_env):
+    durable.signal_entity("shop.stock", "mug", "restock", 4)
+    durable.signal_entity("shop.stock", "tea", "restock", 1)
+    first = durable.start("shop.hold_order", ORDER)  # 2 mugs, 1 tea
+    durable_env.run_until_idle()
+    assert durable.result(first.id) == {"held": True}
+    second = durable.start("shop.hold_order", ORDER)  # 2 mugs held, but no tea: the mugs go back
+    durable_env.run_until_idle()
+    assert durable.result(second.id) == {"held": False, "reason": "only 0 tea left"}
+    assert durable.entity_state("shop.stock", "mug") == {"on_hand": 4, "held": 2}
+    assert durable.entity_state("shop.stock", "tea") == {"on_hand": 1, "held": 1}

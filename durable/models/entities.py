@@ -1,0 +1,186 @@
+"""Durable entities: one row per (name, key) holding its state, one row per operation sent to it.
+
+The op row is the truth (its Celery message only a prompt): an op is applied when its row leaves
+``pending`` in the transaction that writes the entity's new state, under the entity row's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, models
+
+
+class OpStatus(models.TextChoices):
+    PENDING = "pending"
+    APPLIED = "applied"
+    FAILED = "failed"
+
+
+class EntityQuerySet(models.QuerySet["Entity"]):
+    def lock(self, name: str, key: str, initial: Callable[[], Any], version: str, now: datetime) -> Entity:
+        """The entity row, created with the state ``initial()`` returns if absent, locked until the transaction
+        ends: no other applier of this key reads its state meanwhile. Call inside a transaction."""
+        row = self._locked(name, key, now)
+        if row is None:
+            # Two appliers may both find no row: the unique (name, key) keeps one insert.
+            self.bulk_create(
+                [
+                    Entity(
+                        name=name, key=key, state=initial(), version=version, created_at=now, updated_at=now
+                    )
+                ],
+                ignore_conflicts=True,
+            )
+            row = self._locked(name, key, now)
+        assert row is not None
+        return row
+
+    def _locked(self, name: str, key: str, now: datetime) -> Entity | None:
+        if connections[self.db].features.has_select_for_update:
+            return self.select_for_update().filter(name=name, key=key).first()
+        # SQLite has no row locks: a write first takes the database's write lock, so no other
+        # applier reads the state until this transaction ends.
+        if not self.filter(name=name, key=key).update(updated_at=now):
+            return None
+        return self.filter(name=name, key=key).first()
+
+    def write(self, row: Entity, state: Any, version: str, applied: int, last_op: int, now: datetime) -> None:
+        """Store the state after ``applied`` more ops, the last of them ``last_op`` (row locked)."""
+        self.filter(id=row.id).update(
+            state=state,
+            version=version,
+            applied=models.F("applied") + applied,
+            last_op=last_op,
+            updated_at=now,
+        )
+
+
+class Entity(models.Model):
+    """The state of one entity key, after the last op applied to it."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=255)
+    state = models.JSONField(null=True, blank=True)
+    #: The entity code version that last wrote the state: older code leaves the key alone.
+    version = models.CharField(max_length=32, default="1")
+    #: How many ops were applied (those that raised included).
+    applied = models.BigIntegerField(default=0)
+    #: The id of the last op applied.
+    last_op = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = EntityQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "key"], name="durable_entity_key")]
+        verbose_name_plural = "entities"
+
+    def __str__(self) -> str:
+        return f"entity {self.name}:{self.key}"
+
+
+class EntityOpQuerySet(models.QuerySet["EntityOp"]):
+    def send(self, ops: list[EntityOp]) -> None:
+        """Store new ops; one whose (entity, key, op_id) is already stored is dropped."""
+        self.bulk_create(ops, ignore_conflicts=True)
+
+    def waiting(self, name: str, key: str) -> bool:
+        """Whether the key has an op pending."""
+        return self.filter(entity=name, key=key, status=OpStatus.PENDING).exists()
+
+    def next_pending(self, name: str, key: str, limit: int) -> list[EntityOp]:
+        """The key's pending ops in arrival order (read under the entity's lock)."""
+        return list(self.filter(entity=name, key=key, status=OpStatus.PENDING).order_by("id")[:limit])
+
+    def settle(self, ops: list[EntityOp], now: datetime) -> bool:
+        """Mark ``ops`` applied, or failed where they carry an ``error``, with their ``result``,
+        in one statement; False unless every one of them was pending.
+
+        Hand-written: Django's ``bulk_update`` builds an expression per op and column, which
+        costs more than the statement itself."""
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        columns = {name: EntityOp._meta.get_field(name) for name in ("status", "result", "error")}
+        for op in ops:
+            op.status = OpStatus.FAILED if op.error is not None else OpStatus.APPLIED
+            op.applied_at = now
+        sets, params = [], []
+        for name, field in columns.items():
+            values = [field.get_db_prep_save(getattr(op, name), connection) for op in ops]
+            if all(value is None for value in values):
+                sets.append(f"{quote(name)} = NULL")
+                continue
+            sets.append(f"{quote(name)} = CASE {quote('id')} {' '.join(['WHEN %s THEN %s'] * len(ops))} END")
+            for op, value in zip(ops, values, strict=True):
+                params += [op.id, value]
+        applied_at = EntityOp._meta.get_field("applied_at").get_db_prep_save(now, connection)
+        sql = (
+            f"UPDATE {quote(EntityOp._meta.db_table)} SET {', '.join(sets)}, {quote('applied_at')} = %s "
+            f"WHERE {quote('id')} IN ({', '.join(['%s'] * len(ops))}) AND {quote('status')} = %s"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, applied_at, *(op.id for op in ops), OpStatus.PENDING])
+            return cursor.rowcount == len(ops)
+
+    def stranded(self, before: datetime, after: int, limit: int) -> list[tuple[int, str, str]]:
+        """(id, entity, key) of pending ops sent before ``before``, past id ``after``, oldest first."""
+        rows = self.filter(status=OpStatus.PENDING, created_at__lte=before, id__gt=after).order_by("id")
+        return list(rows.values_list("id", "entity", "key")[:limit])
+
+    def prune(self, name: str, key: str, keep: int) -> int:
+        """Delete the key's settled ops but the newest ``keep``; return how many went."""
+        settled = self.filter(entity=name, key=key).exclude(status=OpStatus.PENDING).order_by("-id")
+        cutoff = settled.values_list("id", flat=True)[keep : keep + 1]
+        oldest_kept = next(iter(cutoff), None)
+        if oldest_kept is None:
+            return 0
+        deleted, _ = settled.filter(id__lte=oldest_kept).delete()
+        return deleted
+
+
+class EntityOp(models.Model):
+    """One operation sent to an entity key; ``id`` is its arrival order."""
+
+    id = models.BigAutoField(primary_key=True)
+    entity = models.CharField(max_length=200)
+    key = models.CharField(max_length=255)
+    op = models.CharField(max_length=100)
+    #: The sender's id for this op: the same id again for this key is dropped.
+    op_id = models.CharField(max_length=300)
+    arg = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=OpStatus.choices, default=OpStatus.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    #: The run and position of a ``ctx.call_entity`` waiting for this op's result.
+    caller_run_id = models.CharField(max_length=255, null=True, blank=True)
+    caller_seq = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    objects = EntityOpQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["entity", "key", "op_id"], name="durable_entityop_once"),
+        ]
+        indexes = [
+            # The applier's "pending ops of this key, in arrival order".
+            models.Index(
+                fields=["entity", "key", "id"],
+                name="durable_entityop_pending",
+                condition=models.Q(status="pending"),
+            ),
+            # The sweep's "pending ops whose prompt may be lost", oldest first.
+            models.Index(
+                fields=["id"], name="durable_entityop_stranded", condition=models.Q(status="pending")
+            ),
+        ]
+        verbose_name = "entity op"
+
+    def __str__(self) -> str:
+        return f"{self.entity}:{self.key} {self.op} ({self.status})"
