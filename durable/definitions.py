@@ -364,15 +364,7 @@ class Registry:
         self.steps: dict[str, Step] = {}
 
     def add_workflow(self, wf: Workflow) -> Workflow:
-        versions = self.workflows.setdefault(wf.name, {})
-        existing = versions.get(wf.version)
-        if existing is not None and _origin(existing.fn) != _origin(wf.fn):
-            raise InvalidInput(
-                f"workflow {wf.name!r} version {wf.version!r} is already registered by "
-                f"{_origin(existing.fn)}; give this one another name or version"
-            )
-        versions[wf.version] = wf
-        return wf
+        return add_version(self.workflows, "workflow", wf.name, wf.version, wf, lambda w: _origin(w.fn))
 
     def add_step(self, step: Step) -> Step:
         existing = self.steps.get(step.name)
@@ -450,6 +442,27 @@ def compensation_of(step: Step) -> Step:
 
 def _origin(fn: Callable[..., Any]) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def add_version(
+    table: dict[str, dict[str, Any]],
+    kind: str,
+    name: str,
+    version: str,
+    new: Any,
+    origin: Callable[[Any], str],
+) -> Any:
+    """Register ``new`` as version ``version`` of ``name`` (a workflow, an entity); the same
+    version defined at another ``origin`` is refused (importing a module twice is not)."""
+    versions = table.setdefault(name, {})
+    existing = versions.get(version)
+    if existing is not None and origin(existing) != origin(new):
+        raise InvalidInput(
+            f"{kind} {name!r} version {version!r} is already registered by {origin(existing)}; "
+            "give this one another name or version"
+        )
+    versions[version] = new
+    return new
 
 
 registry = Registry()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .definitions import add_version
 from .errors import InvalidInput
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
@@ -74,15 +75,9 @@ class EntityRegistry:
         self.entities: dict[str, dict[str, Entity]] = {}
 
     def add(self, entity: Entity) -> Entity:
-        versions = self.entities.setdefault(entity.name, {})
-        existing = versions.get(entity.version)
-        if existing is not None and _origin(existing.cls) != _origin(entity.cls):
-            raise InvalidInput(
-                f"entity {entity.name!r} version {entity.version!r} is already registered by "
-                f"{_origin(existing.cls)}; give this one another name or version"
-            )
-        versions[entity.version] = entity
-        return entity
+        return add_version(
+            self.entities, "entity", entity.name, entity.version, entity, lambda e: _origin(e.cls)
+        )
 
     def get(self, name: str, version: str | None = None) -> Entity:
         """The entity ``name`` (its newest version unless ``version``); InvalidInput if unknown."""
