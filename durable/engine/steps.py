@@ -272,7 +272,7 @@ def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None
         try:
             return write()
         except _TRANSIENT:
-            log.warning("durable: could not write %s#%s attempt %s yet", *key, exc_info=True)
+            log.warning("durable: could not record %s#%s attempt %s yet", *key, exc_info=True)
             connections[db].close()
     return None
 
