@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from .durations import optional_duration, parse_duration
 from .errors import ApplicationError, DurableError, InvalidInput, WorkflowNotRegistered
+from .limits import Concurrency, Rate, concurrency_option
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
@@ -137,8 +138,10 @@ class Step:
     retry: Retry = field(default_factory=Retry)
     timeout: timedelta | None = None
     heartbeat_timeout: timedelta | None = None
-    concurrency: Any = None
-    rate_limit: str | None = None
+    #: At most ``limit`` attempts in flight across the fleet (per key); see ``Concurrency``.
+    concurrency: Concurrency | None = None
+    #: At most ``rate.count`` starts per ``rate.period`` across the fleet (``rate_limit="100/m"``).
+    rate_limit: Rate | None = None
     input_schema: Any = None
     output_schema: Any = None
     compensate: Callable[..., Any] | None = None
@@ -158,6 +161,11 @@ class Step:
                 code="step_called_directly",
             )
         return self.fn(*args, **kwargs)
+
+    @property
+    def limited(self) -> bool:
+        """Whether a fleet-wide limit bounds this step's attempts (so none runs in place)."""
+        return self.concurrency is not None or self.rate_limit is not None
 
     def compensation(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register the saga undo of this step, called with the step's output and its args."""
@@ -186,6 +194,8 @@ class Workflow:
     search_attributes_schema: Any = None
     schedule: Schedule | None = None
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    #: ``concurrency=`` as declared; enforced through ``singleton`` (the same line of runs).
+    concurrency: Concurrency | None = None
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
@@ -478,6 +488,13 @@ def step(
     def wrap(func: Callable[..., Any]) -> Step:
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInput(f"step retry= must be a durable.Retry, got {retry!r}")
+        limit = concurrency_option(concurrency, f"step {func.__name__!r} concurrency=")
+        rate = Rate.parse(rate_limit, f"step {func.__name__!r} rate_limit=")
+        if local and (limit is not None or rate is not None):
+            raise InvalidInput(
+                f"step {func.__name__!r} is local=True, which runs inside the workflow's turn, so "
+                "concurrency= and rate_limit= cannot hold it back: drop local=True or the limit"
+            )
         _schema_option(input_schema, "input_schema", func)
         _schema_option(output_schema, "output_schema", func)
         if input_schema is not None and _parameters(func) != 1:
@@ -494,8 +511,8 @@ def step(
                 retry=retry or Retry(),
                 timeout=_duration_option(timeout, "step timeout"),
                 heartbeat_timeout=_duration_option(heartbeat_timeout, "step heartbeat_timeout"),
-                concurrency=concurrency,
-                rate_limit=rate_limit,
+                concurrency=limit,
+                rate_limit=rate,
                 input_schema=input_schema,
                 output_schema=output_schema,
             )
@@ -519,6 +536,7 @@ def workflow(
     tags: tuple[str, ...] | list[str] = (),
     search_attributes_schema: Any = None,
     schedule: Any = None,
+    concurrency: Any = None,
 ) -> Any:
     """Declare a workflow; works with or without parentheses."""
     if not isinstance(version, str) or not _VERSION.match(version):
@@ -540,11 +558,21 @@ def workflow(
                 tags=tuple(tags),
                 search_attributes_schema=search_schema,
                 schedule=declared,
+                concurrency=quota,
             )
         )
 
     declared = _schedule_option(schedule)
     if singleton is not None and not isinstance(singleton, Singleton):
         raise InvalidInput(f"singleton= takes a durable.Singleton(key=..., limit=...), got {singleton!r}")
+    quota = concurrency_option(concurrency, "workflow concurrency=")
+    if quota is not None:
+        if singleton is not None:
+            raise InvalidInput(
+                "a workflow takes singleton= or concurrency=, not both: concurrency=N is "
+                "Singleton(key=..., limit=N) over the input, so put the limit in the Singleton"
+            )
+        # The same line as a singleton's: runs wait pending and are admitted in start order.
+        singleton = Singleton(key=quota.key if quota.key is not None else "*", limit=quota.limit)
     search_schema = _search_schema_option(search_attributes_schema)
     return wrap(fn) if fn is not None else wrap

@@ -6,13 +6,17 @@ says who won. Nothing outside this package assigns ``status``.
 
 from ..statuses import TERMINAL, UNFINISHED
 from .base import RETRYABLE, Status, column_length
-from .checkpoints import Checkpoint, CheckpointQuerySet
+from .checkpoints import HELD, RATE, WAITING, Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
+from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .runs import Run, RunQuerySet
 
 __all__ = [
+    "HELD",
+    "RATE",
     "RETRYABLE",
+    "WAITING",
     "TERMINAL",
     "UNFINISHED",
     "Checkpoint",
@@ -21,6 +25,8 @@ __all__ = [
     "CronScheduleQuerySet",
     "Event",
     "EventQuerySet",
+    "FlowGate",
+    "FlowStart",
     "Run",
     "RunQuerySet",
     "Signal",
@@ -28,4 +34,6 @@ __all__ = [
     "SingletonSlot",
     "Status",
     "column_length",
+    "in_flight",
+    "in_line",
 ]

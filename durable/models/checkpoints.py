@@ -12,8 +12,14 @@ from ..statuses import UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, skip_locked
 from .runs import Run
 
+#: An attempt's place under a fleet-wide limit: holding one of its slots, in line for one, or
+#: waiting on a durable timer (``wake_at``) for a rate token.
+HELD, WAITING, RATE = "held", "waiting", "rate"
+
 #: A settled or failed attempt is held by no one.
 _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
+#: ... and holds no slot of a limit any more (its key stays, so the slot can be handed on).
+_ENDED: dict[str, Any] = {**_UNHELD, "flow": None}
 
 
 class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
@@ -54,7 +60,9 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
             "held_until = %s "
             "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
-            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} AND EXISTS ("
+            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} "
+            # An attempt in line for a slot or a rate token starts only once it is sent again.
+            "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
             ") RETURNING *"
         )
@@ -71,6 +79,35 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         ]
         taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
         return taken[0] if taken else None
+
+    def hold_slot(self, run_id: str, seq: int, attempt: int, key: str) -> bool:
+        """Note that this started attempt holds a slot of ``key`` until it ends."""
+        return bool(self._attempt(run_id, seq, attempt).update(flow=HELD, flow_key=key))
+
+    def wait_in_line(self, run_id: str, seq: int, attempt: int, key: str, place: int) -> bool:
+        """Undo the start of an attempt that found no free slot: it waits, sent but unstarted,
+        at ``place`` in the line of ``key`` until a freed slot is handed to it."""
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                started_at=None, flow=WAITING, flow_key=key, flow_seq=place, **_UNHELD
+            )
+        )
+
+    def wait_for_rate(self, run_id: str, seq: int, attempt: int, key: str, until: datetime) -> bool:
+        """Undo the start of an attempt over its rate limit: its run sends it again at ``until``."""
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                started_at=None, flow=RATE, flow_key=key, wake_at=until, **_UNHELD
+            )
+        )
+
+    def admit(self, pk: int, now: datetime, redispatch_at: datetime) -> bool:
+        """Hand a freed slot to the waiting attempt ``pk``: it holds it from now, sent anew."""
+        return bool(
+            self.filter(pk=pk, flow=WAITING, status=CheckpointStatus.PENDING).update(
+                flow=HELD, enqueued_at=now, wake_at=redispatch_at
+            )
+        )
 
     def renew_hold(self, run_id: str, seq: int, attempt: int, holder: str, until: datetime) -> bool:
         """Extend the hold of a running attempt; False when it ended or was declared lost."""
@@ -121,14 +158,14 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 error=None,
                 wake_at=None,
                 finished_at=now,
-                **_UNHELD,
+                **_ENDED,
             )
         )
 
     def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
         return bool(
             self._attempt(run_id, seq, attempt).update(
-                status=CheckpointStatus.FAILED, error=error, wake_at=None, finished_at=now, **_UNHELD
+                status=CheckpointStatus.FAILED, error=error, wake_at=None, finished_at=now, **_ENDED
             )
         )
 
@@ -143,7 +180,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 started_at=None,
                 last_heartbeat_at=None,
                 token=None,
-                **_UNHELD,
+                **_ENDED,
             )
         )
 
@@ -252,6 +289,11 @@ class Checkpoint(models.Model):
     #: The process running a dispatched attempt, and until when its hold lasts unless renewed.
     held_by = models.CharField(max_length=255, null=True, blank=True)
     held_until = models.DateTimeField(null=True, blank=True)
+    #: Under a fleet-wide limit: "held" (the attempt has a slot), "waiting" (in line for one) or
+    #: "rate" (waiting until ``wake_at`` for a rate token); the gate key, and the place in line.
+    flow = models.CharField(max_length=16, null=True, blank=True)
+    flow_key = models.CharField(max_length=255, null=True, blank=True)
+    flow_seq = models.BigIntegerField(null=True, blank=True)
 
     objects = CheckpointQuerySet.as_manager()
 
@@ -268,6 +310,12 @@ class Checkpoint(models.Model):
                 fields=["name", "status"],
                 name="durable_checkpoint_event_wait",
                 condition=models.Q(kind="event"),
+            ),
+            # The attempts holding or waiting for the slots of a limited key.
+            models.Index(
+                fields=["flow_key", "flow", "flow_seq"],
+                name="durable_checkpoint_flow",
+                condition=models.Q(flow__isnull=False),
             ),
             # Held attempts whose holder stopped renewing, found by the orphan sweep.
             models.Index(
