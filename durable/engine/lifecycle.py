@@ -17,6 +17,7 @@ from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
 from ..statuses import CheckpointStatus
+from . import flow
 from .runs import get_run, hand_over
 
 
@@ -26,6 +27,7 @@ def finished(run: Run) -> None:
         from . import singletons
 
         singletons.admit(run.singleton_key, run.workflow)
+    flow.freed_by_run(run.id)
     if run.parent_id:
         _tell_parent(run)
     if run.status == Status.DEAD:

@@ -22,7 +22,7 @@ from ..models import Checkpoint, Run, Signal, Status
 from ..replay.context import RunFacts, TurnState, replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..statuses import Decided
-from . import attempts, events, leases, lifecycle, outbox, runs
+from . import attempts, events, flow, leases, lifecycle, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -199,6 +199,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
                 _write(run.id, current, settings, fenced_by=owner)
         else:
             _write(run.id, current, settings, fenced_by=owner)
+        _hand_off(current)
         _mark_saved(current)
 
     try:
@@ -225,6 +226,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
                 successor = runs.continue_as_new(run, workflow, outcome.next_input, exposed=state.exposed)
                 outcome.output = {"continued_as": successor}
             _settle(run, owner, outcome, settings, state)
+            # After the settle: a gate is locked after the run's row, as a recorded result does.
+            _hand_off(state)
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return outcome
@@ -341,6 +344,8 @@ def _load_records(run_id: str, db: str) -> dict[int, Record]:
             fail_fast=row.fail_fast,
             token=row.token,
             held_until=row.held_until,
+            flow=row.flow,
+            flow_key=row.flow_key,
             stored_as=(row.status, row.attempt),
         )
     return records
@@ -373,6 +378,7 @@ _WRITTEN = (
     "last_heartbeat_at",
     "token",
     "held_until",
+    "flow",
 )
 
 
@@ -444,6 +450,13 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
             run_id, rec.seq, rec.attempt, rec.token, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE
         )
     state.dispatch.clear()
+
+
+def _hand_off(state: TurnState) -> None:
+    """Hand the limit slots this turn freed to the oldest attempts in their lines."""
+    for key in state.freed:
+        flow.hand_off(key)
+    state.freed.clear()
 
 
 def _mark_saved(state: TurnState) -> None:

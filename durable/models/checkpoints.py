@@ -8,13 +8,11 @@ from typing import Any
 from django.db import connections, models
 from django.db.models import Exists
 
-from ..statuses import UNFINISHED, CheckpointStatus
+from ..statuses import UNFINISHED, CheckpointStatus, FlowState
 from .base import RETRYABLE, skip_locked
 from .runs import Run
 
-#: An attempt's place under a fleet-wide limit: holding one of its slots, in line for one, or
-#: waiting on a durable timer (``wake_at``) for a rate token.
-HELD, WAITING, RATE = "held", "waiting", "rate"
+HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
 
 #: A settled or failed attempt is held by no one.
 _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}

@@ -29,7 +29,7 @@ from ..errors import (
     error_dict,
     step_timeout_error,
 )
-from ..statuses import Decided
+from ..statuses import Decided, FlowState
 from . import saga, stopping
 from .attempt import LATER, Result, run_attempt
 from .composition import Composition
@@ -105,6 +105,9 @@ class TurnState:
     #: and whether this turn exposed anything yet unwritten.
     exposed: dict[str, Any] = field(default_factory=dict)
     exposed_changed: bool = False
+    #: Gate keys of the limit slots this turn freed (an attempt it counted lost or timed out):
+    #: the executor hands each on to the oldest attempt in its line.
+    freed: list[str] = field(default_factory=list)
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
 
@@ -359,6 +362,14 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
                 return Pending(rec.wake_at)
             self._send(rec, step)
             return self._resolve_step(rec, step)  # sent: look again by its timeout, too
+        if rec.started_at is None and rec.flow == FlowState.WAITING:
+            # In line for a slot of its concurrency limit: the attempt that frees one sends it.
+            return Pending(None)
+        if rec.started_at is None and rec.flow == FlowState.RATE:
+            # Over its rate limit: sent again once its token falls due.
+            if rec.wake_at is not None and rec.wake_at > now:
+                return Pending(rec.wake_at)
+            self._send(rec, step)
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
                 self._send(rec, step)  # the message was lost, or a worker never took it
@@ -410,6 +421,8 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
         rec.started_at = None
         rec.last_heartbeat_at = None
         rec.wake_at = now + self._limits.redispatch_after
+        if rec.flow != FlowState.HELD:
+            rec.flow = None  # a slot handed to it is kept: its message was lost, not its place
         rec.changed()
         self._turn.dispatch.append(rec)
 
@@ -419,6 +432,9 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
         rec.error = error
         rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
         rec.token = None
+        if rec.flow == FlowState.HELD and rec.flow_key:
+            self._turn.freed.append(rec.flow_key)
+        rec.flow = None
         if retryable and step.retry.allows_after(rec.attempt):
             rec.wake_at = now + step.retry.delay(rec.attempt)
             rec.attempt += 1
@@ -435,6 +451,7 @@ class Context(Composition, Updates, Waits, Queries, Messages, SearchAttributes, 
             self._in_place is not None
             and not step.local
             and not step.celery_task
+            and not step.limited  # a limited attempt may have to wait: durably, not in a turn
             and step.timeout is None
             and step.heartbeat_timeout is None
             and self._in_place.accepts(self._queue_of(step))
