@@ -38,6 +38,7 @@ from .errors import (
     WorkflowNotRegistered,
 )
 from .inputs import DeadLetter, Failure
+from .limits import Concurrency
 from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
@@ -47,6 +48,7 @@ __all__ = [
     "ApplicationError",
     "ChildFailed",
     "CompleteLater",
+    "Concurrency",
     "Context",
     "DeadLetter",
     "Deferred",

@@ -173,7 +173,10 @@ class RunQuerySet(models.QuerySet["Run"]):
         sooner = Q(wake_at__isnull=True) | Q(wake_at__gt=at)
         return bool(
             self.filter(id=run_id, status__in=UNFINISHED).update(
-                wakes=F("wakes") + 1, wake_at=Case(When(sooner, then=Value(at, output_field=models.DateTimeField())), default=F("wake_at"))
+                wakes=F("wakes") + 1,
+                wake_at=Case(
+                    When(sooner, then=Value(at, output_field=models.DateTimeField())), default=F("wake_at")
+                ),
             )
         )
 

@@ -175,8 +175,9 @@ def test_good_retention_policies_pass_and_load() -> None:
 
 
 def test_limited_steps_raise_no_warning_now_that_they_are_enforced() -> None:
-    import durable
     from django.core.checks import run_checks
+
+    import durable
     from durable.definitions import registry
 
     durable.step(lambda: None, name="tests.checks_limited", concurrency=2, rate_limit="5/s")

@@ -10,6 +10,7 @@ PUBLIC = [
     "ApplicationError",
     "ChildFailed",
     "CompleteLater",
+    "Concurrency",
     "Context",
     "DeadLetter",
     "Deferred",
