@@ -92,6 +92,8 @@ def concurrency_option(value: Any, what: str) -> Concurrency | None:
     if value is None or isinstance(value, Concurrency):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise InvalidInput(f"{what} must be a whole number of at least 1, got {value!r}")
         return Concurrency(limit=value)
     raise InvalidInput(
         f"{what} takes a whole number or a durable.Concurrency(limit=..., key=...), got {value!r}"
