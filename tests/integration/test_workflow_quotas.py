@@ -39,7 +39,12 @@ def test_runs_beyond_the_limit_wait_and_are_admitted_in_start_order(durable_env)
     for h in handles[2:]:
         durable.signal(h.id, "go", h.id)
     durable_env.run_until_idle()
-    assert [durable.get_run(h.id).status for h in handles] == ["cancelled", "completed", "completed", "completed"]
+    assert [durable.get_run(h.id).status for h in handles] == [
+        "cancelled",
+        "completed",
+        "completed",
+        "completed",
+    ]
 
 
 def test_a_keyed_quota_bounds_each_key_apart(durable_env):
