@@ -26,8 +26,8 @@ from django.utils.translation import ngettext
 
 import durable
 from durable import conf
-from durable.models import Checkpoint, CronSchedule, Event, Run, Signal
 from durable.definitions import registry
+from durable.models import Checkpoint, CronSchedule, Event, Run, Signal
 from durable.statuses import CheckpointStatus, FlowState
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
