@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -26,6 +26,13 @@ log = logging.getLogger("durable.engine")
 
 #: Keys with waiting attempts one repair pass looks at.
 REPAIR_BATCH = 100
+#: A rate token is stamped a few milliseconds before the step's body starts, and that lag
+#: varies: each start counts this much longer than its period, so the bodies' own starts
+#: keep to the limit too.
+RATE_SLACK = timedelta(milliseconds=100)
+#: A token due within this long also gets a countdown message (it waits in a worker's memory,
+#: so only briefly); a later one is left to the timer sweep, whose second matters less.
+HINT_WITHIN = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -85,18 +92,33 @@ def admit_start(row: Checkpoint, step: Step, now: datetime) -> Waits | Refused |
         checkpoints.hold_slot(*args, key)
         row.flow, row.flow_key = HELD, key
     if step.rate_limit is not None:
-        until = _rate_token(step, now)
+        until = _rate_token(step)
         if until is not None:
             freed = row.flow_key if row.flow == HELD else None
             checkpoints.wait_for_rate(*args, rate_key(step), until)
-            Run.objects.using(db).wake_by(row.run_id, until)
             if freed:
                 hand_off(freed)  # it waits for its token without the slot it had
+            # The caller brings the run's timer forward once this commits: no run row is
+            # locked while a gate is (a recorded result locks them the other way round).
             return Waits(rate_key(step), until)
     return None
 
 
-def _rate_token(step: Step, now: datetime) -> datetime | None:
+def wake_for_token(run_id: str, until: datetime) -> None:
+    """Have the run send its attempt again when its rate token falls due: its timer (the
+    truth) and, for a near token, a countdown that beats the timer sweep's next pass."""
+    settings = conf.get()
+    queue = Run.objects.using(settings.DATABASE).wake_by(run_id, until)
+    if queue is None:
+        return
+    # A little late rather than early: a turn before the token is due only waits again.
+    seconds = (until - clock.now()).total_seconds() + 0.05
+    if 0 < seconds <= HINT_WITHIN.total_seconds():
+        with transaction.atomic(using=settings.DATABASE):  # sent on commit, as every message is
+            dispatch.advance_later(run_id, queue or settings.DEFAULT_QUEUE, seconds)
+
+
+def _rate_token(step: Step) -> datetime | None:
     """Take a rate token now (None), or say when the next one falls due.
 
     A sliding window of the real starts: never more than ``count`` in any ``period``. The
@@ -106,8 +128,11 @@ def _rate_token(step: Step, now: datetime) -> datetime | None:
     db = conf.get().DATABASE
     rate, key = step.rate_limit, rate_key(step)
     FlowGate.objects.using(db).lock(key)
+    # Read once the gate is ours: a start is stamped when it happens, not when it asked.
+    now = clock.now()
     starts = FlowStart.objects.using(db)
-    since = now - rate.period
+    period = rate.period + RATE_SLACK
+    since = now - period
     window = starts.within(key, since)
     if len(window) < rate.count:
         starts.create(key=key, at=now)
@@ -115,7 +140,7 @@ def _rate_token(step: Step, now: datetime) -> datetime | None:
         return None
     ahead = Checkpoint.objects.using(db).filter(flow_key=key, flow=RATE, wake_at__gt=now).count()
     rounds, place = divmod(ahead, rate.count)
-    return window[len(window) - rate.count + place] + rate.period * (rounds + 1)
+    return window[len(window) - rate.count + place] + period * (rounds + 1)
 
 
 def hand_off(key: str) -> list[int]:

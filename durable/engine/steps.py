@@ -90,7 +90,9 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     if row is None:
         return "stale"
     if isinstance(held_back, flow.Waits):
-        return "waiting"  # sent again when a slot is handed to it, or its rate token is due
+        if held_back.until is not None:
+            flow.wake_for_token(run_id, held_back.until)
+        return "waiting"  # or sent again when a slot is handed to it
     if isinstance(held_back, flow.Refused):
         return record(row, registry.step(row.name), None, held_back.error, False, None, began)
     key = (run_id, seq, attempt)

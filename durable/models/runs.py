@@ -166,19 +166,15 @@ class RunQuerySet(models.QuerySet["Run"]):
         qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
         return list(skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
 
-    def wake_by(self, run_id: str, at: datetime) -> bool:
+    def wake_by(self, run_id: str, at: datetime) -> str | None:
         """Bring an unfinished run's timer forward to ``at`` at the latest (a step's rate token
-        falls due then). Its wake counter moves too: a turn running now replays rather than
-        settling on the step as it read it."""
+        falls due then); return its queue, or None if it has finished. Its wake counter moves
+        too: a turn running now replays rather than settling on the step as it read it."""
         sooner = Q(wake_at__isnull=True) | Q(wake_at__gt=at)
-        return bool(
-            self.filter(id=run_id, status__in=UNFINISHED).update(
-                wakes=F("wakes") + 1,
-                wake_at=Case(
-                    When(sooner, then=Value(at, output_field=models.DateTimeField())), default=F("wake_at")
-                ),
-            )
-        )
+        due = Case(When(sooner, then=Value(at, output_field=models.DateTimeField())), default=F("wake_at"))
+        if not self.filter(id=run_id, status__in=UNFINISHED).update(wakes=F("wakes") + 1, wake_at=due):
+            return None
+        return self.filter(id=run_id).values_list("queue", flat=True).first()
 
     def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
         """Move the timers of runs just woken forward, so the next sweep does not send them again."""

@@ -7,6 +7,8 @@ whose process "died" holding it: both keep their slot, as a step still running w
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 import durable
@@ -242,10 +244,16 @@ def test_a_rate_limit_waits_on_a_durable_timer_and_never_bursts_past_it(durable_
     durable_env.run_until_idle()
     assert STARTED == ["a", "b"]
     rows = Checkpoint.objects.filter(run_id=run.id, flow="rate")
-    assert rows.count() == 3 and all(r.wake_at is not None for r in rows)
+    assert sorted(r.wake_at - durable_env.now() for r in rows) == [
+        timedelta(seconds=1.1),  # a second, and RATE_SLACK for the lag before a body starts
+        timedelta(seconds=1.1),
+        timedelta(seconds=2.2),  # spread over the tokens ahead, so they do not all come back at once
+    ]
     durable_env.advance_time("1s")
+    assert STARTED == ["a", "b"]  # a token counts for its whole period
+    durable_env.advance_time("100ms")
     assert STARTED == ["a", "b", "c", "d"]
-    durable_env.advance_time("1s")
+    durable_env.advance_time("1100ms")
     assert STARTED == ["a", "b", "c", "d", "e"]
     assert durable.result(run.id) == ["a", "b", "c", "d", "e"]
 
