@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import InvalidInput
 from ..models import HELD, RATE, WAITING, Checkpoint, FlowGate, FlowStart, Run, in_flight, in_line
+from ..replay.history import PENDING, Record
 
 log = logging.getLogger("durable.engine")
 
@@ -176,6 +178,17 @@ def hand_off(key: str) -> list[int]:
                 )
                 admitted.append(row.pk)
         return admitted
+
+
+def may_hold_slots(records: Iterable[Record]) -> bool:
+    """Whether any of a run's positions is a pending attempt of a limited step (asked in
+    memory, so a run without one ends without a query)."""
+    for rec in records:
+        if rec.kind == "step" and rec.status == PENDING:
+            step = registry.steps.get(rec.name)
+            if step is not None and step.limited:
+                return True
+    return False
 
 
 def freed_by_run(run_id: str) -> None:

@@ -291,7 +291,8 @@ def _settle(
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(
-            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error"))
+            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")),
+            may_hold_slots=state is None or flow.may_hold_slots(state.records.values()),
         )
 
 
