@@ -87,11 +87,11 @@ def admit_start(row: Checkpoint, step: Step, now: datetime) -> Waits | Refused |
             return Refused(exc.to_dict())
         gates = FlowGate.objects.using(db)
         gate = gates.lock(key)
-        taken = in_flight(db, key, now).exclude(pk=row.pk).count()
-        if taken >= step.concurrency.limit or in_line(db, key).exists():
-            checkpoints.wait_in_line(*args, key, gates.next_seq(gate))
+        assert gate is not None
+        # Behind the attempts already in line, if any (the gate's count is an upper bound).
+        if not checkpoints.hold_slot(row.pk, key, step.concurrency.limit, now, behind=gate.waiting > 0):
+            checkpoints.wait_in_line(*args, key, gates.join_line(gate))
             return Waits(key)
-        checkpoints.hold_slot(*args, key)
         row.flow, row.flow_key = HELD, key
     if step.rate_limit is not None:
         until = _rate_token(step)
@@ -151,10 +151,15 @@ def hand_off(key: str) -> list[int]:
     Call in the transaction that freed a slot, after any run row it locks (gates come last)."""
     settings = conf.get()
     db = settings.DATABASE
-    with transaction.atomic(using=db):  # the caller's, when it has one
-        if FlowGate.objects.using(db).filter(key=key).select_for_update().first() is None:
-            return []
-        first = in_line(db, key).values_list("name", flat=True).first()
+    gates = FlowGate.objects.using(db)
+    with transaction.atomic(using=db, savepoint=False):  # the caller's, when it has one
+        gate = gates.lock(key, create=False)
+        if gate is None or gate.waiting <= 0:
+            return []  # one statement when nobody waits: a limit never reached costs little
+        line = in_line(db, key)
+        waiting = line.count()
+        gates.note_waiting(gate, waiting)
+        first = line.values_list("name", flat=True).first() if waiting else None
         step = registry.steps.get(first) if first is not None else None
         if step is None:
             return []  # nobody waits, or this process lacks the step's code: one that has it will
@@ -165,7 +170,7 @@ def hand_off(key: str) -> list[int]:
             return []
         admitted = []
         checkpoints = Checkpoint.objects.using(db)
-        for row in in_line(db, key).only("id", "run_id", "seq", "attempt", "token", "queue")[:free]:
+        for row in line.only("id", "run_id", "seq", "attempt", "token", "queue")[:free]:
             if checkpoints.admit(row.pk, now, now + settings.STEP_REDISPATCH_AFTER):
                 dispatch.run_step(
                     row.run_id,
@@ -177,6 +182,7 @@ def hand_off(key: str) -> list[int]:
                     settings.STEP_TIMEOUT_GRACE,
                 )
                 admitted.append(row.pk)
+        gates.note_waiting(gate, waiting - len(admitted))
         return admitted
 
 

@@ -78,9 +78,32 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
         return taken[0] if taken else None
 
-    def hold_slot(self, run_id: str, seq: int, attempt: int, key: str) -> bool:
-        """Note that this started attempt holds a slot of ``key`` until it ends."""
-        return bool(self._attempt(run_id, seq, attempt).update(flow=HELD, flow_key=key))
+    def hold_slot(self, pk: int, key: str, limit: int, now: datetime, *, behind: bool) -> bool:
+        """Give the started attempt ``pk`` a slot of ``key`` if fewer than ``limit`` are held
+        (and, with ``behind``, no attempt waits in line before it); False if it must wait.
+
+        Call with the key's gate locked, so the count is the one the next start sees. One
+        plain statement: this is on every start of a limited step."""
+        connection = connections[self.db]
+        ops = connection.ops
+        at = ops.adapt_datetimefield_value
+        table, runs = ops.quote_name(Checkpoint._meta.db_table), ops.quote_name(Run._meta.db_table)
+        unfinished = f"run_id IN (SELECT id FROM {runs} WHERE status IN (%s, %s, %s))"
+        sql = (
+            f"UPDATE {table} SET flow = %s, flow_key = %s WHERE id = %s AND ("
+            f"SELECT COUNT(*) FROM {table} WHERE flow_key = %s AND flow = %s AND status = 'pending' "
+            f"AND (held_until IS NULL OR held_until >= %s) AND id <> %s AND {unfinished}) < %s"
+        )
+        params: list[Any] = [HELD, key, pk, key, HELD, at(now), pk, *UNFINISHED, limit]
+        if behind:
+            sql += (
+                f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE flow_key = %s AND flow = %s "
+                f"AND status = 'pending' AND {unfinished})"
+            )
+            params += [key, WAITING, *UNFINISHED]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount == 1
 
     def wait_in_line(self, run_id: str, seq: int, attempt: int, key: str, place: int) -> bool:
         """Undo the start of an attempt that found no free slot: it waits, sent but unstarted,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import F, Q
 
 from ..statuses import UNFINISHED, CheckpointStatus
@@ -17,16 +17,37 @@ from .runs import Run
 
 
 class FlowGateQuerySet(models.QuerySet["FlowGate"]):
-    def lock(self, key: str) -> FlowGate:
-        """The gate of ``key``, locked until the transaction ends (created on first use)."""
+    def lock(self, key: str, *, create: bool = True) -> FlowGate | None:
+        """The gate of ``key``, locked until the transaction ends; created on first use (else
+        None when there is none). One plain statement once it exists: it is on every start and
+        end of a limited step, where the ORM's compiling would cost more than the statement."""
+        connection = connections[self.db]
+        ops = connection.ops
+        # SQLite has no FOR UPDATE: its IMMEDIATE transactions take the database's write lock.
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        sql = f"SELECT next_seq, waiting FROM {ops.quote_name(FlowGate._meta.db_table)} WHERE key = %s{lock}"
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [key])
+            found = cursor.fetchone()
+        if found is not None:
+            return FlowGate(key=key, next_seq=found[0], waiting=found[1])
+        if not create:
+            return None
         self.get_or_create(key=key)
-        return self.select_for_update().get(key=key)
+        return self.lock(key, create=False)
 
-    def next_seq(self, gate: FlowGate) -> int:
-        """The next place in the line of ``gate`` (its row locked by the caller)."""
-        self.filter(key=gate.key).update(next_seq=F("next_seq") + 1)
+    def join_line(self, gate: FlowGate) -> int:
+        """Count one more waiter and return its place in the line (the gate locked by the caller)."""
+        self.filter(key=gate.key).update(next_seq=F("next_seq") + 1, waiting=F("waiting") + 1)
         gate.next_seq += 1
+        gate.waiting += 1
         return gate.next_seq
+
+    def note_waiting(self, gate: FlowGate, count: int) -> None:
+        """Set the gate's count of waiters to what its line holds now (the gate locked)."""
+        if gate.waiting != count:
+            self.filter(key=gate.key).update(waiting=count)
+            gate.waiting = count
 
 
 class FlowGate(models.Model):
@@ -36,6 +57,9 @@ class FlowGate(models.Model):
 
     key = models.CharField(primary_key=True, max_length=255)
     next_seq = models.BigIntegerField(default=0)
+    #: At least the number of attempts in its line (a waiter whose run ended is counted until
+    #: the next hand-off looks): at 0, the attempt that frees a slot has no one to hand it to.
+    waiting = models.BigIntegerField(default=0)
 
     objects = FlowGateQuerySet.as_manager()
 
