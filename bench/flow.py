@@ -75,7 +75,9 @@ def once(workflow: str, payload: Any, expected: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions of each twin")
     parser.add_argument("--out", type=Path, default=env.RESULTS, help="directory for flow.json / flow.md")
     args = parser.parse_args()
@@ -151,7 +153,10 @@ def markdown(data: dict[str, Any]) -> str:
         "| workload | without a limit | `concurrency` never reached | ratio | goal |",
         "| --- | --- | --- | --- | --- |",
     ]
-    names = {"seq": f"{meta['params']['steps']} steps in sequence", "fan": f"a fan of {meta['params']['fan']}"}
+    names = {
+        "seq": f"{meta['params']['steps']} steps in sequence",
+        "fan": f"a fan of {meta['params']['fan']}",
+    }
     for kind, label in names.items():
         free, limited = per_step[f"{kind}_free"]["median"], per_step[f"{kind}_limited"]["median"]
         value = goals[kind]["value"]
