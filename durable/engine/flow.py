@@ -21,7 +21,18 @@ from django.db import transaction
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import InvalidInput
-from ..models import HELD, RATE, WAITING, Checkpoint, FlowGate, FlowStart, Run, in_flight, in_line
+from ..models import (
+    HELD,
+    RATE,
+    UNFINISHED,
+    WAITING,
+    Checkpoint,
+    FlowGate,
+    FlowStart,
+    Run,
+    in_flight,
+    in_line,
+)
 from ..replay.history import PENDING, Record
 
 log = logging.getLogger("durable.engine")
@@ -219,9 +230,12 @@ def repair() -> int:
     if not any_limited():
         return 0
     db = conf.get().DATABASE
+    unfinished = Run.objects.using(db).filter(status__in=UNFINISHED).values("id")
     keys = (
         Checkpoint.objects.using(db)
-        .filter(flow=WAITING, status="pending")
+        .filter(
+            flow=WAITING, status="pending", run_id__in=unfinished
+        )  # a cancelled run's waiters wait for no one
         .order_by()
         .values_list("flow_key", flat=True)
         .distinct()[:REPAIR_BATCH]
