@@ -67,6 +67,18 @@ def rated(name):
     return name
 
 
+@durable.step(name="tests.flow.both", concurrency=1, rate_limit="1/s")
+def both(name):
+    STARTED.append(name)
+    TOKENS[name] = durable.step_info().token
+    raise durable.CompleteLater()
+
+
+@durable.workflow(name="tests.flow.both_fan")
+def both_fan(ctx, names):
+    return ctx.map(both, names)
+
+
 @durable.workflow(name="tests.flow.fan")
 def fan(ctx, names):
     return ctx.map(held, names)
@@ -214,7 +226,7 @@ def test_a_keyed_limit_holds_each_key_apart(durable_env):
     assert durable.get_run(run.id).status == "completed"
 
 
-def test_a_lost_hand_off_is_repaired_by_the_sweep(durable_env):
+def test_a_lost_hand_off_message_is_sent_again_by_its_run(durable_env):
     durable.start(fan, ["a", "b", "c"])
     durable_env.run_until_idle()
     _finish("a")
@@ -224,6 +236,15 @@ def test_a_lost_hand_off_is_repaired_by_the_sweep(durable_env):
     assert STARTED == ["a", "b"]  # still in flight as far as the database knows: admitted
     durable_env.advance_time("5m")  # the run sends its admitted attempt again
     assert STARTED == ["a", "b", "c"]
+
+
+def test_the_timer_sweep_admits_waiters_when_slots_free_up_without_a_hand_off(durable_env, monkeypatch):
+    durable.start(fan, ["a", "b", "c", "d"])
+    durable_env.run_until_idle()
+    assert STARTED == ["a", "b"]
+    monkeypatch.setattr(held, "concurrency", durable.Concurrency(limit=3))  # a deploy raised it
+    durable_env.sweep()
+    assert STARTED == ["a", "b", "c"]  # the oldest waiter, and only as many as the limit allows
 
 
 def test_a_waiting_attempts_old_message_does_not_start_it(durable_env):
@@ -256,6 +277,23 @@ def test_a_rate_limit_waits_on_a_durable_timer_and_never_bursts_past_it(durable_
     durable_env.advance_time("1100ms")
     assert STARTED == ["a", "b", "c", "d", "e"]
     assert durable.result(run.id) == ["a", "b", "c", "d", "e"]
+
+
+def test_a_step_with_both_limits_keeps_to_each(durable_env):
+    run = durable.start(both_fan, ["a", "b", "c"])
+    durable_env.run_until_idle()
+    assert STARTED == ["a"]
+    _finish("a")
+    durable_env.run_until_idle()
+    assert STARTED == ["a"]  # b got a's slot but no token: it gave the slot on and waits for one
+    durable_env.advance_time("1100ms")
+    assert len(STARTED) == 2
+    _finish(STARTED[-1])
+    durable_env.advance_time("1100ms")
+    assert len(STARTED) == 3
+    _finish(STARTED[-1])
+    durable_env.run_until_idle()
+    assert sorted(STARTED) == ["a", "b", "c"] and durable.get_run(run.id).status == "completed"
 
 
 # -- declarations ------------------------------------------------------------------------------
