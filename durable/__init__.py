@@ -42,6 +42,7 @@ from .errors import (
     WorkflowNotRegistered,
 )
 from .inputs import DeadLetter, Failure
+from .limits import Concurrency
 from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
@@ -52,6 +53,7 @@ __all__ = [
     "Cancelled",
     "ChildFailed",
     "CompleteLater",
+    "Concurrency",
     "Context",
     "DeadLetter",
     "Deferred",

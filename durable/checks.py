@@ -37,27 +37,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return messages
 
 
-#: Step options the public contract names that this version accepts but does not act on yet.
-NOT_ENFORCED = ("concurrency", "rate_limit")
-
-
-@checks.register("durable")
-def check_definitions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Warn about step options that are declared but not enforced yet, rather than ignore them."""
-    from .definitions import registry
-
-    return [
-        checks.Warning(
-            f"step {step.name!r} sets {option}=, which this version of durable does not enforce yet.",
-            hint="Remove it, or enforce it in the step itself, until durable does.",
-            id="durable.W002",
-        )
-        for step in registry.steps.values()
-        for option in NOT_ENFORCED
-        if getattr(step, option, None) is not None
-    ]
-
-
 @checks.register("durable")
 def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse, before any run is stored, step and workflow names and queues longer than the

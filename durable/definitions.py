@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import random
 import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -16,80 +15,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from .durations import optional_duration, parse_duration
-from .errors import ApplicationError, DurableError, InvalidInput, WorkflowNotRegistered
+from .cron import Schedule, schedule_option
+from .durations import optional_duration
+from .errors import DurableError, InvalidInput, WorkflowNotRegistered
+from .limits import Concurrency, Rate, concurrency_option
+from .retries import Retry
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How a failed step attempt is retried; the wait is a durable timer.
-
-    ``max_attempts=None`` retries without end: only the run's ``timeout`` (when it has one), a
-    non-retryable error or a cancel stops it.
-    """
-
-    max_attempts: int | None = 3
-    initial: Any = "1s"
-    backoff: float = 2.0
-    maximum: Any = "5m"
-    non_retryable: tuple[Any, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_attempts is None:
-            pass
-        elif isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise InvalidInput(
-                f"Retry(max_attempts=...) must be an int, or None to retry without end, got {self.max_attempts!r}"
-            )
-        elif self.max_attempts < 1:
-            raise InvalidInput("Retry(max_attempts=...) counts the first attempt: use 1 or more")
-        if isinstance(self.backoff, bool) or not isinstance(self.backoff, (int, float)) or self.backoff < 1:
-            raise InvalidInput(f"Retry(backoff=...) must be a number >= 1, got {self.backoff!r}")
-        try:
-            object.__setattr__(self, "initial", parse_duration(self.initial, what="Retry.initial"))
-            object.__setattr__(self, "maximum", parse_duration(self.maximum, what="Retry.maximum"))
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        entries = self.non_retryable
-        if isinstance(entries, (str, type)):
-            entries = (entries,)
-        for entry in entries:
-            if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, BaseException))):
-                raise InvalidInput(
-                    f"Retry(non_retryable=...) lists exception classes or dotted names, got {entry!r}"
-                )
-        object.__setattr__(self, "non_retryable", tuple(entries))
-
-    def allows_after(self, attempt: int) -> bool:
-        """Whether another attempt may follow attempt ``attempt`` (always, without a maximum)."""
-        return self.max_attempts is None or attempt < self.max_attempts
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> timedelta:
-        """Return the wait before attempt ``attempt + 1``, with up to 20% jitter."""
-        try:
-            base = min(
-                self.initial.total_seconds() * self.backoff ** (attempt - 1), self.maximum.total_seconds()
-            )
-        except OverflowError:  # a very late attempt of a long retry: the cap applies
-            base = self.maximum.total_seconds()
-        return timedelta(seconds=base * (1 + 0.2 * rand()))
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        if isinstance(exc, ApplicationError) and exc.non_retryable:
-            return False
-        for entry in self.non_retryable:
-            if isinstance(entry, str):
-                if any(_dotted(k) == entry or k.__name__ == entry for k in type(exc).__mro__):
-                    return False
-            elif isinstance(entry, type) and isinstance(exc, entry):
-                return False
-        return True
-
-
-def _dotted(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -137,8 +69,10 @@ class Step:
     retry: Retry = field(default_factory=Retry)
     timeout: timedelta | None = None
     heartbeat_timeout: timedelta | None = None
-    concurrency: Any = None
-    rate_limit: str | None = None
+    #: At most ``limit`` attempts in flight across the fleet (per key); see ``Concurrency``.
+    concurrency: Concurrency | None = None
+    #: At most ``rate.count`` starts per ``rate.period`` across the fleet (``rate_limit="100/m"``).
+    rate_limit: Rate | None = None
     input_schema: Any = None
     output_schema: Any = None
     compensate: Callable[..., Any] | None = None
@@ -158,6 +92,11 @@ class Step:
                 code="step_called_directly",
             )
         return self.fn(*args, **kwargs)
+
+    @property
+    def limited(self) -> bool:
+        """Whether a fleet-wide limit bounds this step's attempts (so none runs in place)."""
+        return self.concurrency is not None or self.rate_limit is not None
 
     def compensation(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register the saga undo of this step, called with the step's output and its args."""
@@ -186,6 +125,8 @@ class Workflow:
     search_attributes_schema: Any = None
     schedule: Schedule | None = None
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    #: ``concurrency=`` as declared; enforced through ``singleton`` (the same line of runs).
+    concurrency: Concurrency | None = None
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
@@ -282,53 +223,6 @@ class Singleton:
         return key
 
 
-OVERLAPS = ("skip", "allow")
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A cron schedule: ``@durable.workflow(schedule=Schedule("0 3 * * *", timezone="Europe/Paris"))``
-    or ``durable.schedule(key, workflow, cron=...)``. Each tick starts one run; with
-    ``overlap="skip"`` a tick that finds the previous run unfinished starts nothing."""
-
-    cron: str
-    input: Any = None
-    timezone: str = "UTC"
-    overlap: str = "skip"
-
-    def __post_init__(self) -> None:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        from .guards import json_value
-
-        _check_cron(self.cron)
-        try:
-            ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
-            raise InvalidInput(
-                f'timezone must be an IANA name such as "Europe/Paris", got {self.timezone!r}'
-            ) from None
-        if self.overlap not in OVERLAPS:
-            raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
-        object.__setattr__(self, "input", json_value(self.input, "the schedule's input"))
-
-
-def _check_cron(cron: Any) -> None:
-    """A cron expression that has a next time: one that never fires ("0 0 30 2 *") is a mistake."""
-    from datetime import datetime
-
-    from croniter import CroniterError, croniter
-
-    if not isinstance(cron, str) or "\x00" in cron or not croniter.is_valid(cron):
-        raise InvalidInput(f'cron must be a cron expression such as "*/5 * * * *", got {cron!r}')
-    try:
-        croniter(cron, datetime(2000, 1, 1)).get_next(datetime)
-    except CroniterError:
-        raise InvalidInput(
-            f"cron {cron!r} never fires: no date matches it (e.g. February 30th); fix the day or month"
-        ) from None
-
-
 def _search_schema_option(schema: Any) -> dict[str, Any] | None:
     """``search_attributes_schema``: attribute names to str, int, float or bool (or a tuple of them)."""
     if schema is None:
@@ -346,14 +240,6 @@ def _search_schema_option(schema: Any) -> dict[str, Any] | None:
             f'e.g. {{"customer": str, "cents": int}}; got {schema!r}'
         )
     return dict(schema)
-
-
-def _schedule_option(value: Any) -> Schedule | None:
-    if value is None or isinstance(value, Schedule):
-        return value
-    if isinstance(value, str):
-        return Schedule(value)
-    raise InvalidInput(f"schedule= takes a cron string or a durable.Schedule, got {value!r}")
 
 
 class Registry:
@@ -514,6 +400,13 @@ def step(
                 "where no timeout= or heartbeat_timeout= can stop it; drop the option (the "
                 "turn's TURN_TIME_LIMIT bounds it) or make it a dispatched step (local=False)"
             )
+        limit = concurrency_option(concurrency, f"step {func.__name__!r} concurrency=")
+        rate = Rate.parse(rate_limit, f"step {func.__name__!r} rate_limit=")
+        if local and (limit is not None or rate is not None):
+            raise InvalidInput(
+                f"step {func.__name__!r} is local=True, which runs inside the workflow's turn, so "
+                "concurrency= and rate_limit= cannot hold it back: drop local=True or the limit"
+            )
         _schema_option(input_schema, "input_schema", func)
         _schema_option(output_schema, "output_schema", func)
         if input_schema is not None and _parameters(func) != 1:
@@ -530,8 +423,8 @@ def step(
                 retry=retry or Retry(),
                 timeout=_duration_option(timeout, "step timeout"),
                 heartbeat_timeout=_duration_option(heartbeat_timeout, "step heartbeat_timeout"),
-                concurrency=concurrency,
-                rate_limit=rate_limit,
+                concurrency=limit,
+                rate_limit=rate,
                 input_schema=input_schema,
                 output_schema=output_schema,
             )
@@ -555,6 +448,7 @@ def workflow(
     tags: tuple[str, ...] | list[str] = (),
     search_attributes_schema: Any = None,
     schedule: Any = None,
+    concurrency: Any = None,
 ) -> Any:
     """Declare a workflow; works with or without parentheses."""
     if not isinstance(version, str) or not _VERSION.match(version):
@@ -576,11 +470,21 @@ def workflow(
                 tags=tuple(tags),
                 search_attributes_schema=search_schema,
                 schedule=declared,
+                concurrency=quota,
             )
         )
 
-    declared = _schedule_option(schedule)
+    declared = schedule_option(schedule)
     if singleton is not None and not isinstance(singleton, Singleton):
         raise InvalidInput(f"singleton= takes a durable.Singleton(key=..., limit=...), got {singleton!r}")
+    quota = concurrency_option(concurrency, "workflow concurrency=")
+    if quota is not None:
+        if singleton is not None:
+            raise InvalidInput(
+                "a workflow takes singleton= or concurrency=, not both: concurrency=N is "
+                "Singleton(key=..., limit=N) over the input, so put the limit in the Singleton"
+            )
+        # The same line as a singleton's: runs wait pending and are admitted in start order.
+        singleton = Singleton(key=quota.key if quota.key is not None else "*", limit=quota.limit)
     search_schema = _search_schema_option(search_attributes_schema)
     return wrap(fn) if fn is not None else wrap

@@ -131,6 +131,12 @@ def advance(run_id: str, queue: str) -> None:
     send_after_commit(Message(ADVANCE, (run_id,), queue))
 
 
+def advance_later(run_id: str, queue: str, seconds: float) -> None:
+    """A hint: a turn of ``run_id`` in ``seconds``, sooner than the timer sweep's next pass
+    would send it. A countdown lives in worker memory: the run's ``wake_at`` is the real timer."""
+    send_after_commit(Message(ADVANCE, (run_id,), queue, {"countdown": seconds}))
+
+
 def run_step(
     run_id: str,
     seq: int,

@@ -34,6 +34,17 @@ class CheckpointStatus(StrEnum):
     FAILED = "failed"
 
 
+class FlowState(StrEnum):
+    """Where a step attempt stands under a fleet-wide limit (``concurrency``, ``rate_limit``)."""
+
+    #: It holds one of its key's slots until it ends.
+    HELD = "held"
+    #: Sent but unstarted, in line for a slot: the attempt that frees one sends it.
+    WAITING = "waiting"
+    #: Sent but unstarted, over its rate limit: its run sends it again at its ``wake_at``.
+    RATE = "rate"
+
+
 class Decided(StrEnum):
     """What a turn decided for its run: an end, a wait, or a successor (continue-as-new)."""
 

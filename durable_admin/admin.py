@@ -26,8 +26,9 @@ from django.utils.translation import ngettext
 
 import durable
 from durable import conf
+from durable.definitions import registry
 from durable.models import Checkpoint, CronSchedule, Event, Run, Signal
-from durable.statuses import CheckpointStatus
+from durable.statuses import CheckpointStatus, FlowState
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
@@ -68,6 +69,25 @@ def json_display(field: str) -> Any:
         return format_html('<pre style="margin: 0; white-space: pre-wrap">{}</pre>', text)
 
     return show
+
+
+@admin.display(description="flow limit")
+def flow_summary(model_admin: admin.options.BaseModelAdmin[Any], obj: Checkpoint) -> str:
+    """What a step attempt is doing under its fleet-wide limit, and which limit that is."""
+    if obj.flow is None or obj.status != CheckpointStatus.PENDING:
+        return model_admin.get_empty_value_display()
+    step = registry.steps.get(obj.name)
+    if obj.flow == FlowState.RATE:
+        rate = step.rate_limit if step is not None else None
+        until = obj.wake_at.isoformat(timespec="seconds") if obj.wake_at else "?"
+        return f"waiting for a rate token (rate_limit {rate or '?'}) until {until}"
+    limit = step.concurrency.limit if step is not None and step.concurrency is not None else "?"
+    prefix = f"c:{obj.name}:"
+    key = (obj.flow_key or "")[len(prefix) :] if (obj.flow_key or "").startswith(prefix) else ""
+    what = f"concurrency {limit}" + (f", key {key!r}" if key else "")
+    if obj.flow == FlowState.WAITING:
+        return f"waiting for a slot ({what}), place {obj.flow_seq} in line"
+    return f"holds a slot ({what})"
 
 
 @admin.display(description="error")
@@ -163,6 +183,7 @@ class CheckpointInline(ReadOnlyInline):
         "duration",
         "heartbeat_time",
         "progress_json",
+        "flow_limit",
         "error_message",
     )
     verbose_name_plural = "history (checkpoints, in seq order)"
@@ -177,6 +198,7 @@ class CheckpointInline(ReadOnlyInline):
 
     progress_json = json_display("progress")
     error_message = error_summary
+    flow_limit = flow_summary
 
 
 class SignalInline(ReadOnlyInline):
@@ -387,6 +409,7 @@ class CheckpointAdmin(DurableRows, admin.ModelAdmin):
         "attempt",
         "started_time",
         "finished_time",
+        "flow_limit",
         "error_message",
     )
     # The run column is its own link, so the row's change link sits on seq and name.
@@ -416,6 +439,7 @@ class CheckpointAdmin(DurableRows, admin.ModelAdmin):
         "finished_time",
         "heartbeat_time",
         "progress_json",
+        "flow_limit",
     )
 
     has_delete_permission = ReadOnlyInline.has_delete_permission
@@ -427,6 +451,7 @@ class CheckpointAdmin(DurableRows, admin.ModelAdmin):
         )
 
     error_message = error_summary
+    flow_limit = flow_summary
     input_json = json_display("input")
     output_json = json_display("output")
     error_json = json_display("error")

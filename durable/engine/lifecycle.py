@@ -17,15 +17,21 @@ from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
 from ..statuses import CheckpointStatus
+from . import flow
 from .runs import get_run, hand_over
 
 
-def finished(run: Run) -> None:
-    """Tell the world a run reached a terminal state (call inside that transaction)."""
+def finished(run: Run, *, may_hold_slots: bool = True) -> None:
+    """Tell the world a run reached a terminal state (call inside that transaction).
+
+    ``may_hold_slots=False``: the caller knows no attempt of the run can hold a step's limit
+    slot (no pending limited step), which saves asking."""
     if run.singleton_key:
         from . import singletons
 
         singletons.admit(run.singleton_key, run.workflow)
+    if may_hold_slots:
+        flow.freed_by_run(run.id)
     if run.parent_id:
         _tell_parent(run)
     if run.status == Status.DEAD:

@@ -9,6 +9,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
@@ -16,11 +17,11 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import DurableError, InvalidInput, WorkflowNotRegistered, error_dict
-from ..models import Checkpoint, Run
+from ..models import HELD, Checkpoint, Run
 from ..replay.attempt import LATER
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
-from . import attempts, leases, turn
+from . import attempts, flow, leases, turn
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -40,7 +41,19 @@ def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: st
         Checkpoint.objects.using(db)
         .select_related("run")
         .filter(run_id=run_id, seq=seq)
-        .only("seq", "name", "status", "attempt", "input", "fan", "fail_fast", "token", "run__status")
+        .only(
+            "seq",
+            "name",
+            "status",
+            "attempt",
+            "input",
+            "fan",
+            "fail_fast",
+            "token",
+            "flow",
+            "flow_key",
+            "run__status",
+        )
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
@@ -70,23 +83,22 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     The attempt is held by this process (renewed by the lease keeper) from the moment it starts
     until its result is recorded, so a death anywhere in between is known within a LEASE."""
     settings = conf.get()
-    db = settings.DATABASE
     began = time.monotonic()
     holder = leases.process_holder()
     key = (run_id, seq, attempt)
-
-    def take() -> Checkpoint | None:
-        now = clock.now()
-        return Checkpoint.objects.using(db).take(
-            run_id, seq, attempt, token, holder, now, now + settings.LEASE
-        )
-
     # Through a cut connection too: this message is the attempt's only prompt until
-    # STEP_REDISPATCH_AFTER. A take that committed unseen finds the attempt started (None here):
-    # its hold then lapses and the attempt counts as lost, within a LEASE.
-    row = _persistently(take, key)
+    # STEP_REDISPATCH_AFTER. A start that committed unseen finds the attempt started (stale
+    # here): its hold then lapses and the attempt counts as lost, within a LEASE.
+    started = _persistently(lambda: _start(run_id, seq, attempt, token, holder, clock.now(), settings), key)
+    row, held_back = started or (None, None)
     if row is None:
         return "stale"
+    if isinstance(held_back, flow.Waits):
+        if held_back.until is not None:
+            flow.wake_for_token(run_id, held_back.until)
+        return "waiting"  # or sent again when a slot is handed to it
+    if isinstance(held_back, flow.Refused):
+        return record(row, registry.step(row.name), None, held_back.error, False, None, began)
     leases.hold_attempt(key, holder)
     try:
         beats = Beats(run_id, seq, attempt, settings)
@@ -104,6 +116,29 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         # Recorded, or it never will be from here: either way this process holds it no longer,
         # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.
         leases.let_go_attempt(key)
+
+
+def _start(
+    run_id: str,
+    seq: int,
+    attempt: int,
+    token: str | None,
+    holder: str,
+    now: datetime,
+    settings: conf.Settings,
+) -> tuple[Checkpoint | None, flow.Waits | flow.Refused | None]:
+    """Start the attempt (None if the message is stale) and, under a fleet-wide limit, take its
+    slot and rate token in the same transaction, or say why it waits instead of running."""
+    checkpoints = Checkpoint.objects.using(settings.DATABASE)
+    until = now + settings.LEASE
+    if not flow.any_limited():
+        return checkpoints.take(run_id, seq, attempt, token, holder, now, until), None
+    with transaction.atomic(using=settings.DATABASE):
+        row = checkpoints.take(run_id, seq, attempt, token, holder, now, until)
+        step = registry.steps.get(row.name) if row is not None else None
+        if row is None or step is None or not step.limited:
+            return row, None
+        return row, flow.admit_start(row, step, now)
 
 
 def _await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
@@ -128,7 +163,19 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
         Checkpoint.objects.using(settings.DATABASE)
         .select_related("run")
         .filter(run_id=run_id, seq=seq, kind="step")
-        .only("run_id", "seq", "name", "status", "attempt", "fan", "fail_fast", "token", "run__status")
+        .only(
+            "run_id",
+            "seq",
+            "name",
+            "status",
+            "attempt",
+            "fan",
+            "fail_fast",
+            "token",
+            "flow",
+            "flow_key",
+            "run__status",
+        )
         .first()
     )
     if row is None or not _same_token(row.token, secret) or row.attempt != attempt:
@@ -343,6 +390,10 @@ def _write_result(
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
             if not joins_later:
                 woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
+            if row.flow == HELD and row.flow_key:
+                # The attempt ended: its slot goes to the oldest in line, in this transaction
+                # (after the run's row, as everywhere a gate is locked).
+                flow.hand_off(row.flow_key)
     return recorded or None, woken, joins_later
 
 

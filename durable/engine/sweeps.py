@@ -14,7 +14,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..models import Checkpoint, Run, Status
-from . import entities, lifecycle, retention, schedules, singletons
+from . import entities, flow, lifecycle, retention, schedules, singletons
 from .turn import recovery_exhausted
 
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
@@ -27,6 +27,7 @@ def sweep_timers() -> int:
     runs = Run.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
     with transaction.atomic(using=settings.DATABASE):
         woken = singletons.repair()
+    woken += flow.repair()
     for _ in range(MAX_BATCHES):
         now = clock.now()
         with transaction.atomic(using=settings.DATABASE):

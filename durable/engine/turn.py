@@ -20,10 +20,11 @@ from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import Checkpoint, Run, Signal, Status
-from ..replay.context import RunFacts, TurnState, replay
+from ..replay.context import replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
+from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
-from . import attempts, entities, events, leases, lifecycle, outbox, runs
+from . import attempts, entities, events, flow, leases, lifecycle, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -230,6 +231,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
                 _write(run.id, current, settings, fenced_by=owner)
         else:
             _write(run.id, current, settings, fenced_by=owner)
+        _hand_off(current)
         _mark_saved(current)
 
     try:
@@ -256,6 +258,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
                 successor = runs.continue_as_new(run, workflow, outcome.next_input, exposed=state.exposed)
                 outcome.output = {"continued_as": successor}
             _settle(run, owner, outcome, settings, state)
+            # After the settle: a gate is locked after the run's row, as a recorded result does.
+            _hand_off(state)
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return outcome
@@ -319,7 +323,8 @@ def _settle(
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(
-            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error"))
+            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")),
+            may_hold_slots=state is None or flow.may_hold_slots(state.records.values()),
         )
 
 
@@ -372,6 +377,8 @@ def _load_records(run_id: str, db: str) -> dict[int, Record]:
             fail_fast=row.fail_fast,
             token=row.token,
             held_until=row.held_until,
+            flow=row.flow,
+            flow_key=row.flow_key,
             stored_as=(row.status, row.attempt),
         )
     return records
@@ -404,6 +411,7 @@ _WRITTEN = (
     "last_heartbeat_at",
     "token",
     "held_until",
+    "flow",
 )
 
 
@@ -476,6 +484,13 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
             run_id, rec.seq, rec.attempt, rec.token, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE
         )
     state.dispatch.clear()
+
+
+def _hand_off(state: TurnState) -> None:
+    """Hand the limit slots this turn freed to the oldest attempts in their lines."""
+    for key in state.freed:
+        flow.hand_off(key)
+    state.freed.clear()
 
 
 def _mark_saved(state: TurnState) -> None:

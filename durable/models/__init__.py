@@ -6,14 +6,18 @@ says who won. Nothing outside this package assigns ``status``.
 
 from ..statuses import TERMINAL, UNFINISHED
 from .base import RETRYABLE, Status, column_length
-from .checkpoints import Checkpoint, CheckpointQuerySet
+from .checkpoints import HELD, RATE, WAITING, Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
 from .entities import Entity, EntityOp, EntityOpQuerySet, EntityQuerySet, OpStatus
+from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .runs import Run, RunQuerySet
 
 __all__ = [
+    "HELD",
+    "RATE",
     "RETRYABLE",
+    "WAITING",
     "TERMINAL",
     "UNFINISHED",
     "Checkpoint",
@@ -27,6 +31,8 @@ __all__ = [
     "Event",
     "EventQuerySet",
     "OpStatus",
+    "FlowGate",
+    "FlowStart",
     "Run",
     "RunQuerySet",
     "Signal",
@@ -34,4 +40,6 @@ __all__ = [
     "SingletonSlot",
     "Status",
     "column_length",
+    "in_flight",
+    "in_line",
 ]

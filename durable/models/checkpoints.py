@@ -8,12 +8,16 @@ from typing import Any
 from django.db import connections, models
 from django.db.models import Exists
 
-from ..statuses import UNFINISHED, CheckpointStatus
+from ..statuses import UNFINISHED, CheckpointStatus, FlowState
 from .base import RETRYABLE, skip_locked
 from .runs import Run
 
+HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
+
 #: A settled or failed attempt is held by no one.
 _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
+#: ... and holds no slot of a limit any more (its key stays, so the slot can be handed on).
+_ENDED: dict[str, Any] = {**_UNHELD, "flow": None}
 
 
 class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
@@ -54,7 +58,9 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
             "held_until = %s "
             "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
-            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} AND EXISTS ("
+            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} "
+            # An attempt in line for a slot or a rate token starts only once it is sent again.
+            "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
             ") RETURNING *"
         )
@@ -71,6 +77,58 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         ]
         taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
         return taken[0] if taken else None
+
+    def hold_slot(self, pk: int, key: str, limit: int, now: datetime, *, behind: bool) -> bool:
+        """Give the started attempt ``pk`` a slot of ``key`` if fewer than ``limit`` are held
+        (and, with ``behind``, no attempt waits in line before it); False if it must wait.
+
+        Call with the key's gate locked, so the count is the one the next start sees. One
+        plain statement: this is on every start of a limited step."""
+        connection = connections[self.db]
+        ops = connection.ops
+        at = ops.adapt_datetimefield_value
+        table, runs = ops.quote_name(Checkpoint._meta.db_table), ops.quote_name(Run._meta.db_table)
+        unfinished = f"run_id IN (SELECT id FROM {runs} WHERE status IN (%s, %s, %s))"
+        sql = (
+            f"UPDATE {table} SET flow = %s, flow_key = %s WHERE id = %s AND ("
+            f"SELECT COUNT(*) FROM {table} WHERE flow_key = %s AND flow = %s AND status = 'pending' "
+            f"AND (held_until IS NULL OR held_until >= %s) AND id <> %s AND {unfinished}) < %s"
+        )
+        params: list[Any] = [HELD, key, pk, key, HELD, at(now), pk, *UNFINISHED, limit]
+        if behind:
+            sql += (
+                f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE flow_key = %s AND flow = %s "
+                f"AND status = 'pending' AND {unfinished})"
+            )
+            params += [key, WAITING, *UNFINISHED]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.rowcount == 1
+
+    def wait_in_line(self, run_id: str, seq: int, attempt: int, key: str, place: int) -> bool:
+        """Undo the start of an attempt that found no free slot: it waits, sent but unstarted,
+        at ``place`` in the line of ``key`` until a freed slot is handed to it."""
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                started_at=None, flow=WAITING, flow_key=key, flow_seq=place, **_UNHELD
+            )
+        )
+
+    def wait_for_rate(self, run_id: str, seq: int, attempt: int, key: str, until: datetime) -> bool:
+        """Undo the start of an attempt over its rate limit: its run sends it again at ``until``."""
+        return bool(
+            self._attempt(run_id, seq, attempt).update(
+                started_at=None, flow=RATE, flow_key=key, wake_at=until, **_UNHELD
+            )
+        )
+
+    def admit(self, pk: int, now: datetime, redispatch_at: datetime) -> bool:
+        """Hand a freed slot to the waiting attempt ``pk``: it holds it from now, sent anew."""
+        return bool(
+            self.filter(pk=pk, flow=WAITING, status=CheckpointStatus.PENDING).update(
+                flow=HELD, enqueued_at=now, wake_at=redispatch_at
+            )
+        )
 
     def renew_hold(self, run_id: str, seq: int, attempt: int, holder: str, until: datetime) -> bool:
         """Extend the hold of a running attempt; False when it ended or was declared lost."""
@@ -121,14 +179,14 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 error=None,
                 wake_at=None,
                 finished_at=now,
-                **_UNHELD,
+                **_ENDED,
             )
         )
 
     def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
         return bool(
             self._attempt(run_id, seq, attempt).update(
-                status=CheckpointStatus.FAILED, error=error, wake_at=None, finished_at=now, **_UNHELD
+                status=CheckpointStatus.FAILED, error=error, wake_at=None, finished_at=now, **_ENDED
             )
         )
 
@@ -143,7 +201,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 started_at=None,
                 last_heartbeat_at=None,
                 token=None,
-                **_UNHELD,
+                **_ENDED,
             )
         )
 
@@ -262,6 +320,11 @@ class Checkpoint(models.Model):
     #: The process running a dispatched attempt, and until when its hold lasts unless renewed.
     held_by = models.CharField(max_length=255, null=True, blank=True)
     held_until = models.DateTimeField(null=True, blank=True)
+    #: Under a fleet-wide limit: "held" (the attempt has a slot), "waiting" (in line for one) or
+    #: "rate" (waiting until ``wake_at`` for a rate token); the gate key, and the place in line.
+    flow = models.CharField(max_length=16, null=True, blank=True)
+    flow_key = models.CharField(max_length=255, null=True, blank=True)
+    flow_seq = models.BigIntegerField(null=True, blank=True)
 
     objects = CheckpointQuerySet.as_manager()
 
@@ -278,6 +341,12 @@ class Checkpoint(models.Model):
                 fields=["name", "status"],
                 name="durable_checkpoint_event_wait",
                 condition=models.Q(kind="event"),
+            ),
+            # The attempts holding or waiting for the slots of a limited key.
+            models.Index(
+                fields=["flow_key", "flow", "flow_seq"],
+                name="durable_checkpoint_flow",
+                condition=models.Q(flow__isnull=False),
             ),
             # Held attempts whose holder stopped renewing, found by the orphan sweep.
             models.Index(

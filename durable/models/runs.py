@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, Status, skip_locked
@@ -176,6 +176,16 @@ class RunQuerySet(models.QuerySet["Run"]):
         """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
         qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
         return list(skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
+
+    def wake_by(self, run_id: str, at: datetime) -> str | None:
+        """Bring an unfinished run's timer forward to ``at`` at the latest (a step's rate token
+        falls due then); return its queue, or None if it has finished. Its wake counter moves
+        too: a turn running now replays rather than settling on the step as it read it."""
+        sooner = Q(wake_at__isnull=True) | Q(wake_at__gt=at)
+        due = Case(When(sooner, then=Value(at, output_field=models.DateTimeField())), default=F("wake_at"))
+        if not self.filter(id=run_id, status__in=UNFINISHED).update(wakes=F("wakes") + 1, wake_at=due):
+            return None
+        return self.filter(id=run_id).values_list("queue", flat=True).first()
 
     def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
         """Move the timers of runs just woken forward, so the next sweep does not send them again."""

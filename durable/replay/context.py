@@ -12,9 +12,8 @@ import random as _random
 import secrets
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from ..definitions import Step, Workflow, body_scope, celery_task_step, registry
 from ..durations import parse_duration
@@ -29,9 +28,9 @@ from ..errors import (
     error_dict,
     step_timeout_error,
 )
-from ..statuses import Decided
+from ..statuses import Decided, FlowState
 from . import cancelling, saga, stopping
-from .attempt import LATER, Result, beat_grace, run_attempt
+from .attempt import LATER, beat_grace, run_attempt
 from .cancelling import Cancelling
 from .composition import Composition
 from .entities import Entities
@@ -39,11 +38,8 @@ from .history import (
     COMPLETED,
     FAILED,
     PENDING,
-    BufferedSignal,
-    ChildStart,
     Decision,
     Limits,
-    Outgoing,
     Record,
     roundtrip,
 )
@@ -54,70 +50,11 @@ from .queries import Queries
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
 from .stopping import Stopping
+from .turnstate import InPlaceRunner, RunFacts, TurnState
 from .updates import Updates
 from .waits import Waits
 
 log = logging.getLogger("durable.workflow")
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    id: str
-    workflow: str
-    version: str
-    namespace: str | None
-    input: Any
-    deadline: datetime | None = None
-    #: Set by ``cancel(compensate=True)``: unwind instead of running the body; with
-    #: ``interrupt``, ``Cancelled`` is raised in the body at its current wait instead.
-    cancel_request: dict[str, Any] | None = None
-
-
-class InPlaceRunner(Protocol):
-    """Runs a dispatched step inside the turn (supplied by the executor; see ``engine.attempts``)."""
-
-    def accepts(self, queue: str) -> bool: ...
-
-    def __call__(self, rec: Record, step: Step) -> Result: ...
-
-
-@dataclass
-class TurnState:
-    """Everything a turn changed, for the executor to persist."""
-
-    records: dict[int, Record]
-    #: Signals not yet consumed, oldest first; None until first needed (see ``load_signals``).
-    signals: list[BufferedSignal] | None = None
-    #: Loads ``signals`` on first use, so turns that wait for no signal skip the query.
-    load_signals: Callable[[], list[BufferedSignal]] | None = None
-    #: (id, payload) of the oldest event (name, match, since, excluding ids), or None.
-    find_event: Callable[[str, dict[str, Any] | None, datetime, set[int]], tuple[int, Any] | None] | None = (
-        None
-    )
-    dispatch: list[Record] = field(default_factory=list)
-    wakes: list[datetime] = field(default_factory=list)
-    consumed: list[BufferedSignal] = field(default_factory=list)
-    children: list[ChildStart] = field(default_factory=list)
-    #: Messages to other runs recorded by this turn, sent in the transaction that writes them.
-    outgoing: list[Outgoing] = field(default_factory=list)
-    #: (workflow, status) of a run by id, or None if there is none (asked by ``ctx.signal``).
-    find_run: Callable[[str], tuple[str, str] | None] | None = None
-    #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
-    search_attributes: dict[str, Any] | None = None
-    #: The run's exposed values (as stored when the turn began, then this turn's new exposes),
-    #: and whether this turn exposed anything yet unwritten.
-    exposed: dict[str, Any] = field(default_factory=dict)
-    exposed_changed: bool = False
-    #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
-    raised: dict[int, list[int]] = field(default_factory=dict)
-
-    def buffered(self) -> list[BufferedSignal]:
-        if self.signals is None:
-            self.signals = self.load_signals() if self.load_signals is not None else []
-        return self.signals
-
-    def unsaved(self) -> list[Record]:
-        return [r for r in self.records.values() if r.dirty or r.stored_as is None]
 
 
 class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -376,6 +313,14 @@ class Context(
                 return Pending(rec.wake_at)
             self._send(rec, step)
             return self._resolve_step(rec, step)  # sent: look again by its timeout, too
+        if rec.started_at is None and rec.flow == FlowState.WAITING:
+            # In line for a slot of its concurrency limit: the attempt that frees one sends it.
+            return Pending(None)
+        if rec.started_at is None and rec.flow == FlowState.RATE:
+            # Over its rate limit: sent again once its token falls due.
+            if rec.wake_at is not None and rec.wake_at > now:
+                return Pending(rec.wake_at)
+            self._send(rec, step)
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
                 self._send(rec, step)  # the message was lost, or a worker never took it
@@ -428,6 +373,8 @@ class Context(
         rec.started_at = None
         rec.last_heartbeat_at = None
         rec.wake_at = now + self._limits.redispatch_after
+        if rec.flow != FlowState.HELD:
+            rec.flow = None  # a slot handed to it is kept: its message was lost, not its place
         rec.changed()
         self._turn.dispatch.append(rec)
 
@@ -437,6 +384,9 @@ class Context(
         rec.error = error
         rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
         rec.token = None
+        if rec.flow == FlowState.HELD and rec.flow_key:
+            self._turn.freed.append(rec.flow_key)
+        rec.flow = None
         if retryable and step.retry.allows_after(rec.attempt):
             rec.wake_at = now + step.retry.delay(rec.attempt)
             rec.attempt += 1
@@ -453,6 +403,7 @@ class Context(
             self._in_place is not None
             and not step.local
             and not step.celery_task
+            and not step.limited  # a limited attempt may have to wait: durably, not in a turn
             and step.timeout is None
             and step.heartbeat_timeout is None
             and self._in_place.accepts(self._queue_of(step))

@@ -42,6 +42,9 @@ class Record:
     token: str | None = None
     #: Until when the process running a dispatched attempt holds it (None: not held).
     held_until: datetime | None = None
+    #: Under a fleet-wide limit: the attempt's ``FlowState`` (None: not held back) and gate key.
+    flow: str | None = None
+    flow_key: str | None = None
     #: (status, attempt) as stored; None while the row does not exist yet.
     stored_as: tuple[str, int] | None = None
     dirty: bool = False

@@ -16,7 +16,7 @@ from ..routing import queue_in
 from .history import PENDING, Limits, Record
 
 if TYPE_CHECKING:
-    from .context import RunFacts, TurnState
+    from .turnstate import RunFacts, TurnState
 
 
 class Pending:

@@ -54,6 +54,21 @@ def charge_flow(ctx: durable.Context, n: int) -> str:
     return ctx.step(charge, n)
 
 
+@durable.step(name="tests.admin_one_at_a_time", concurrency=durable.Concurrency(limit=1, key="{0}"))
+def one_at_a_time(customer: str, n: int) -> None:
+    raise durable.CompleteLater()
+
+
+@durable.step(name="tests.admin_rated", rate_limit="1/h")
+def rated(n: int) -> int:
+    return n
+
+
+@durable.workflow(name="tests.admin_limits")
+def limits_flow(ctx: durable.Context, n: int) -> Any:
+    ctx.all([ctx.defer(one_at_a_time, "ann", i) for i in range(n)] + [ctx.defer(rated, i) for i in range(n)])
+
+
 @durable.workflow(name="tests.admin_wait")
 def wait_flow(ctx: durable.Context, _: Any) -> Any:
     return ctx.wait_for_signal("go")
@@ -144,6 +159,21 @@ def test_change_page_shows_checkpoints_in_seq_order_with_status_and_attempts(
         ("1", flaky_double.name, "completed", "2"),
         ("2", add.name, "completed", "1"),
     ]
+
+
+def test_change_page_shows_steps_waiting_for_a_slot_or_a_rate_token_with_their_limit(
+    admin_client: Client, durable_env: Any
+) -> None:
+    run_id = run_to_idle(durable_env, "tests.admin_limits", 2)
+
+    page = admin_client.get(change_url(run_id)).content.decode()
+
+    assert "holds a slot (concurrency 1, key &#x27;ann&#x27;)" in page
+    assert "waiting for a slot (concurrency 1, key &#x27;ann&#x27;), place 1 in line" in page
+    assert "waiting for a rate token (rate_limit 1/h) until" in page
+    checkpoint = Checkpoint.objects.get(run_id=run_id, seq=1)
+    own_page = admin_client.get(reverse("admin:durable_checkpoint_change", args=[checkpoint.pk]))
+    assert "waiting for a slot" in own_page.content.decode()
 
 
 def test_change_page_shows_a_failed_steps_short_error(

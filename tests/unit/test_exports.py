@@ -11,6 +11,7 @@ PUBLIC = [
     "Cancelled",
     "ChildFailed",
     "CompleteLater",
+    "Concurrency",
     "Context",
     "DeadLetter",
     "Deferred",

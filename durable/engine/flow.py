@@ -1,0 +1,243 @@
+"""Fleet-wide step limits: ``concurrency`` slots and ``rate_limit`` tokens, taken when a worker
+starts an attempt and handed on when it ends.
+
+A worker starts a limited attempt only once its key's gate (locked) shows a free slot and a
+rate token; otherwise the attempt waits durably, sent but unstarted: in line for a slot (the
+attempt that frees one sends the oldest waiter in its own transaction) or until its rate token
+is due (its run's timer sends it again). The timer sweep admits whatever a lost hand-off left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from .. import clock, conf, dispatch
+from ..definitions import Step, registry
+from ..errors import InvalidInput
+from ..models import (
+    HELD,
+    RATE,
+    UNFINISHED,
+    WAITING,
+    Checkpoint,
+    FlowGate,
+    FlowStart,
+    Run,
+    in_flight,
+    in_line,
+)
+from ..replay.history import PENDING, Record
+
+log = logging.getLogger("durable.engine")
+
+#: Keys with waiting attempts one repair pass looks at.
+REPAIR_BATCH = 100
+#: A rate token is stamped a few milliseconds before the step's body starts, and that lag
+#: varies: each start counts this much longer than its period, so the bodies' own starts
+#: keep to the limit too.
+RATE_SLACK = timedelta(milliseconds=100)
+#: A token due within this long also gets a countdown message (it waits in a worker's memory,
+#: so only briefly); a later one is left to the timer sweep, whose second matters less.
+HINT_WITHIN = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """The attempt did not start: it waits for a slot (``until`` None) or a rate token."""
+
+    key: str
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The attempt cannot say which slot it needs (its key could not be made): it fails."""
+
+    error: dict[str, Any]
+
+
+def any_limited() -> bool:
+    """Whether a registered step has a fleet-wide limit (else nothing here costs a query)."""
+    return any(step.limited for step in registry.steps.values())
+
+
+def slot_key(step: Step, payload: Any) -> str:
+    """The gate key of the slot an attempt with ``payload`` needs (InvalidInput if none)."""
+    assert step.concurrency is not None
+    args = payload or {}
+    key = step.concurrency.key_for(step.fn, list(args.get("args", [])), dict(args.get("kwargs", {})))
+    return _fit(f"c:{step.name}:{key}")
+
+
+def rate_key(step: Step) -> str:
+    return _fit(f"r:{step.name}")
+
+
+def _fit(key: str) -> str:
+    # A gate key is a primary key: a long one is shortened, still unique, still readable.
+    return key if len(key) <= 255 else f"{key[:200]}#{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def admit_start(row: Checkpoint, step: Step, now: datetime) -> Waits | Refused | None:
+    """Called in the transaction that started ``row``: None if it may run now, else why not
+    (its start is then undone, and it waits)."""
+    db = conf.get().DATABASE
+    checkpoints = Checkpoint.objects.using(db)
+    args = (row.run_id, row.seq, row.attempt)
+    if step.concurrency is not None and row.flow != HELD:
+        try:
+            key = slot_key(step, row.input)
+        except InvalidInput as exc:
+            return Refused(exc.to_dict())
+        gates = FlowGate.objects.using(db)
+        gate = gates.lock(key)
+        assert gate is not None
+        # Behind the attempts already in line, if any (the gate's count is an upper bound).
+        if not checkpoints.hold_slot(row.pk, key, step.concurrency.limit, now, behind=gate.waiting > 0):
+            checkpoints.wait_in_line(*args, key, gates.join_line(gate))
+            return Waits(key)
+        row.flow, row.flow_key = HELD, key
+    if step.rate_limit is not None:
+        until = _rate_token(step)
+        if until is not None:
+            freed = row.flow_key if row.flow == HELD else None
+            checkpoints.wait_for_rate(*args, rate_key(step), until)
+            if freed:
+                hand_off(freed)  # it waits for its token without the slot it had
+            # The caller brings the run's timer forward once this commits: no run row is
+            # locked while a gate is (a recorded result locks them the other way round).
+            return Waits(rate_key(step), until)
+    return None
+
+
+def wake_for_token(run_id: str, until: datetime) -> None:
+    """Have the run send its attempt again when its rate token falls due: its timer (the
+    truth) and, for a near token, a countdown that beats the timer sweep's next pass."""
+    settings = conf.get()
+    queue = Run.objects.using(settings.DATABASE).wake_by(run_id, until)
+    if queue is None:
+        return
+    # A little late rather than early: a turn before the token is due only waits again.
+    seconds = (until - clock.now()).total_seconds() + 0.05
+    if 0 < seconds <= HINT_WITHIN.total_seconds():
+        with transaction.atomic(using=settings.DATABASE):  # sent on commit, as every message is
+            dispatch.advance_later(run_id, queue or settings.DEFAULT_QUEUE, seconds)
+
+
+def _rate_token(step: Step) -> datetime | None:
+    """Take a rate token now (None), or say when the next one falls due.
+
+    A sliding window of the real starts: never more than ``count`` in any ``period``. The
+    attempts already waiting are spread over the tokens ahead of them, so they do not all
+    come back at once."""
+    assert step.rate_limit is not None
+    db = conf.get().DATABASE
+    rate, key = step.rate_limit, rate_key(step)
+    FlowGate.objects.using(db).lock(key)
+    # Read once the gate is ours: a start is stamped when it happens, not when it asked.
+    now = clock.now()
+    starts = FlowStart.objects.using(db)
+    period = rate.period + RATE_SLACK
+    since = now - period
+    window = starts.within(key, since)
+    if len(window) < rate.count:
+        starts.create(key=key, at=now)
+        starts.forget(key, since)
+        return None
+    ahead = Checkpoint.objects.using(db).filter(flow_key=key, flow=RATE, wake_at__gt=now).count()
+    rounds, place = divmod(ahead, rate.count)
+    return window[len(window) - rate.count + place] + period * (rounds + 1)
+
+
+def hand_off(key: str) -> list[int]:
+    """Give ``key``'s free slots to its oldest waiting attempts and send each (on commit).
+
+    Call in the transaction that freed a slot, after any run row it locks (gates come last)."""
+    settings = conf.get()
+    db = settings.DATABASE
+    gates = FlowGate.objects.using(db)
+    with transaction.atomic(using=db, savepoint=False):  # the caller's, when it has one
+        gate = gates.lock(key, create=False)
+        if gate is None or gate.waiting <= 0:
+            return []  # one statement when nobody waits: a limit never reached costs little
+        line = in_line(db, key)
+        waiting = line.count()
+        gates.note_waiting(gate, waiting)
+        first = line.values_list("name", flat=True).first() if waiting else None
+        step = registry.steps.get(first) if first is not None else None
+        if step is None:
+            return []  # nobody waits, or this process lacks the step's code: one that has it will
+        limit = step.concurrency.limit if step.concurrency is not None else 1_000_000_000
+        now = clock.now()
+        free = limit - in_flight(db, key, now).count()
+        if free <= 0:
+            return []
+        admitted = []
+        checkpoints = Checkpoint.objects.using(db)
+        for row in line.only("id", "run_id", "seq", "attempt", "token", "queue")[:free]:
+            if checkpoints.admit(row.pk, now, now + settings.STEP_REDISPATCH_AFTER):
+                dispatch.run_step(
+                    row.run_id,
+                    row.seq,
+                    row.attempt,
+                    row.token,
+                    row.queue or settings.DEFAULT_QUEUE,
+                    step.timeout,
+                    settings.STEP_TIMEOUT_GRACE,
+                )
+                admitted.append(row.pk)
+        gates.note_waiting(gate, waiting - len(admitted))
+        return admitted
+
+
+def may_hold_slots(records: Iterable[Record]) -> bool:
+    """Whether any of a run's positions is a pending attempt of a limited step (asked in
+    memory, so a run without one ends without a query)."""
+    for rec in records:
+        if rec.kind == "step" and rec.status == PENDING:
+            step = registry.steps.get(rec.name)
+            if step is not None and step.limited:
+                return True
+    return False
+
+
+def freed_by_run(run_id: str) -> None:
+    """A run ended (cancelled, failed, timed out...): hand on the slots its attempts held."""
+    if not any_limited():
+        return
+    db = conf.get().DATABASE
+    keys = (
+        Checkpoint.objects.using(db)
+        .filter(run_id=run_id, flow=HELD, status="pending")
+        .order_by()
+        .values_list("flow_key", flat=True)
+        .distinct()
+    )
+    for key in sorted(set(keys)):
+        hand_off(key)
+
+
+def repair() -> int:
+    """Admit waiting attempts whose key has free slots (a hand-off lost with its process, a
+    holder that died, a limit raised by a deploy). One read when nothing waits."""
+    if not any_limited():
+        return 0
+    db = conf.get().DATABASE
+    unfinished = Run.objects.using(db).filter(status__in=UNFINISHED).values("id")
+    keys = (
+        Checkpoint.objects.using(db)
+        .filter(
+            flow=WAITING, status="pending", run_id__in=unfinished
+        )  # a cancelled run's waiters wait for no one
+        .order_by()
+        .values_list("flow_key", flat=True)
+        .distinct()[:REPAIR_BATCH]
+    )
+    return sum(len(hand_off(key)) for key in sorted(set(keys)))

@@ -1,0 +1,118 @@
+"""The gates of fleet-wide step limits, and the starts a rate limit counts.
+
+A step attempt's place under a limit lives on its Checkpoint (``flow``, ``flow_key``,
+``flow_seq``); the gate row is locked while a key's slots are counted, as a SingletonSlot is.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connections, models
+from django.db.models import F, Q
+
+from ..statuses import UNFINISHED, CheckpointStatus
+from .checkpoints import HELD, WAITING, Checkpoint
+from .runs import Run
+
+
+class FlowGateQuerySet(models.QuerySet["FlowGate"]):
+    def lock(self, key: str, *, create: bool = True) -> FlowGate | None:
+        """The gate of ``key``, locked until the transaction ends; created on first use (else
+        None when there is none). One plain statement once it exists: it is on every start and
+        end of a limited step, where the ORM's compiling would cost more than the statement."""
+        connection = connections[self.db]
+        ops = connection.ops
+        # SQLite has no FOR UPDATE: its IMMEDIATE transactions take the database's write lock.
+        lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+        sql = f"SELECT next_seq, waiting FROM {ops.quote_name(FlowGate._meta.db_table)} WHERE key = %s{lock}"
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [key])
+            found = cursor.fetchone()
+        if found is not None:
+            return FlowGate(key=key, next_seq=found[0], waiting=found[1])
+        if not create:
+            return None
+        self.get_or_create(key=key)
+        return self.lock(key, create=False)
+
+    def join_line(self, gate: FlowGate) -> int:
+        """Count one more waiter and return its place in the line (the gate locked by the caller)."""
+        self.filter(key=gate.key).update(next_seq=F("next_seq") + 1, waiting=F("waiting") + 1)
+        gate.next_seq += 1
+        gate.waiting += 1
+        return gate.next_seq
+
+    def note_waiting(self, gate: FlowGate, count: int) -> None:
+        """Set the gate's count of waiters to what its line holds now (the gate locked)."""
+        if gate.waiting != count:
+            self.filter(key=gate.key).update(waiting=count)
+            gate.waiting = count
+
+
+class FlowGate(models.Model):
+    """One row per limited key (``c:<step>:<key>`` for a concurrency limit, ``r:<step>`` for a
+    rate limit): locked while its slots or tokens are counted, so two workers never both take
+    the last one; ``next_seq`` numbers the attempts that wait in its line."""
+
+    key = models.CharField(primary_key=True, max_length=255)
+    next_seq = models.BigIntegerField(default=0)
+    #: At least the number of attempts in its line (a waiter whose run ended is counted until
+    #: the next hand-off looks): at 0, the attempt that frees a slot has no one to hand it to.
+    waiting = models.BigIntegerField(default=0)
+
+    objects = FlowGateQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"flow gate {self.key}"
+
+
+class FlowStartQuerySet(models.QuerySet["FlowStart"]):
+    def within(self, key: str, since: datetime) -> list[datetime]:
+        """When the starts of ``key`` counted by its window began, oldest first."""
+        return list(self.filter(key=key, at__gt=since).order_by("at").values_list("at", flat=True))
+
+    def forget(self, key: str, before: datetime) -> None:
+        """Drop the starts no window counts any more."""
+        self.filter(key=key, at__lte=before).delete()
+
+
+class FlowStart(models.Model):
+    """One start of a rate-limited step: a rate limit counts these in its sliding window."""
+
+    key = models.CharField(max_length=255)
+    at = models.DateTimeField()
+
+    objects = FlowStartQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["key", "at"], name="durable_flowstart_window")]
+
+    def __str__(self) -> str:
+        return f"start of {self.key} at {self.at}"
+
+
+def in_flight(db: str, key: str, now: datetime) -> models.QuerySet[Checkpoint]:
+    """The attempts holding a slot of ``key``: pending, in an unfinished run, and not held by a
+    process that stopped renewing (its slot comes back when its hold lapses, not later)."""
+    return Checkpoint.objects.using(db).filter(
+        Q(held_until__isnull=True) | Q(held_until__gte=now),
+        flow_key=key,
+        flow=HELD,
+        status=CheckpointStatus.PENDING,
+        run_id__in=Run.objects.using(db).filter(status__in=UNFINISHED).values("id"),
+    )
+
+
+def in_line(db: str, key: str) -> models.QuerySet[Checkpoint]:
+    """The attempts waiting for a slot of ``key``, oldest first."""
+    return (
+        Checkpoint.objects.using(db)
+        .filter(
+            flow_key=key,
+            flow=WAITING,
+            status=CheckpointStatus.PENDING,
+            run_id__in=Run.objects.using(db).filter(status__in=UNFINISHED).values("id"),
+        )
+        .order_by("flow_seq")
+    )

@@ -1,0 +1,76 @@
+"""What a turn works on: the facts of its run, and the state it builds for the executor to
+persist (pure data: the engine fills and writes it, the context changes it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..definitions import Step
+from .attempt import Result
+from .history import BufferedSignal, ChildStart, Outgoing, Record
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    id: str
+    workflow: str
+    version: str
+    namespace: str | None
+    input: Any
+    deadline: datetime | None = None
+    #: Set by ``cancel(compensate=True)``: unwind instead of running the body; with
+    #: ``interrupt``, ``Cancelled`` is raised in the body at its current wait instead.
+    cancel_request: dict[str, Any] | None = None
+
+
+class InPlaceRunner(Protocol):
+    """Runs a dispatched step inside the turn (supplied by the executor; see ``engine.attempts``)."""
+
+    def accepts(self, queue: str) -> bool: ...
+
+    def __call__(self, rec: Record, step: Step) -> Result: ...
+
+
+@dataclass
+class TurnState:
+    """Everything a turn changed, for the executor to persist."""
+
+    records: dict[int, Record]
+    #: Signals not yet consumed, oldest first; None until first needed (see ``load_signals``).
+    signals: list[BufferedSignal] | None = None
+    #: Loads ``signals`` on first use, so turns that wait for no signal skip the query.
+    load_signals: Callable[[], list[BufferedSignal]] | None = None
+    #: (id, payload) of the oldest event (name, match, since, excluding ids), or None.
+    find_event: Callable[[str, dict[str, Any] | None, datetime, set[int]], tuple[int, Any] | None] | None = (
+        None
+    )
+    dispatch: list[Record] = field(default_factory=list)
+    wakes: list[datetime] = field(default_factory=list)
+    consumed: list[BufferedSignal] = field(default_factory=list)
+    children: list[ChildStart] = field(default_factory=list)
+    #: Messages to other runs recorded by this turn, sent in the transaction that writes them.
+    outgoing: list[Outgoing] = field(default_factory=list)
+    #: (workflow, status) of a run by id, or None if there is none (asked by ``ctx.signal``).
+    find_run: Callable[[str], tuple[str, str] | None] | None = None
+    #: The run's search attributes after an upsert recorded in this turn (None: unchanged).
+    search_attributes: dict[str, Any] | None = None
+    #: The run's exposed values (as stored when the turn began, then this turn's new exposes),
+    #: and whether this turn exposed anything yet unwritten.
+    exposed: dict[str, Any] = field(default_factory=dict)
+    exposed_changed: bool = False
+    #: Gate keys of the limit slots this turn freed (an attempt it counted lost or timed out):
+    #: the executor hands each on to the oldest attempt in its line.
+    freed: list[str] = field(default_factory=list)
+    #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
+    raised: dict[int, list[int]] = field(default_factory=dict)
+
+    def buffered(self) -> list[BufferedSignal]:
+        if self.signals is None:
+            self.signals = self.load_signals() if self.load_signals is not None else []
+        return self.signals
+
+    def unsaved(self) -> list[Record]:
+        return [r for r in self.records.values() if r.dirty or r.stored_as is None]
