@@ -60,7 +60,14 @@ class InPlace:
 
 def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
     """Run the attempt's body in this process; a Celery soft time limit is its timeout."""
-    return run_attempt(step, info, payload, beats, timed_out=dispatch.SOFT_TIME_LIMIT_ERRORS)
+    return run_attempt(
+        step,
+        info,
+        payload,
+        beats,
+        timed_out=dispatch.SOFT_TIME_LIMIT_ERRORS,
+        max_bytes=conf.get().MAX_PAYLOAD_BYTES,
+    )
 
 
 #: How often a heartbeating step asks whether its run was cancelled with interrupt=True.

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..definitions import Step
 from ..errors import CompleteLater, InvalidInput, StepCancelled, _ControlFlow, error_dict, step_timeout_error
-from .history import roundtrip
+from .history import check_size, roundtrip
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
@@ -43,6 +43,7 @@ def run_attempt(
     beat: Callable[[Any], None],
     *,
     timed_out: tuple[type[BaseException], ...] = (),
+    max_bytes: int | None = None,
 ) -> Result:
     """Call the step with ``payload`` (``{"args": [...], "kwargs": {...}}``) inside its step scope.
 
@@ -86,7 +87,10 @@ def run_attempt(
     try:
         if step.output_schema is not None:
             output = _validated_output(step, output)
-        return roundtrip(output, what=f"the output of step {step.name!r}"), None, True
+        output = roundtrip(output, what=f"the output of step {step.name!r}")
+        if max_bytes is not None:
+            check_size(output, max_bytes, what=f"the output of step {step.name!r}")
+        return output, None, True
     except InvalidInput as exc:
         return None, {**exc.to_dict(), "code": "invalid_output"}, False
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..definitions import Step, Workflow, registry
 from ..errors import ChildFailed, DurableError, GatherError, InvalidInput, _ControlFlow
-from .history import COMPLETED, FAILED, ChildStart, Record, roundtrip
+from .history import COMPLETED, FAILED, ChildStart, Record
 from .positions import Pending, Positions
 
 _CHILD_IDS = uuid.UUID("6f1c1d0e-8a55-4c8e-9a47-1f0d7b2d3c11")
@@ -98,7 +98,7 @@ class Composition(Positions):
     def continue_as_new(self, input: Any = None) -> None:
         """Finish this run and start a fresh one of the same workflow with ``input``."""
         self._guard()
-        raise self._stop(ContinueAsNew(roundtrip(input, what="the input of continue_as_new()")))
+        raise self._stop(ContinueAsNew(self._storable(input, "the input of continue_as_new()")))
 
     # -- internals --------------------------------------------------------------------------
 
@@ -151,7 +151,7 @@ class Composition(Positions):
     def _start_child(self, definition: Workflow, input: Any, run_id: str | None) -> Record:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise InvalidInput(f"a child's run_id must be a non-empty string, got {run_id!r}")
-        payload = roundtrip(input, what=f"the input of child workflow {definition.name!r}")
+        payload = self._storable(input, f"the input of child workflow {definition.name!r}")
         child_id = run_id or child_run_id(self._facts.id, self._here)
         rec = self._new("child", definition.name, input={"run_id": child_id, "version": definition.version})
         rec.enqueued_at = self._now()

@@ -41,6 +41,7 @@ from .history import (
     Decision,
     Limits,
     Record,
+    check_size,
     roundtrip,
 )
 from .messages import Messages
@@ -169,8 +170,8 @@ class Context(
     ) -> Record:
         rec = self._position("step", step.name)
         if rec is None:
-            payload = roundtrip(
-                {"args": list(args), "kwargs": kwargs}, what=f"the arguments of step {step.name!r}"
+            payload = self._storable(
+                {"args": list(args), "kwargs": kwargs}, f"the arguments of step {step.name!r}"
             )
             if step.celery_task:
                 payload["task"] = True  # sent as the task itself, routed by Celery unless it names a queue
@@ -414,7 +415,15 @@ class Context(
         rec.started_at = self._clock()
         # A local step's beat proves the turn alive: it renews the turn's lease.
         return self._attempt_ended(
-            rec, step, *run_attempt(step, info, rec.input, lambda progress: self._renew())
+            rec,
+            step,
+            *run_attempt(
+                step,
+                info,
+                rec.input,
+                lambda progress: self._renew(),
+                max_bytes=self._limits.max_payload_bytes,
+            ),
         )
 
     def _run_in_place(self, rec: Record, step: Step) -> Any:
@@ -529,6 +538,7 @@ def replay(
         return _failed(error, state)
     try:
         output = roundtrip(value, what=f"the output of workflow {run.workflow!r}")
+        check_size(output, limits.max_payload_bytes, what=f"the output of workflow {run.workflow!r}")
     except InvalidInput as exc:
         exc.code = "invalid_output"
         return _failed(exc, state)

@@ -13,7 +13,7 @@ from ..durations import parse_duration
 from ..entities import registry
 from ..errors import InvalidInput, StepFailed, WaitTimeout
 from ..guards import text
-from .history import COMPLETED, FAILED, Record, roundtrip
+from .history import COMPLETED, FAILED, Record
 from .positions import Pending, Positions
 
 #: Longest entity key (the column's length).
@@ -56,7 +56,7 @@ class Entities(Positions):
             "entity": name,
             "key": key,
             "op": op,
-            "arg": roundtrip(arg, what=f"the argument of entity {name!r} op {op!r}"),
+            "arg": self._storable(arg, f"the argument of entity {name!r} op {op!r}"),
             "op_id": entity_op_id(self._facts.id, self._here),
             "call": call,
             "timeout": None if delta is None else delta.total_seconds(),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..definitions import Step
 from ..errors import DurableError
 from ..routing import queue_in
-from .history import PENDING, Limits, Record
+from .history import PENDING, Limits, Record, check_size, roundtrip
 
 if TYPE_CHECKING:
     from .turnstate import RunFacts, TurnState
@@ -43,6 +43,13 @@ class Positions(ABC):
     _turn: TurnState
     #: The settings the replay needs.
     _limits: Limits
+
+    def _storable(self, value: Any, what: str) -> Any:
+        """``value`` as it will be stored (JSON round-tripped), refused with ``InvalidInput`` when
+        it is not JSON or larger than MAX_PAYLOAD_BYTES."""
+        stored = roundtrip(value, what=what)
+        check_size(stored, self._limits.max_payload_bytes, what=what)
+        return stored
 
     def _queue_of(self, step: Step) -> str:
         """The queue an attempt of ``step`` goes to, in this run's namespace: none for a local
