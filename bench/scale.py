@@ -472,7 +472,7 @@ def _migrate(db: str) -> None:
         [sys.executable, "manage.py", "migrate", "-v0"],
         check=True,
         cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": f"{PG}/{db}", "CELERY_BROKER_URL": REDIS, "DJANGO_DEBUG": "0"},
+        env={**os.environ, "DATABASE_URL": f"{PG}/{db}", "CELERY_BROKER_URL": REDIS, "DJANGO_DEBUG": "1"},
     )
 
 
