@@ -223,6 +223,13 @@ def _sql(statement: str, params: tuple = ()) -> None:
         cursor.execute(statement, params)
 
 
+def _delete_runs(where: str, params: tuple) -> None:
+    """Delete the runs ``where`` picks, with their rows (the database cascades nothing)."""
+    for table in ("durable_checkpoint", "durable_signal"):
+        _sql(f"DELETE FROM {table} WHERE run_id IN (SELECT id FROM durable_run WHERE {where})", params)
+    _sql(f"DELETE FROM durable_run WHERE {where}", params)
+
+
 def _median_ms(samples: list[float]) -> dict:
     return {"median_ms": round(statistics.median(samples) * 1000, 3), "n": len(samples)}
 
@@ -235,7 +242,7 @@ def measure_start(n: int) -> dict:
         t0 = time.perf_counter()
         ids.append(durable.start("bench.local10").id)
         samples.append(time.perf_counter() - t0)
-    _sql("DELETE FROM durable_run WHERE id = ANY(%s)", (ids,))
+    _delete_runs("id = ANY(%s)", (ids,))
     _redis().delete("durable")
     return _median_ms(samples[10:])
 
@@ -257,7 +264,7 @@ def measure_turn(n: int) -> dict:
             samples.append(time.perf_counter() - t0)
             if outcome != "completed":
                 raise RuntimeError(f"run {run_id} ended {outcome}")
-    _sql("DELETE FROM durable_run WHERE id = ANY(%s)", (ids,))
+    _delete_runs("id = ANY(%s)", (ids,))
     return _median_ms(samples[10:])
 
 
@@ -316,7 +323,7 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
             if sample["published"] < count:
                 raise RuntimeError(f"{kind}: {sample['published']} of {count} messages reached Redis")
         samples.append(sample)
-        _sql("DELETE FROM durable_run WHERE queue = %s", (QUEUE,))
+        _delete_runs("queue = %s", (QUEUE,))
         client.delete(QUEUE)
     seconds = [s["seconds"] for s in samples]
     return {
@@ -330,7 +337,7 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
 
 def measure(db: str, params: dict) -> dict:
     _django(db)
-    _sql("DELETE FROM durable_run WHERE queue = %s OR workflow = 'bench.local10'", (QUEUE,))
+    _delete_runs("queue = %s OR workflow = 'bench.local10'", (QUEUE,))
     out = {
         "start": measure_start(params["n"]),
         "turn": measure_turn(params["n"]),
@@ -446,7 +453,7 @@ def main() -> int:
         out = subprocess.run(
             [sys.executable, __file__, "--measure", db, "--params", json.dumps({**params, **extra})],
             check=True,
-            capture_output=True,
+            stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
         )

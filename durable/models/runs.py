@@ -6,10 +6,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, Status, skip_locked
+
+#: The PostgreSQL channel every run end is announced on, the run's id as the payload.
+RUN_ENDED = "durable_run_ended"
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -98,6 +101,14 @@ class RunQuerySet(models.QuerySet["Run"]):
             row = cursor.fetchone()
         return row[0] if row else None
 
+    def announce_end(self, run_id: str) -> None:
+        """Tell whoever waits for ``run_id`` that it ended, when the transaction that ended it
+        commits (PostgreSQL's NOTIFY); on other databases they poll."""
+        connection = connections[self.db]
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [RUN_ENDED, run_id])
+
     def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
         """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""
         return bool(
@@ -161,71 +172,93 @@ class RunQuerySet(models.QuerySet["Run"]):
             return False
         return True
 
-    def due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
-        """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
+    def take_due(self, now: datetime, until: datetime, limit: int) -> list[tuple[str, str]]:
+        """Move the timers of up to ``limit`` due waiting runs to ``until`` (the next safety-net
+        wake; the turn sets the real one) and return their (id, queue). One statement per batch:
+        the rows it takes leave the due range, so draining a backlog reads each row once, and
+        a concurrent sweep skips the rows this one holds, then finds them no longer due.
+        """
         qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
-        return list(skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
+        ops = connections[self.db].ops
+        at = ops.adapt_datetimefield_value
+        batch, params = _subquery(skip_locked(qs).values("id")[:limit])
+        sql = (
+            f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wake_at = %s "
+            f"WHERE id IN ({batch}) AND status IN (%s, %s) AND wake_at <= %s RETURNING id, queue"
+        )
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql, [at(until), *params, Status.PENDING, Status.SUSPENDED, at(now)])
+            return [(run_id, queue) for run_id, queue in cursor.fetchall()]
 
-    def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
-        """Move the timers of runs just woken forward, so the next sweep does not send them again."""
-        return self.filter(
-            id__in=ids, status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now
-        ).update(wake_at=until)
-
-    def orphans(self, now: datetime, limit: int) -> list[tuple[str, str]]:
-        """(id, queue) of runs whose turn died holding the lease."""
-        qs = self.filter(status=Status.RUNNING, locked_until__lt=now).order_by("locked_until")
-        return list(qs.values_list("id", "queue")[:limit])
-
-    def recover(
+    def take_orphans(
         self,
-        ids: list[str],
         now: datetime,
+        limit: int,
         max_attempts: int,
         error: dict[str, Any],
         *,
         stale_before: datetime | None = None,
         owner_prefix: str | None = None,
-    ) -> dict[str, list[str]]:
-        """Take back runs whose turn died holding its lease, a batch at a time; say what became
-        of each: ``parked`` (a dispatched step is still in flight, so the dead turn is not
-        counted as a crash), ``dead`` (the recovery budget is spent), ``suspended`` (counted,
-        due at once). Every UPDATE re-checks the orphan condition, so concurrent sweeps and a
-        turn that takes the run back in between are safe.
+    ) -> dict[str, list[tuple[str, str]]]:
+        """Take back up to ``limit`` runs whose turn died holding its lease, in one statement, and
+        say what became of each (id, queue): ``parked`` (a dispatched step is still in flight, so
+        the dead turn is not counted as a crash), ``dead`` (the recovery budget is spent),
+        ``suspended`` (counted, due at once). Rows a concurrent sweep or a turn holds are
+        skipped; the UPDATE re-checks the orphan condition on the rows it takes.
         """
         from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
 
-        orphans = self.filter(id__in=ids, status=Status.RUNNING, locked_until__lt=stale_before or now)
+        cutoff = stale_before or now
+        qs = self.filter(status=Status.RUNNING, locked_until__lt=cutoff)
         if owner_prefix is not None:
-            orphans = orphans.filter(locked_by__startswith=owner_prefix)
-        released = {"locked_by": None, "locked_until": None, "updated_at": now}
+            qs = qs.filter(locked_by__startswith=owner_prefix)
+        connection = connections[self.db]
+        ops = connection.ops
+        at = ops.adapt_datetimefield_value
+        table = ops.quote_name(Run._meta.db_table)
         # A dispatched step in flight, or one the dead turn was running in place (its death is
         # the step's, counted against the step's retries as a lost attempt, not the run's).
-        in_flight = Checkpoint.objects.filter(
-            run_id=OuterRef("id"), kind="step", status=CheckpointStatus.PENDING
-        ).filter(models.Q(enqueued_at__isnull=False) | models.Q(started_at__isnull=False))
-        parked = list(orphans.filter(Exists(in_flight)).values_list("id", flat=True))
-        orphans.filter(id__in=parked).update(status=Status.SUSPENDED, wake_at=now, **released)
-        # The dead turn may have committed sends it never published: the next turn sends again.
-        Checkpoint.objects.using(self.db).unsend(parked)
-        counted = orphans.exclude(id__in=parked)
-        dead = [
-            run_id
-            for run_id in counted.filter(recovery_attempts__gte=max_attempts).values_list("id", flat=True)
-            if counted.filter(id=run_id).update(
-                status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
-            )
-        ]
-        suspended = list(counted.exclude(id__in=dead).values_list("id", flat=True))
-        counted.filter(id__in=suspended).update(
-            status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
+        parked = (
+            f"EXISTS (SELECT 1 FROM {ops.quote_name(Checkpoint._meta.db_table)} c WHERE c.run_id = {table}.id "
+            f"AND c.kind = 'step' AND c.status = '{CheckpointStatus.PENDING}' "
+            "AND (c.enqueued_at IS NOT NULL OR c.started_at IS NOT NULL))"
         )
-        return {"parked": parked, Status.DEAD: dead, Status.SUSPENDED: suspended}
-
-    def held_by(self, owner_prefix: str, limit: int) -> list[tuple[str, str]]:
-        """(id, queue) of running runs whose lease names this instance."""
-        qs = self.filter(status=Status.RUNNING, locked_by__startswith=owner_prefix)
-        return list(qs.values_list("id", "queue")[:limit])
+        dead = f"(NOT {parked} AND recovery_attempts >= %s)"
+        batch, params = _subquery(skip_locked(qs).values("id")[:limit])
+        # Every SET expression reads the row as it was, so each one states the case in full.
+        sql = (
+            f"UPDATE {table} SET "
+            f"status = CASE WHEN {dead} THEN %s ELSE %s END, "
+            f"recovery_attempts = CASE WHEN {parked} OR recovery_attempts >= %s THEN recovery_attempts "
+            "ELSE recovery_attempts + 1 END, "
+            f"error = CASE WHEN {dead} THEN %s ELSE error END, "
+            f"wake_at = CASE WHEN {dead} THEN NULL ELSE %s END, "
+            f"finished_at = CASE WHEN {dead} THEN %s ELSE finished_at END, "
+            "locked_by = NULL, locked_until = NULL, updated_at = %s "
+            f"WHERE id IN ({batch}) AND status = %s AND locked_until < %s "
+            f"RETURNING id, queue, status, {parked}"
+        )
+        stamp = at(now)
+        error_value = Run._meta.get_field("error").get_db_prep_save(error, connection)
+        sql_params = [
+            *(max_attempts, Status.DEAD, Status.SUSPENDED),
+            max_attempts,
+            *(max_attempts, error_value),
+            *(max_attempts, stamp),
+            *(max_attempts, stamp),
+            stamp,
+            *params,
+            Status.RUNNING,
+            at(cutoff),
+        ]
+        outcome: dict[str, list[tuple[str, str]]] = {"parked": [], Status.DEAD: [], Status.SUSPENDED: []}
+        with connection.cursor() as cursor:
+            cursor.execute(sql, sql_params)
+            for run_id, queue, status, in_flight in cursor.fetchall():
+                outcome["parked" if in_flight else status].append((run_id, queue))
+        # The dead turn may have committed sends it never published: the next turn sends again.
+        Checkpoint.objects.using(self.db).unsend([run_id for run_id, _ in outcome["parked"]])
+        return outcome
 
     def give_back(
         self, run_id: str, owner: str, now: datetime, max_attempts: int, error: dict[str, Any]
@@ -245,6 +278,12 @@ class RunQuerySet(models.QuerySet["Run"]):
         ):
             return Status.SUSPENDED
         return None
+
+
+def _subquery(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
+    """The SQL of a queryset, to embed in a statement written here."""
+    sql, params = qs.query.get_compiler(qs.db).as_sql()
+    return sql, list(params)
 
 
 class Run(models.Model):
