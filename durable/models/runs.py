@@ -181,13 +181,13 @@ class RunQuerySet(models.QuerySet["Run"]):
         qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
-        batch, params = _subquery(skip_locked(qs).values("id")[:limit])
+        batch, params = _batch(skip_locked(qs).values("id")[:limit])
         sql = (
-            f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wake_at = %s "
-            f"WHERE id IN ({batch}) AND status IN (%s, %s) AND wake_at <= %s RETURNING id, queue"
+            f"{batch} UPDATE {ops.quote_name(Run._meta.db_table)} SET wake_at = %s "
+            "WHERE id IN (SELECT id FROM batch) AND status IN (%s, %s) AND wake_at <= %s RETURNING id, queue"
         )
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql, [at(until), *params, Status.PENDING, Status.SUSPENDED, at(now)])
+            cursor.execute(sql, [*params, at(until), Status.PENDING, Status.SUSPENDED, at(now)])
             return [(run_id, queue) for run_id, queue in cursor.fetchall()]
 
     def take_orphans(
@@ -224,10 +224,10 @@ class RunQuerySet(models.QuerySet["Run"]):
             "AND (c.enqueued_at IS NOT NULL OR c.started_at IS NOT NULL))"
         )
         dead = f"(NOT {parked} AND recovery_attempts >= %s)"
-        batch, params = _subquery(skip_locked(qs).values("id")[:limit])
+        batch, params = _batch(skip_locked(qs).values("id")[:limit])
         # Every SET expression reads the row as it was, so each one states the case in full.
         sql = (
-            f"UPDATE {table} SET "
+            f"{batch} UPDATE {table} SET "
             f"status = CASE WHEN {dead} THEN %s ELSE %s END, "
             f"recovery_attempts = CASE WHEN {parked} OR recovery_attempts >= %s THEN recovery_attempts "
             "ELSE recovery_attempts + 1 END, "
@@ -235,19 +235,19 @@ class RunQuerySet(models.QuerySet["Run"]):
             f"wake_at = CASE WHEN {dead} THEN NULL ELSE %s END, "
             f"finished_at = CASE WHEN {dead} THEN %s ELSE finished_at END, "
             "locked_by = NULL, locked_until = NULL, updated_at = %s "
-            f"WHERE id IN ({batch}) AND status = %s AND locked_until < %s "
+            "WHERE id IN (SELECT id FROM batch) AND status = %s AND locked_until < %s "
             f"RETURNING id, queue, status, {parked}"
         )
         stamp = at(now)
         error_value = Run._meta.get_field("error").get_db_prep_save(error, connection)
         sql_params = [
+            *params,
             *(max_attempts, Status.DEAD, Status.SUSPENDED),
             max_attempts,
             *(max_attempts, error_value),
             *(max_attempts, stamp),
             *(max_attempts, stamp),
             stamp,
-            *params,
             Status.RUNNING,
             at(cutoff),
         ]
@@ -280,10 +280,13 @@ class RunQuerySet(models.QuerySet["Run"]):
         return None
 
 
-def _subquery(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
-    """The SQL of a queryset, to embed in a statement written here."""
-    sql, params = qs.query.get_compiler(qs.db).as_sql()
-    return sql, list(params)
+def _batch(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
+    """``WITH batch AS MATERIALIZED (<the query>)``, to put before a statement that takes the
+    rows it names. Materialized: as a plain ``IN (SELECT … LIMIT n)`` PostgreSQL may run the
+    subquery again for every row it joins, and the LIMIT then bounds nothing."""
+    with transaction.atomic(using=qs.db):  # one statement; Django wants FOR UPDATE inside one
+        sql, params = qs.query.get_compiler(qs.db).as_sql()
+    return f"WITH batch AS MATERIALIZED ({sql})", list(params)
 
 
 class Run(models.Model):
