@@ -22,7 +22,6 @@ from .runs import get_run, hand_over
 
 def finished(run: Run) -> None:
     """Tell the world a run reached a terminal state (call inside that transaction)."""
-    Run.objects.using(conf.get().DATABASE).announce_end(run.id)
     if run.singleton_key:
         from . import singletons
 

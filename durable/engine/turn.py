@@ -286,9 +286,6 @@ def _settle(
         fields["exposed"] = state.exposed
     if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
         raise _Stale()
-    if outcome.status == Decided.CONTINUED:
-        # Not finished (its successor goes on), but whoever waits for it moves on to that one.
-        Run.objects.using(settings.DATABASE).announce_end(run.id)
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(
             run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error"))

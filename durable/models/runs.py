@@ -11,7 +11,8 @@ from django.db.models import F
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, Status, skip_locked
 
-#: The PostgreSQL channel every run end is announced on, the run's id as the payload.
+#: The PostgreSQL channel every run end is announced on, the run's id as the payload, by a
+#: trigger in the transaction that ends it (migration 0014).
 RUN_ENDED = "durable_run_ended"
 
 
@@ -101,14 +102,6 @@ class RunQuerySet(models.QuerySet["Run"]):
             row = cursor.fetchone()
         return row[0] if row else None
 
-    def announce_end(self, run_id: str) -> None:
-        """Tell whoever waits for ``run_id`` that it ended, when the transaction that ended it
-        commits (PostgreSQL's NOTIFY); on other databases they poll."""
-        connection = connections[self.db]
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [RUN_ENDED, run_id])
-
     def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
         """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""
         return bool(
@@ -184,10 +177,10 @@ class RunQuerySet(models.QuerySet["Run"]):
         batch, params = _batch(skip_locked(qs).values("id")[:limit])
         sql = (
             f"{batch} UPDATE {ops.quote_name(Run._meta.db_table)} SET wake_at = %s "
-            "WHERE id IN (SELECT id FROM batch) AND status IN (%s, %s) AND wake_at <= %s RETURNING id, queue"
+            "WHERE id IN (SELECT id FROM batch) RETURNING id, queue"
         )
         with connections[self.db].cursor() as cursor:
-            cursor.execute(sql, [*params, at(until), Status.PENDING, Status.SUSPENDED, at(now)])
+            cursor.execute(sql, [*params, at(until)])
             return [(run_id, queue) for run_id, queue in cursor.fetchall()]
 
     def take_orphans(
@@ -204,7 +197,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         say what became of each (id, queue): ``parked`` (a dispatched step is still in flight, so
         the dead turn is not counted as a crash), ``dead`` (the recovery budget is spent),
         ``suspended`` (counted, due at once). Rows a concurrent sweep or a turn holds are
-        skipped; the UPDATE re-checks the orphan condition on the rows it takes.
+        skipped, and a row a turn took back meanwhile no longer matches when it is locked.
         """
         from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
 
@@ -235,7 +228,7 @@ class RunQuerySet(models.QuerySet["Run"]):
             f"wake_at = CASE WHEN {dead} THEN NULL ELSE %s END, "
             f"finished_at = CASE WHEN {dead} THEN %s ELSE finished_at END, "
             "locked_by = NULL, locked_until = NULL, updated_at = %s "
-            "WHERE id IN (SELECT id FROM batch) AND status = %s AND locked_until < %s "
+            "WHERE id IN (SELECT id FROM batch) "
             f"RETURNING id, queue, status, {parked}"
         )
         stamp = at(now)
@@ -248,8 +241,6 @@ class RunQuerySet(models.QuerySet["Run"]):
             *(max_attempts, stamp),
             *(max_attempts, stamp),
             stamp,
-            Status.RUNNING,
-            at(cutoff),
         ]
         outcome: dict[str, list[tuple[str, str]]] = {"parked": [], Status.DEAD: [], Status.SUSPENDED: []}
         with connection.cursor() as cursor:
@@ -283,7 +274,12 @@ class RunQuerySet(models.QuerySet["Run"]):
 def _batch(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
     """``WITH batch AS MATERIALIZED (<the query>)``, to put before a statement that takes the
     rows it names. Materialized: as a plain ``IN (SELECT … LIMIT n)`` PostgreSQL may run the
-    subquery again for every row it joins, and the LIMIT then bounds nothing."""
+    subquery again for every row it joins, and the LIMIT then bounds nothing.
+
+    The statement then picks its rows by id alone: the batch's FOR UPDATE is the guard (it locks
+    each row and re-checks the query's condition on the row's latest version; SQLite has a single
+    writer), and a condition repeated there would let PostgreSQL read the rows through the
+    condition's index, every row that meets it, instead of the batch's few by primary key."""
     with transaction.atomic(using=qs.db):  # one statement; Django wants FOR UPDATE inside one
         sql, params = qs.query.get_compiler(qs.db).as_sql()
     return f"WITH batch AS MATERIALIZED ({sql})", list(params)

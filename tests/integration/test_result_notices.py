@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, connections
 
 import durable
-from durable import api, clock, dispatch
+from durable import api, dispatch
 from durable.engine import turn
 from durable.models import Run
 
@@ -65,18 +65,39 @@ def test_result_wakes_on_the_notice_the_ending_transaction_sends(postgres, quiet
     assert 0.4 < waited < 3
 
 
-def test_a_lost_notice_costs_one_poll_not_the_result(postgres, quiet, monkeypatch):
+@pytest.fixture
+def no_notices():
+    """Runs end without their notice, as if it were lost."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE durable_run DISABLE TRIGGER durable_run_ended")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE durable_run ENABLE TRIGGER durable_run_ended")
+
+
+def test_a_lost_notice_costs_one_poll_not_the_result(postgres, quiet, no_notices, monkeypatch):
     monkeypatch.setattr(api, "NOTIFIED_POLL", 0.5)
     run = durable.start(quick, 1)
-    # Ended without a notice, as if PostgreSQL had dropped it.
-    ender = _later(
-        0.3,
-        lambda: Run.objects.filter(id=run.id).update(status="completed", output=7, finished_at=clock.now()),
-    )
+    ender = _later(0.3, lambda: turn.advance(run.id))
     value, waited = _timed_result(run.id)
     ender.join()
-    assert value == 7
+    assert value == 2
     assert waited < 3
+
+
+def test_the_transaction_that_ends_a_run_sends_its_notice(postgres, quiet):
+    run = durable.start(quick, 1)
+    with connection.cursor() as cursor:
+        cursor.execute("LISTEN durable_run_ended")
+    try:
+        turn.advance(run.id)
+        notices = list(connection.connection.notifies(timeout=2, stop_after=1))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("UNLISTEN durable_run_ended")
+    assert [(n.channel, n.payload) for n in notices] == [("durable_run_ended", run.id)]
 
 
 def test_callers_poll_while_the_listener_reconnects(postgres, quiet, monkeypatch):
