@@ -231,7 +231,11 @@ def _delete_runs(where: str, params: tuple) -> None:
 
 
 def _median_ms(samples: list[float]) -> dict:
-    return {"median_ms": round(statistics.median(samples) * 1000, 3), "n": len(samples)}
+    return {
+        "median_ms": round(statistics.median(samples) * 1000, 3),
+        "n": len(samples),
+        "samples_s": [round(x, 6) for x in samples],
+    }
 
 
 def measure_start(n: int) -> dict:
@@ -344,8 +348,28 @@ def measure(db: str, params: dict) -> dict:
     }
     for kind in ("timers", "orphans", "retention"):
         out[kind] = measure_sweep(kind, params["rows"], params["reps"])
-    if params.get("backlog"):
+    if params.get("backlog"):  # the last round of the filled database only
         out["backlog"] = measure_sweep("timers", params["backlog"], 1)
+    return out
+
+
+def _pooled(measured: list[dict]) -> dict:
+    """One database's rounds as one: each figure the median of all their samples."""
+    out: dict = {}
+    for key in ("start", "turn"):
+        samples = [x for one in measured for x in one[key]["samples_s"]]
+        out[key] = _median_ms(samples)
+    for key in ("timers", "orphans", "retention"):
+        seconds = [x for one in measured for x in one[key]["samples_s"]]
+        out[key] = {
+            **measured[-1][key],
+            "median_s": round(statistics.median(seconds), 3),
+            "samples_s": seconds,
+        }
+    backlog = [one["backlog"] for one in measured if "backlog" in one]
+    if backlog:
+        out["backlog"] = backlog[0]
+    out["rounds"] = len(measured)
     return out
 
 
@@ -359,17 +383,24 @@ def rows(data: dict) -> list[dict]:
         e, f = empty[key]["median_ms"], full[key]["median_ms"]
         out.append({"what": what, "empty": f"{e:.2f} ms", "filled": f"{f:.2f} ms", "ratio": round(f / e, 2)})
     for key, what in (
-        ("timers", "timer sweep, 10,000 due timers, messages published"),
-        ("orphans", "orphan sweep, 10,000 expired leases, messages published"),
-        ("retention", "retention sweep, 10,000 expired runs (100,000 checkpoints)"),
+        ("timers", "timer sweep, {:,} due timers, messages published"),
+        ("orphans", "orphan sweep, {:,} expired leases, messages published"),
+        ("retention", "retention sweep, {:,} expired runs with ten checkpoints each"),
     ):
         e, f = empty[key]["median_s"], full[key]["median_s"]
-        out.append({"what": what, "empty": f"{e:.3f} s", "filled": f"{f:.3f} s", "ratio": round(f / e, 2)})
+        out.append(
+            {
+                "what": what.format(empty[key]["count"]),
+                "empty": f"{e:.3f} s",
+                "filled": f"{f:.3f} s",
+                "ratio": round(f / e, 2),
+            }
+        )
     if "backlog" in full:
         b, t = full["backlog"], full["timers"]
         out.append(
             {
-                "what": f"timer backlog of {b['count']:,} drained (filled), against 10,000",
+                "what": f"timer backlog of {b['count']:,} drained (filled), against {t['count']:,}",
                 "empty": f"{t['median_s']:.3f} s",
                 "filled": f"{b['median_s']:.3f} s",
                 "ratio": round(b["median_s"] / t["median_s"], 2),
@@ -394,8 +425,9 @@ def markdown(data: dict) -> str:
             "",
             f"Filled database: {fill['finished_runs']:,} finished runs, {fill['waiting_runs']:,} waiting runs, "
             f"{fill['checkpoints']:,} checkpoints, {fill['size_gib']} GiB, written by SQL in {fill['fill_s']:.0f} s "
-            f"({fill['filled_at']}). Figures are medians; start and turn over {data['params']['n']} calls, "
-            f"sweeps over {data['params']['reps']} repetitions; every wake published to Redis and counted there.",
+            f"({fill['filled_at']}). Figures are medians over {data['params']['rounds']} rounds that alternate the "
+            f"two databases: start and turn {data['params']['n']} calls a round, sweeps "
+            f"{data['params']['reps']} repetitions a round; every wake published to Redis and counted there.",
             "",
             *table(data),
             "",
@@ -427,6 +459,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=SWEEP_ROWS, help="rows each sweep measurement handles")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each sweep measurement")
     parser.add_argument("--backlog", type=int, default=100_000, help="due timers of the backlog (0: skip)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating the two databases")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
@@ -447,17 +480,32 @@ def main() -> int:
     with _connect(args.empty_db) as conn:
         conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
     params = {"n": args.n, "rows": args.rows, "reps": args.reps}
-    data: dict = {"fill": info, "params": {**params, "backlog": args.backlog}}
-    for key, db, extra in (("empty", args.empty_db, {}), ("filled", args.db, {"backlog": args.backlog})):
-        log(f"measuring the {key} database {db}")
-        out = subprocess.run(
-            [sys.executable, __file__, "--measure", db, "--params", json.dumps({**params, **extra})],
-            check=True,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        data[key] = json.loads(out.stdout.strip().splitlines()[-1])
+    data: dict = {"fill": info, "params": {**params, "backlog": args.backlog, "rounds": args.rounds}}
+    # Rounds alternate the databases (empty, filled, filled, empty, ...) so that other load on
+    # the machine falls on both alike; each figure is the median of every round's samples.
+    order = [("empty", args.empty_db), ("filled", args.db)]
+    rounds: dict[str, list[dict]] = {"empty": [], "filled": []}
+    for i in range(args.rounds):
+        for key, db in order if i % 2 == 0 else order[::-1]:
+            last = i == args.rounds - 1 and key == "filled"
+            log(f"round {i + 1} of {args.rounds}: measuring the {key} database {db}")
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--measure",
+                    db,
+                    "--params",
+                    json.dumps({**params, "backlog": args.backlog if last else 0}),
+                ],
+                check=True,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            rounds[key].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for key, measured in rounds.items():
+        data[key] = _pooled(measured)
     data["rows"] = rows(data)
     data["meta"] = {"line": machine_line(time.perf_counter() - started)}
     args.out.mkdir(parents=True, exist_ok=True)
