@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
-DURABLE_DB, DBOS_DB = "durable_bench", "dbos_bench"
+DURABLE_DB = os.environ.get("BENCH_DB", "durable_bench")
+DBOS_DB = os.environ.get("BENCH_DBOS_DB", "dbos_bench")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/5")
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 QUEUES = "durable,celery"

@@ -53,6 +53,12 @@ def local10(ctx: durable.Context, _input: object) -> int:
     return _ten(ctx, noop_local)
 
 
+@durable.workflow(name="bench.one_step")
+def one_step(ctx: durable.Context, _input: object) -> int:
+    """The result benchmark's workflow: one step, run in place by the worker that runs the turn."""
+    return ctx.step(noop_step, 1)
+
+
 @durable.workflow(name="bench.parked")
 def parked(ctx: durable.Context, _input: object) -> None:
     """The workflow named by the rows the sweep benchmarks insert (never actually run there)."""

@@ -7,6 +7,7 @@ called: importing durable must not import its models before Django is ready.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from .models import Run
 
 from .statuses import TERMINAL, RunStatus
+
+#: Seconds between two looks at a run whose end will be announced: only a lost notice waits this.
+NOTIFIED_POLL = 1.0
 
 
 class RunHandle:
@@ -187,7 +191,7 @@ def retry(run_id: str) -> RunHandle:
 
 def result(run_id: str, timeout: Any = None) -> Any:
     """Wait for the run to finish; return its output or raise RunFailed / RunCancelled / WaitTimeout."""
-    from . import dispatch
+    from . import dispatch, waiting
     from .engine import runs
 
     _run_id(run_id)
@@ -197,24 +201,36 @@ def result(run_id: str, timeout: Any = None) -> Any:
         raise InvalidInput(str(exc)) from None
     started = time.monotonic()
     pause = 0.005
+    # Woken by the notice of the run's end where the database sends one; polling stays the
+    # fallback (a lost notice costs one NOTIFIED_POLL at most).
+    notices = waiting.listener(conf.get().DATABASE) if dispatch.transport.may_wait else None
     while True:
-        run = runs.follow(run_id)  # the last run of a continue-as-new chain
-        run_id = run.id
-        if run.status in TERMINAL:
-            return _outcome(run)
-        if not dispatch.transport.may_wait:
-            raise WaitTimeout(
-                f"run {run_id!r} is {run.status}, not finished; under durable_env call "
-                "durable_env.run_until_idle() or advance_time() first",
-                details={"status": run.status},
-            )
-        if limit is not None and time.monotonic() - started >= limit:
-            raise WaitTimeout(
-                f"run {run_id!r} is still {run.status} after {timeout}", details={"status": run.status}
-            )
-        time.sleep(pause)
-        # Short polls: a caller waits for a result by reading one indexed row.
-        pause = min(pause * 1.5, 0.05)
+        announced = notices.subscribe(run_id) if notices is not None and notices.live else None
+        with announced or contextlib.nullcontext() as ended:
+            run = runs.follow(run_id)  # the last run of a continue-as-new chain
+            if run.id != run_id:
+                run_id = run.id  # subscribe to the run the chain moved on to, then look again
+                continue
+            if run.status in TERMINAL:
+                return _outcome(run)
+            if not dispatch.transport.may_wait:
+                raise WaitTimeout(
+                    f"run {run_id!r} is {run.status}, not finished; under durable_env call "
+                    "durable_env.run_until_idle() or advance_time() first",
+                    details={"status": run.status},
+                )
+            waited = time.monotonic() - started
+            if limit is not None and waited >= limit:
+                raise WaitTimeout(
+                    f"run {run_id!r} is still {run.status} after {timeout}", details={"status": run.status}
+                )
+            left = None if limit is None else limit - waited
+            if ended is not None:
+                ended.wait(NOTIFIED_POLL if left is None else min(NOTIFIED_POLL, left))
+                continue
+            time.sleep(pause if left is None else min(pause, left))
+            # Short polls: a caller waits for a result by reading one indexed row.
+            pause = min(pause * 1.5, 0.05)
 
 
 def _outcome(run: Run) -> Any:

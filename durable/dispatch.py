@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -43,6 +43,26 @@ def celery_sender(message: Message) -> None:
     # JSON payloads, and a worker of another language must be able to read them.
     options = {"serializer": "json", **message.options}
     current_app.send_task(message.task, args=message.args, queue=message.queue or None, **options)
+
+
+def celery_send_many(messages: list[Message]) -> None:
+    """Publish ``messages`` through one producer, in kombu's publish batches where the broker
+    has them (Redis: one pipeline per batch instead of a round trip per message). The messages
+    are the ones ``celery_sender`` sends, one by one."""
+    from celery import current_app
+
+    with current_app.producer_or_acquire() as producer:
+        batch = getattr(producer, "batch", None)  # kombu >= 5.7; older ones publish one by one
+        with batch() if batch else contextlib.nullcontext():
+            for message in messages:
+                options = {"serializer": "json", **message.options}
+                current_app.send_task(
+                    message.task, args=message.args, queue=message.queue or None, producer=producer, **options
+                )
+
+
+#: A sender may offer a batch form of itself as its ``many`` attribute.
+celery_sender.many = celery_send_many  # type: ignore[attr-defined]
 
 
 #: What Celery raises inside a task that reached its soft time limit: a step's timeout.
@@ -122,6 +142,18 @@ def _publish(message: Message) -> None:
         )
 
 
+def _publish_many(messages: list[Message]) -> None:
+    many = getattr(transport.send, "many", None)
+    if many is None:
+        for message in messages:
+            _publish(message)
+        return
+    try:
+        many(messages)
+    except Exception:  # noqa: BLE001 - as one by one: what did not leave, the sweeps re-drive
+        log.warning("durable: could not send %s message(s); a sweep will retry", len(messages), exc_info=True)
+
+
 def send_after_commit(message: Message) -> None:
     transaction.on_commit(lambda: _publish(message), using=conf.get().DATABASE)
 
@@ -135,6 +167,14 @@ def advance_later(run_id: str, queue: str, seconds: float) -> None:
     """A hint: a turn of ``run_id`` in ``seconds``, sooner than the timer sweep's next pass
     would send it. A countdown lives in worker memory: the run's ``wake_at`` is the real timer."""
     send_after_commit(Message(ADVANCE, (run_id,), queue, {"countdown": seconds}))
+
+
+def advance_many(runs: Iterable[tuple[str, str]]) -> None:
+    """Ask for the next turn of each ``(run_id, queue)``: the same messages as ``advance``,
+    published together after the commit (a sweep wakes hundreds of runs at once)."""
+    messages = [Message(ADVANCE, (run_id,), queue) for run_id, queue in runs]
+    if messages:
+        transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
 
 
 def run_step(

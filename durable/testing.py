@@ -182,6 +182,16 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
         freezer.stop()
 
 
+@pytest.fixture(autouse=True)
+def _durable_result_listeners_closed() -> Iterator[None]:
+    """Close the connection ``durable.result()`` listens on after each test: a test database
+    that a connection still uses cannot be dropped at the end of the session."""
+    yield
+    waiting = sys.modules.get("durable.waiting")  # not imported: no listener to close
+    if waiting is not None:
+        waiting.stop_all()
+
+
 def _children(pid: int) -> list[int]:
     children = []
     for entry in Path("/proc").iterdir():

@@ -31,12 +31,9 @@ def sweep_timers() -> int:
     for _ in range(MAX_BATCHES):
         now = clock.now()
         with transaction.atomic(using=settings.DATABASE):
-            due = runs.due(now, settings.TIMER_BATCH_SIZE)
-            if due:
-                # The next safety-net wake; the turn sets the real one when it settles.
-                runs.push_wake([run_id for run_id, _ in due], now, now + settings.RECONCILE_INTERVAL)
-                for run_id, queue in due:
-                    dispatch.advance(run_id, queue)
+            # The next safety-net wake; the turn sets the real one when it settles.
+            due = runs.take_due(now, now + settings.RECONCILE_INTERVAL, settings.TIMER_BATCH_SIZE)
+            dispatch.advance_many(due)
         woken += len(due)
         if len(due) < settings.TIMER_BATCH_SIZE:
             break
@@ -49,14 +46,9 @@ def sweep_orphans() -> int:
     settings = conf.get()
     recovered = lapsed_attempts()
     for _ in range(MAX_BATCHES):
-        now = clock.now()
-        batch = (
-            Run.objects.using(settings.DATABASE)
-            .serving(settings.NAMESPACE)
-            .orphans(now, settings.TIMER_BATCH_SIZE)
-        )
-        recovered += recover(batch, now)
-        if len(batch) < settings.TIMER_BATCH_SIZE:
+        taken = recover(clock.now(), settings.TIMER_BATCH_SIZE)
+        recovered += taken
+        if taken < settings.TIMER_BATCH_SIZE:
             break
     return recovered
 
@@ -78,10 +70,9 @@ def lapsed_attempts() -> int:
 
 
 def _wake(run_ids: list[str], now: datetime, settings: conf.Settings) -> None:
-    for run_id in run_ids:
-        queue = Run.objects.using(settings.DATABASE).wake(run_id, now, now + settings.LEASE)
-        if queue:
-            dispatch.advance(run_id, queue)
+    runs = Run.objects.using(settings.DATABASE)
+    queues = [(run_id, runs.wake(run_id, now, now + settings.LEASE)) for run_id in run_ids]
+    dispatch.advance_many((run_id, queue) for run_id, queue in queues if queue)
 
 
 def reclaim(instance_id: str, booted_at: datetime) -> int:
@@ -100,41 +91,33 @@ def reclaim(instance_id: str, booted_at: datetime) -> int:
             .let_go(prefix, stale_before, now, settings.TIMER_BATCH_SIZE)
         )
         _wake(attempts, now, settings)
-    held = (
-        Run.objects.using(settings.DATABASE)
-        .serving(settings.NAMESPACE)
-        .held_by(prefix, settings.TIMER_BATCH_SIZE)
-    )
-    return len(attempts) + recover(held, now, stale_before=stale_before, owner_prefix=prefix)
+    taken = recover(now, settings.TIMER_BATCH_SIZE, stale_before=stale_before, owner_prefix=prefix)
+    return len(attempts) + taken
 
 
 def recover(
-    candidates: list[tuple[str, str]],
     now: datetime,
+    limit: int,
     *,
     stale_before: datetime | None = None,
     owner_prefix: str | None = None,
 ) -> int:
     """Recover a batch of orphaned runs in one transaction; send a turn to each one taken back."""
-    if not candidates:
-        return 0
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE)
-    queues = dict(candidates)
     with transaction.atomic(using=settings.DATABASE):
-        outcome = runs.recover(
-            list(queues),
+        outcome = runs.serving(settings.NAMESPACE).take_orphans(
             now,
+            limit,
             settings.MAX_RECOVERY_ATTEMPTS,
             recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1),
             stale_before=stale_before,
             owner_prefix=owner_prefix,
         )
-        for run in runs.filter(id__in=outcome[Status.DEAD]):
+        for run in runs.filter(id__in=[run_id for run_id, _ in outcome[Status.DEAD]]):
             lifecycle.finished(run)
-        for run_id in [*outcome["parked"], *outcome[Status.SUSPENDED]]:
-            dispatch.advance(run_id, queues[run_id])
-    return sum(len(ids) for ids in outcome.values())
+        dispatch.advance_many([*outcome["parked"], *outcome[Status.SUSPENDED]])
+    return sum(len(taken) for taken in outcome.values())
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,7 @@ no query of durable's (no LIKE 'prefix%' on them) and only cost every write: dro
 
 from django.db import migrations, models
 
-
-def drop_pattern_indexes(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
-            "AND tablename LIKE 'durable\\_%%' AND indexname LIKE 'durable\\_%%\\_like'"
-        )
-        for (name,) in cursor.fetchall():
-            schema_editor.execute(f"DROP INDEX IF EXISTS {schema_editor.quote_name(name)}")
+from ._pattern_indexes import drop_pattern_indexes
 
 
 class Migration(migrations.Migration):

@@ -11,6 +11,10 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, Status, skip_locked
 
+#: The PostgreSQL channel every run end is announced on, the run's id as the payload, by a
+#: trigger in the transaction that ends it (migration 0014).
+RUN_ENDED = "durable_run_ended"
+
 
 class RunQuerySet(models.QuerySet["Run"]):
     def serving(self, namespace: str | None) -> RunQuerySet:
@@ -172,10 +176,23 @@ class RunQuerySet(models.QuerySet["Run"]):
             return False
         return True
 
-    def due(self, now: datetime, limit: int) -> list[tuple[str, str]]:
-        """(id, queue) of waiting runs whose timer (or safety-net wake) is due, oldest first."""
+    def take_due(self, now: datetime, until: datetime, limit: int) -> list[tuple[str, str]]:
+        """Move the timers of up to ``limit`` due waiting runs to ``until`` (the next safety-net
+        wake; the turn sets the real one) and return their (id, queue). One statement per batch:
+        the rows it takes leave the due range, so draining a backlog reads each row once, and
+        a concurrent sweep skips the rows this one holds, then finds them no longer due.
+        """
         qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
-        return list(skip_locked(qs.order_by("wake_at")).values_list("id", "queue")[:limit])
+        ops = connections[self.db].ops
+        at = ops.adapt_datetimefield_value
+        batch, params = _batch(skip_locked(qs).values("id")[:limit])
+        sql = (
+            f"{batch} UPDATE {ops.quote_name(Run._meta.db_table)} SET wake_at = %s "
+            "WHERE id IN (SELECT id FROM batch) RETURNING id, queue"
+        )
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql, [*params, at(until)])
+            return [(run_id, queue) for run_id, queue in cursor.fetchall()]
 
     def wake_by(self, run_id: str, at: datetime) -> str | None:
         """Bring an unfinished run's timer forward to ``at`` at the latest (a step's rate token
@@ -187,66 +204,73 @@ class RunQuerySet(models.QuerySet["Run"]):
             return None
         return self.filter(id=run_id).values_list("queue", flat=True).first()
 
-    def push_wake(self, ids: list[str], now: datetime, until: datetime) -> int:
-        """Move the timers of runs just woken forward, so the next sweep does not send them again."""
-        return self.filter(
-            id__in=ids, status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now
-        ).update(wake_at=until)
-
-    def orphans(self, now: datetime, limit: int) -> list[tuple[str, str]]:
-        """(id, queue) of runs whose turn died holding the lease."""
-        qs = self.filter(status=Status.RUNNING, locked_until__lt=now).order_by("locked_until")
-        return list(qs.values_list("id", "queue")[:limit])
-
-    def recover(
+    def take_orphans(
         self,
-        ids: list[str],
         now: datetime,
+        limit: int,
         max_attempts: int,
         error: dict[str, Any],
         *,
         stale_before: datetime | None = None,
         owner_prefix: str | None = None,
-    ) -> dict[str, list[str]]:
-        """Take back runs whose turn died holding its lease, a batch at a time; say what became
-        of each: ``parked`` (a dispatched step is still in flight, so the dead turn is not
-        counted as a crash), ``dead`` (the recovery budget is spent), ``suspended`` (counted,
-        due at once). Every UPDATE re-checks the orphan condition, so concurrent sweeps and a
-        turn that takes the run back in between are safe.
+    ) -> dict[str, list[tuple[str, str]]]:
+        """Take back up to ``limit`` runs whose turn died holding its lease, in one statement, and
+        say what became of each (id, queue): ``parked`` (a dispatched step is still in flight, so
+        the dead turn is not counted as a crash), ``dead`` (the recovery budget is spent),
+        ``suspended`` (counted, due at once). Rows a concurrent sweep or a turn holds are
+        skipped, and a row a turn took back meanwhile no longer matches when it is locked.
         """
         from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
 
-        orphans = self.filter(id__in=ids, status=Status.RUNNING, locked_until__lt=stale_before or now)
+        cutoff = stale_before or now
+        qs = self.filter(status=Status.RUNNING, locked_until__lt=cutoff)
         if owner_prefix is not None:
-            orphans = orphans.filter(locked_by__startswith=owner_prefix)
-        released = {"locked_by": None, "locked_until": None, "updated_at": now}
+            qs = qs.filter(locked_by__startswith=owner_prefix)
+        connection = connections[self.db]
+        ops = connection.ops
+        at = ops.adapt_datetimefield_value
+        table = ops.quote_name(Run._meta.db_table)
         # A dispatched step in flight, or one the dead turn was running in place (its death is
         # the step's, counted against the step's retries as a lost attempt, not the run's).
-        in_flight = Checkpoint.objects.filter(
-            run_id=OuterRef("id"), kind="step", status=CheckpointStatus.PENDING
-        ).filter(models.Q(enqueued_at__isnull=False) | models.Q(started_at__isnull=False))
-        parked = list(orphans.filter(Exists(in_flight)).values_list("id", flat=True))
-        orphans.filter(id__in=parked).update(status=Status.SUSPENDED, wake_at=now, **released)
-        # The dead turn may have committed sends it never published: the next turn sends again.
-        Checkpoint.objects.using(self.db).unsend(parked)
-        counted = orphans.exclude(id__in=parked)
-        dead = [
-            run_id
-            for run_id in counted.filter(recovery_attempts__gte=max_attempts).values_list("id", flat=True)
-            if counted.filter(id=run_id).update(
-                status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
-            )
-        ]
-        suspended = list(counted.exclude(id__in=dead).values_list("id", flat=True))
-        counted.filter(id__in=suspended).update(
-            status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
+        parked = (
+            f"EXISTS (SELECT 1 FROM {ops.quote_name(Checkpoint._meta.db_table)} c WHERE c.run_id = {table}.id "
+            f"AND c.kind = 'step' AND c.status = '{CheckpointStatus.PENDING}' "
+            "AND (c.enqueued_at IS NOT NULL OR c.started_at IS NOT NULL))"
         )
-        return {"parked": parked, Status.DEAD: dead, Status.SUSPENDED: suspended}
-
-    def held_by(self, owner_prefix: str, limit: int) -> list[tuple[str, str]]:
-        """(id, queue) of running runs whose lease names this instance."""
-        qs = self.filter(status=Status.RUNNING, locked_by__startswith=owner_prefix)
-        return list(qs.values_list("id", "queue")[:limit])
+        dead = f"(NOT {parked} AND recovery_attempts >= %s)"
+        batch, params = _batch(skip_locked(qs).values("id")[:limit])
+        # Every SET expression reads the row as it was, so each one states the case in full.
+        sql = (
+            f"{batch} UPDATE {table} SET "
+            f"status = CASE WHEN {dead} THEN %s ELSE %s END, "
+            f"recovery_attempts = CASE WHEN {parked} OR recovery_attempts >= %s THEN recovery_attempts "
+            "ELSE recovery_attempts + 1 END, "
+            f"error = CASE WHEN {dead} THEN %s ELSE error END, "
+            f"wake_at = CASE WHEN {dead} THEN NULL ELSE %s END, "
+            f"finished_at = CASE WHEN {dead} THEN %s ELSE finished_at END, "
+            "locked_by = NULL, locked_until = NULL, updated_at = %s "
+            "WHERE id IN (SELECT id FROM batch) "
+            f"RETURNING id, queue, status, {parked}"
+        )
+        stamp = at(now)
+        error_value = Run._meta.get_field("error").get_db_prep_save(error, connection)
+        sql_params = [
+            *params,
+            *(max_attempts, Status.DEAD, Status.SUSPENDED),
+            max_attempts,
+            *(max_attempts, error_value),
+            *(max_attempts, stamp),
+            *(max_attempts, stamp),
+            stamp,
+        ]
+        outcome: dict[str, list[tuple[str, str]]] = {"parked": [], Status.DEAD: [], Status.SUSPENDED: []}
+        with connection.cursor() as cursor:
+            cursor.execute(sql, sql_params)
+            for run_id, queue, status, in_flight in cursor.fetchall():
+                outcome["parked" if in_flight else status].append((run_id, queue))
+        # The dead turn may have committed sends it never published: the next turn sends again.
+        Checkpoint.objects.using(self.db).unsend([run_id for run_id, _ in outcome["parked"]])
+        return outcome
 
     def give_back(
         self, run_id: str, owner: str, now: datetime, max_attempts: int, error: dict[str, Any]
@@ -266,6 +290,20 @@ class RunQuerySet(models.QuerySet["Run"]):
         ):
             return Status.SUSPENDED
         return None
+
+
+def _batch(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
+    """``WITH batch AS MATERIALIZED (<the query>)``, to put before a statement that takes the
+    rows it names. Materialized: as a plain ``IN (SELECT … LIMIT n)`` PostgreSQL may run the
+    subquery again for every row it joins, and the LIMIT then bounds nothing.
+
+    The statement then picks its rows by id alone: the batch's FOR UPDATE is the guard (it locks
+    each row and re-checks the query's condition on the row's latest version; SQLite has a single
+    writer), and a condition repeated there would let PostgreSQL read the rows through the
+    condition's index, every row that meets it, instead of the batch's few by primary key."""
+    with transaction.atomic(using=qs.db):  # one statement; Django wants FOR UPDATE inside one
+        sql, params = qs.query.get_compiler(qs.db).as_sql()
+    return f"WITH batch AS MATERIALIZED ({sql})", list(params)
 
 
 class Run(models.Model):

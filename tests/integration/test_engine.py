@@ -223,21 +223,17 @@ def test_repeated_timer_sweeps_do_not_resend_a_woken_run(durable_env):
     assert [m.args for m in durable_env.pending()] == [(run.id,)]
 
 
+def _due_runs(count, now, **fields):
+    fields = {"status": "suspended", "wake_at": now - timedelta(seconds=1), **fields}
+    Run.objects.bulk_create(
+        Run(id=f"due-{i}", workflow="x", version="1", queue="q", created_at=now, updated_at=now, **fields)
+        for i in range(count)
+    )
+
+
 def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transactional_db):
     now = clock.now()
-    Run.objects.bulk_create(
-        Run(
-            id=f"due-{i}",
-            workflow="x",
-            version="1",
-            queue="q",
-            status="suspended",
-            wake_at=now - timedelta(seconds=1),
-            created_at=now,
-            updated_at=now,
-        )
-        for i in range(10)
-    )
+    _due_runs(10, now)
     taken: dict[str, list[str]] = {}
     first_has_rows = threading.Event()
     second_done = threading.Event()
@@ -245,7 +241,8 @@ def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transacti
     def sweep(name, wait_for):
         try:
             with transaction.atomic():
-                taken[name] = [run_id for run_id, _ in Run.objects.due(clock.now(), 6)]
+                until = clock.now() + timedelta(minutes=5)
+                taken[name] = [run_id for run_id, _ in Run.objects.take_due(clock.now(), until, 6)]
                 first_has_rows.set()
                 if wait_for:
                     wait_for.wait(10)
@@ -263,7 +260,51 @@ def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transacti
     assert len(taken["first"]) == 6
     assert len(taken["second"]) == 4
     assert not set(taken["first"]) & set(taken["second"])
+    # Once both committed, nothing is due any more: no third sweep sends them again.
+    assert Run.objects.take_due(clock.now(), clock.now(), 10) == []
     assert connection.vendor == "postgresql"
+
+
+def _race(sweep, runs=2):
+    """Run ``sweep`` in ``runs`` threads at once; return every message they published."""
+    from durable import dispatch
+
+    sent: list = []
+    start = threading.Barrier(runs)
+
+    def one():
+        try:
+            start.wait(10)
+            sweep()
+        finally:
+            connections.close_all()
+
+    with dispatch.using(dispatch.Transport(send=sent.append)):
+        threads = [threading.Thread(target=one) for _ in range(runs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    return sent
+
+
+@override_settings(DURABLE={"TIMER_BATCH_SIZE": 25})
+def test_two_concurrent_timer_sweeps_never_wake_a_run_twice(postgres, transactional_db):
+    _due_runs(400, clock.now())
+    sent = _race(sweeps.sweep_timers)
+    woken = [message.args[0] for message in sent]
+    assert sorted(woken) == sorted(f"due-{i}" for i in range(400))
+    assert {message.task for message in sent} == {"durable.advance"}
+
+
+@override_settings(DURABLE={"TIMER_BATCH_SIZE": 25})
+def test_two_concurrent_orphan_sweeps_recover_each_run_once(postgres, transactional_db):
+    now = clock.now()
+    _due_runs(300, now, status="running", locked_by="dead-host:1/x", locked_until=now - timedelta(seconds=1))
+    sent = _race(sweeps.sweep_orphans)
+    assert sorted(message.args[0] for message in sent) == sorted(f"due-{i}" for i in range(300))
+    counted = Run.objects.values_list("status", "recovery_attempts", "locked_by").distinct()
+    assert list(counted) == [("suspended", 1, None)]
 
 
 def test_manage_py_durable_sweep_wakes_due_runs(durable_env):

@@ -34,3 +34,41 @@ def test_a_durable_message_is_json_even_when_the_project_pickles_its_tasks() -> 
 
 def test_beat_sends_the_sweeps_as_json() -> None:
     assert {entry["options"]["serializer"] for entry in beat_schedule().values()} == {"json"}
+
+
+def _received(app, queue_name: str, count: int) -> list:
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(queue_name)
+        try:
+            got = [queue.get(timeout=5) for _ in range(count)]
+            for message in got:
+                message.ack()
+            return got
+        finally:
+            queue.close()
+
+
+def test_wakes_sent_in_a_batch_are_the_same_messages_as_one_by_one() -> None:
+    from project.celery import app
+
+    previous = current_app._get_current_object()
+    app.set_current()
+    try:
+        queue = "durable-batch-format"
+        dispatch.celery_sender(dispatch.Message(dispatch.ADVANCE, ("run-0",), queue))
+        dispatch.celery_send_many(
+            [dispatch.Message(dispatch.ADVANCE, (f"run-{i}",), queue) for i in (1, 2, 3)]
+        )
+        single, *batched = _received(app, queue, 4)
+    finally:
+        previous.set_current()
+
+    def shape(message):
+        varying = {"id", "root_id", "correlation_id", "delivery_tag", "argsrepr"}
+        headers = {k: v for k, v in message.headers.items() if k not in varying}
+        properties = {k: v for k, v in message.properties.items() if k not in varying}
+        return headers, properties, message.content_type, json.loads(message.body)[1:]
+
+    assert [json.loads(m.body)[0] for m in (single, *batched)] == [[f"run-{i}"] for i in range(4)]
+    assert all(shape(m) == shape(single) for m in batched)
+    assert single.headers["task"] == "durable.advance"

@@ -1,0 +1,535 @@
+"""Scale: the hot paths on a database filled by SQL with a long history, against an empty one.
+
+    .venv-bench/bin/python bench/scale.py            # fill once (kept), measure both, write results
+    .venv-bench/bin/python bench/scale.py --refill   # fill again from scratch
+
+The filled database (``durable_scale`` by default) holds 1,000,000 finished runs with ten
+completed steps each, and 100,000 runs waiting on a timer a month away with three positions
+each: about 10,300,000 checkpoints, written by ``generate_series`` (not through the API) and
+kept between runs. The empty one (``durable_scale_empty``) is migrated and emptied. Each is
+measured in a subprocess of its own, one after the other, in the same run:
+
+- ``start``: ``durable.start()`` of ``bench.local10``, its message published to Redis.
+- ``turn``: ``durable.engine.turn.advance()`` of a started ``bench.local10`` (ten local steps).
+- ``timers`` / ``orphans``: 10,000 due timers / expired leases inserted by SQL, then the sweep
+  until every run was sent a turn, the messages really published to Redis (and counted there).
+- ``retention``: 10,000 expired finished runs with ten checkpoints each, deleted by the sweep.
+- ``backlog`` (filled database): 100,000 due timers drained, against ``timers``' 10,000.
+
+Writes bench/results/scale.json and scale.md, and the README's ``bench:scale`` table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/5")
+#: The queue the swept runs belong to: their messages pile up there, counted, then purged.
+QUEUE = "bench_scale"
+SWEEP_ROWS = 10_000
+#: Finished runs are kept 30 days; the filled ones finished within the last week, the ones the
+#: retention measurement inserts 60 days ago.
+RETENTION = [{"statuses": ["completed", "failed"], "max_age": "30d"}]
+GOALS = {"ratio": 1.5, "sweep_10k_s": 1.0, "backlog_ratio": 10.0}
+
+
+# -- the fill (plain psycopg, no Django) ----------------------------------------------------------
+
+RUN_COLUMNS = (
+    "id, workflow, version, status, queue, input, output, namespace, tags, search_attributes, exposed, "
+    "created_at, updated_at, started_at, finished_at, wake_at, recovery_attempts, wakes, admitted"
+)
+CHECKPOINT_COLUMNS = (
+    "run_id, seq, kind, name, status, attempt, queue, input, output, started_at, finished_at, fail_fast"
+)
+
+
+def _connect(db: str, autocommit: bool = True):
+    import psycopg
+
+    return psycopg.connect(f"{PG}/{db}", autocommit=autocommit)
+
+
+def _ensure_db(name: str) -> None:
+    with _connect("postgres") as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def filled(db: str) -> dict | None:
+    """What an earlier fill recorded, if the database holds one."""
+    with _connect(db) as conn:
+        if not conn.execute("SELECT to_regclass('bench_scale_fill')").fetchone()[0]:
+            return None
+        row = conn.execute("SELECT info FROM bench_scale_fill").fetchone()
+        return row[0] if row else None
+
+
+def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> dict:
+    """Write the history by SQL: indexes of the checkpoint table dropped during the load and
+    built again after (as a restore would), the same definitions as the migrations'."""
+    t0 = time.perf_counter()
+    with _connect(db) as conn:
+        conn.execute("SET synchronous_commit = off")
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
+        conn.execute("DROP TABLE IF EXISTS bench_scale_fill")
+        saved = _drop_checkpoint_indexes(conn)
+        for first in range(1, runs + 1, chunk):
+            last = min(first + chunk - 1, runs)
+            # Finished over the last ~6 days, 2% failed; ten completed steps each.
+            conn.execute(
+                f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'f' || md5(i::text), 'bench.filled', '1', "
+                "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'completed' END, 'durable', "
+                "jsonb_build_object('order', i, 'items', jsonb_build_array('a', 'b')), "
+                "jsonb_build_object('total', i * 3), '', '[]', '{}', '{}', t, t, t, t + interval '2 s', "
+                "NULL, 0, 11, true FROM generate_series(%s::int, %s::int) i, "
+                f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                (first, last),
+            )
+            conn.execute(
+                f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT 'f' || md5(i::text), s, 'step', "
+                "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
+                "jsonb_build_object('value', i + s), t, t, false FROM generate_series(%s::int, %s::int) i, "
+                f"generate_series(0, {steps - 1}) s, "
+                f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                (first, last),
+            )
+            log(f"filled {last:,} of {runs:,} finished runs")
+        # Waiting on a timer a month away: two steps done, the sleep pending.
+        conn.execute(
+            f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'w' || md5(i::text), 'bench.parked', '1', "
+            "'suspended', 'durable', jsonb_build_object('order', i), NULL, '', '[]', '{}', '{}', now(), now(), "
+            "now(), NULL, now() + interval '30 days' + i * interval '1 ms', 0, 3, true "
+            "FROM generate_series(1, %s::int) i",
+            (waiting,),
+        )
+        conn.execute(
+            f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}, wake_at) SELECT 'w' || md5(i::text), s, "
+            "CASE WHEN s < 2 THEN 'step' ELSE 'sleep' END, CASE WHEN s < 2 THEN 'bench.step' ELSE 'sleep' END, "
+            "CASE WHEN s < 2 THEN 'completed' ELSE 'pending' END, 1, '', "
+            "jsonb_build_object('args', jsonb_build_array(i, s)), CASE WHEN s < 2 THEN '{\"value\": 1}'::jsonb END, "
+            "now(), CASE WHEN s < 2 THEN now() END, false, CASE WHEN s = 2 THEN now() + interval '30 days' END "
+            "FROM generate_series(1, %s::int) i, generate_series(0, 2) s",
+            (waiting,),
+        )
+        log("filled the waiting runs; building the checkpoint indexes again")
+        for statement in saved:
+            conn.execute(statement)
+        log("vacuum analyze")
+        conn.execute("VACUUM ANALYZE durable_run")
+        conn.execute("VACUUM ANALYZE durable_checkpoint")
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        checkpoints = conn.execute("SELECT count(*) FROM durable_checkpoint").fetchone()[0]
+        info = {
+            "finished_runs": runs,
+            "waiting_runs": waiting,
+            "checkpoints": checkpoints,
+            "size_gib": round(size / 2**30, 2),
+            "fill_s": round(time.perf_counter() - t0, 1),
+            "filled_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+        conn.execute("CREATE TABLE bench_scale_fill (info jsonb)")
+        conn.execute("INSERT INTO bench_scale_fill VALUES (%s)", (json.dumps(info),))
+    return info
+
+
+def _drop_checkpoint_indexes(conn) -> list[str]:
+    """Drop the checkpoint table's foreign key, unique constraint and secondary indexes; return
+    the statements that create them again."""
+    constraints = conn.execute(
+        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE conrelid = 'durable_checkpoint'::regclass AND contype IN ('u', 'f')"
+    ).fetchall()
+    indexes = conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'durable_checkpoint' "
+        "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = 'durable_checkpoint'::regclass)"
+    ).fetchall()
+    for name, _ in constraints:
+        conn.execute(f'ALTER TABLE durable_checkpoint DROP CONSTRAINT "{name}"')
+    for name, _ in indexes:
+        conn.execute(f'DROP INDEX "{name}"')
+    return [
+        *(
+            f'ALTER TABLE durable_checkpoint ADD CONSTRAINT "{n}" {d}'
+            for n, d in constraints
+            if "UNIQUE" in d
+        ),
+        *(d for _, d in indexes),
+        *(
+            f'ALTER TABLE durable_checkpoint ADD CONSTRAINT "{n}" {d}'
+            for n, d in constraints
+            if "UNIQUE" not in d
+        ),
+    ]
+
+
+def log(message: str) -> None:
+    print(f"[scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- the measurements (in a subprocess, Django pointed at one database) ----------------------------
+
+
+def _django(db: str) -> None:
+    import secrets
+
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": os.environ.get("BENCH_SETTINGS", "project.settings"),
+            "DATABASE_URL": f"{PG}/{db}",
+            "CELERY_BROKER_URL": REDIS,
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(50),
+            "DURABLE_LOG_LEVEL": "WARNING",
+        }
+    )
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from durable import conf
+
+    call_command("migrate", verbosity=0)
+    settings.DURABLE = {**getattr(settings, "DURABLE", {}), "RETENTION": RETENTION}
+    conf.reset()
+    import bench.workloads  # noqa: F401
+    import project.celery  # noqa: F401 - the project's app sends durable's messages
+
+
+def _redis():
+    import redis
+
+    return redis.Redis.from_url(REDIS)
+
+
+def _sql(statement: str, params: tuple = ()) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def _delete_runs(where: str, params: tuple) -> None:
+    """Delete the runs ``where`` picks, with their rows (the database cascades nothing)."""
+    for table in ("durable_checkpoint", "durable_signal"):
+        _sql(f"DELETE FROM {table} WHERE run_id IN (SELECT id FROM durable_run WHERE {where})", params)
+    _sql(f"DELETE FROM durable_run WHERE {where}", params)
+
+
+def _median_ms(samples: list[float]) -> dict:
+    return {
+        "median_ms": round(statistics.median(samples) * 1000, 3),
+        "n": len(samples),
+        "samples_s": [round(x, 6) for x in samples],
+    }
+
+
+def measure_start(n: int) -> dict:
+    import durable
+
+    ids, samples = [], []
+    for _ in range(n + 10):
+        t0 = time.perf_counter()
+        ids.append(durable.start("bench.local10").id)
+        samples.append(time.perf_counter() - t0)
+    _delete_runs("id = ANY(%s)", (ids,))
+    _redis().delete("durable")
+    return _median_ms(samples[10:])
+
+
+def measure_turn(n: int) -> dict:
+    from dataclasses import replace
+
+    import durable
+    from durable import dispatch
+    from durable.engine import turn
+
+    ids, samples = [], []
+    with dispatch.using(replace(dispatch.transport, send=lambda message: None)):
+        for _ in range(n + 10):
+            run_id = durable.start("bench.local10").id
+            ids.append(run_id)
+            t0 = time.perf_counter()
+            outcome = turn.advance(run_id)
+            samples.append(time.perf_counter() - t0)
+            if outcome != "completed":
+                raise RuntimeError(f"run {run_id} ended {outcome}")
+    _delete_runs("id = ANY(%s)", (ids,))
+    return _median_ms(samples[10:])
+
+
+def _insert_swept(kind: str, count: int) -> None:
+    """``count`` runs on QUEUE: due timers, expired leases, or finished long ago with ten steps."""
+    fields = {
+        "timers": "'suspended', NULL, NULL, now() - interval '5 min', NULL",
+        "orphans": "'running', 'bench-dead-host:1/0', now() - interval '5 min', now() + interval '5 min', NULL",
+        "retention": "'completed', NULL, NULL, NULL, now() - interval '60 days'",
+    }[kind]
+    _sql(
+        "INSERT INTO durable_run (id, workflow, version, queue, namespace, tags, search_attributes, exposed, "
+        "created_at, updated_at, started_at, recovery_attempts, wakes, admitted, "
+        "status, locked_by, locked_until, wake_at, finished_at) "
+        f"SELECT 'b{kind[0]}' || md5(random()::text || i), 'bench.parked', '1', '{QUEUE}', '', '[]', '{{}}', "
+        f"'{{}}', now() - interval '61 days', now(), now() - interval '61 days', 0, 1, true, {fields} "
+        "FROM generate_series(1, %s) i",
+        (count,),
+    )
+    if kind == "retention":
+        _sql(
+            f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT r.id, s, 'step', 'bench.step', "
+            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false FROM durable_run r, "
+            "generate_series(0, 9) s WHERE r.queue = %s AND r.status = 'completed'",
+            (QUEUE,),
+        )
+    _sql("ANALYZE durable_run")
+
+
+def _drain(sweep, count: int) -> dict:
+    found, passes, t0 = 0, 0, time.perf_counter()
+    while found < count:
+        found += sweep()
+        passes += 1
+        if passes > 1000:
+            raise RuntimeError(f"{sweep.__name__} found {found} of {count}")
+    return {"seconds": time.perf_counter() - t0, "passes": passes, "found": found}
+
+
+def measure_sweep(kind: str, count: int, reps: int) -> dict:
+    from durable.engine import retention, sweeps
+
+    sweep = {
+        "timers": sweeps.sweep_timers,
+        "orphans": sweeps.sweep_orphans,
+        "retention": retention.sweep_retention,
+    }[kind]
+    client, samples = _redis(), []
+    for _ in range(reps):
+        client.delete(QUEUE)
+        _insert_swept(kind, count)
+        sample = _drain(sweep, count)
+        if kind != "retention":
+            # Every wake really left: counted in Redis, then thrown away.
+            sample["published"] = client.llen(QUEUE)
+            if sample["published"] < count:
+                raise RuntimeError(f"{kind}: {sample['published']} of {count} messages reached Redis")
+        samples.append(sample)
+        _delete_runs("queue = %s", (QUEUE,))
+        client.delete(QUEUE)
+    seconds = [s["seconds"] for s in samples]
+    return {
+        "count": count,
+        "median_s": round(statistics.median(seconds), 3),
+        "samples_s": [round(s, 3) for s in seconds],
+        "passes": samples[0]["passes"],
+        "published": samples[0].get("published"),
+    }
+
+
+def measure(db: str, params: dict) -> dict:
+    _django(db)
+    _delete_runs("queue = %s OR workflow = 'bench.local10'", (QUEUE,))
+    out = {
+        "start": measure_start(params["n"]),
+        "turn": measure_turn(params["n"]),
+    }
+    for kind in ("timers", "orphans", "retention"):
+        out[kind] = measure_sweep(kind, params["rows"], params["reps"])
+    if params.get("backlog"):  # the last round of the filled database only
+        out["backlog"] = measure_sweep("timers", params["backlog"], 1)
+    return out
+
+
+def _pooled(measured: list[dict]) -> dict:
+    """One database's rounds as one: each figure the median of all their samples."""
+    out: dict = {}
+    for key in ("start", "turn"):
+        samples = [x for one in measured for x in one[key]["samples_s"]]
+        out[key] = _median_ms(samples)
+    for key in ("timers", "orphans", "retention"):
+        seconds = [x for one in measured for x in one[key]["samples_s"]]
+        out[key] = {
+            **measured[-1][key],
+            "median_s": round(statistics.median(seconds), 3),
+            "samples_s": seconds,
+        }
+    backlog = [one["backlog"] for one in measured if "backlog" in one]
+    if backlog:
+        out["backlog"] = backlog[0]
+    out["rounds"] = len(measured)
+    return out
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def rows(data: dict) -> list[dict]:
+    empty, full = data["empty"], data["filled"]
+    out = []
+    for key, what in (("start", "`durable.start()`"), ("turn", "a turn of ten local steps")):
+        e, f = empty[key]["median_ms"], full[key]["median_ms"]
+        out.append({"what": what, "empty": f"{e:.2f} ms", "filled": f"{f:.2f} ms", "ratio": round(f / e, 2)})
+    for key, what in (
+        ("timers", "timer sweep, {:,} due timers, messages published"),
+        ("orphans", "orphan sweep, {:,} expired leases, messages published"),
+        ("retention", "retention sweep, {:,} expired runs with ten checkpoints each"),
+    ):
+        e, f = empty[key]["median_s"], full[key]["median_s"]
+        out.append(
+            {
+                "what": what.format(empty[key]["count"]),
+                "empty": f"{e:.3f} s",
+                "filled": f"{f:.3f} s",
+                "ratio": round(f / e, 2),
+            }
+        )
+    if "backlog" in full:
+        b, t = full["backlog"], full["timers"]
+        out.append(
+            {
+                "what": f"timer backlog of {b['count']:,} drained (filled), against {t['count']:,}",
+                "empty": f"{t['median_s']:.3f} s",
+                "filled": f"{b['median_s']:.3f} s",
+                "ratio": round(b["median_s"] / t["median_s"], 2),
+            }
+        )
+    return out
+
+
+def table(data: dict) -> list[str]:
+    lines = ["| Path | empty database | filled database | ratio |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['what']} | {r['empty']} | {r['filled']} | {r['ratio']}x |" for r in data["rows"]]
+    return lines
+
+
+def markdown(data: dict) -> str:
+    fill = data["fill"]
+    return "\n".join(
+        [
+            "# durable at scale: a long history against an empty database",
+            "",
+            data["meta"]["line"],
+            "",
+            f"Filled database: {fill['finished_runs']:,} finished runs, {fill['waiting_runs']:,} waiting runs, "
+            f"{fill['checkpoints']:,} checkpoints, {fill['size_gib']} GiB, written by SQL in {fill['fill_s']:.0f} s "
+            f"({fill['filled_at']}). Figures are medians over {data['params']['rounds']} rounds that alternate the "
+            f"two databases: start and turn {data['params']['n']} calls a round, sweeps "
+            f"{data['params']['reps']} repetitions a round; every wake published to Redis and counted there.",
+            "",
+            *table(data),
+            "",
+        ]
+    )
+
+
+def machine_line(total: float) -> str:
+    import platform
+
+    with _connect("postgres") as conn:
+        pg = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+    return (
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {os.cpu_count()} cores · "
+        f"Python {platform.python_version()} · PostgreSQL {pg} · {total:.0f} s"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--db", default="durable_scale", help="the filled database (kept between runs)")
+    parser.add_argument("--empty-db", default="durable_scale_empty")
+    parser.add_argument("--refill", action="store_true", help="fill the database again")
+    parser.add_argument("--runs", type=int, default=1_000_000, help="finished runs of the fill")
+    parser.add_argument("--waiting", type=int, default=100_000, help="waiting runs of the fill")
+    parser.add_argument("--n", type=int, default=200, help="start() and turn calls measured")
+    parser.add_argument("--rows", type=int, default=SWEEP_ROWS, help="rows each sweep measurement handles")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each sweep measurement")
+    parser.add_argument("--backlog", type=int, default=100_000, help="due timers of the backlog (0: skip)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating the two databases")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--params", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure, json.loads(args.params))))
+        return 0
+
+    started = time.perf_counter()
+    for db in (args.db, args.empty_db):
+        _ensure_db(db)
+        _migrate(db)
+    info = None if args.refill else filled(args.db)
+    if info is None:
+        log(f"filling {args.db} ({args.runs:,} finished runs, {args.waiting:,} waiting)")
+        info = fill(args.db, args.runs, 10, args.waiting)
+        log(f"filled in {info['fill_s']} s: {info}")
+    with _connect(args.empty_db) as conn:
+        conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
+    params = {"n": args.n, "rows": args.rows, "reps": args.reps}
+    data: dict = {"fill": info, "params": {**params, "backlog": args.backlog, "rounds": args.rounds}}
+    # Rounds alternate the databases (empty, filled, filled, empty, ...) so that other load on
+    # the machine falls on both alike; each figure is the median of every round's samples.
+    order = [("empty", args.empty_db), ("filled", args.db)]
+    rounds: dict[str, list[dict]] = {"empty": [], "filled": []}
+    for i in range(args.rounds):
+        for key, db in order if i % 2 == 0 else order[::-1]:
+            last = i == args.rounds - 1 and key == "filled"
+            log(f"round {i + 1} of {args.rounds}: measuring the {key} database {db}")
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--measure",
+                    db,
+                    "--params",
+                    json.dumps({**params, "backlog": args.backlog if last else 0}),
+                ],
+                check=True,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            rounds[key].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for key, measured in rounds.items():
+        data[key] = _pooled(measured)
+    data["rows"] = rows(data)
+    data["meta"] = {"line": machine_line(time.perf_counter() - started)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale.json").write_text(json.dumps(data, indent=2) + "\n")
+    text = markdown(data)
+    (args.out / "scale.md").write_text(text)
+    from bench import report
+
+    if args.out.resolve() == (ROOT / "bench" / "results").resolve() and report.update_readme(
+        "scale", "\n".join([data["meta"]["line"], "", *table(data)])
+    ):
+        log(f"rewrote the scale table in {report.README}")
+    print(text)
+    return 0
+
+
+def _migrate(db: str) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v0"],
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": f"{PG}/{db}", "CELERY_BROKER_URL": REDIS, "DJANGO_DEBUG": "1"},
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
