@@ -224,6 +224,24 @@ def cut_database_connections() -> int:
         return sum(1 for (ok,) in cursor.fetchall() if ok)
 
 
+def flush_broker(queues: list[str]) -> str:
+    """Lose every message on the Redis broker, as a broker restart without persistence does:
+    FLUSHDB its database, or, on db 0 (shared by convention), only kombu's keys and ``queues``.
+    Say which was done."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    if client.connection_pool.connection_kwargs.get("db", 0) != 0:
+        client.flushdb()
+        return "FLUSHDB"
+    patterns = ["_kombu.*", "unacked*", *(f"{q}*" for q in queues)]
+    keys = {key for pattern in patterns for key in client.scan_iter(pattern)}
+    if keys:
+        client.delete(*keys)
+    return f"deleted {len(keys)} kombu keys of db 0"
+
+
 class WorkerHandle:
     """One ``celery worker`` process of a DurableWorker: its own ``-n`` name, env and log file.
 

@@ -32,6 +32,19 @@ log = logging.getLogger("durable.engine")
 #: before each retry: a database restart or a cut connection heals within seconds.
 RECORD_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
 _TRANSIENT = (OperationalError, InterfaceError)
+#: What settling an attempt from a message reads of its checkpoint (and of its run).
+_ATTEMPT_FIELDS = (
+    "seq",
+    "name",
+    "status",
+    "attempt",
+    "fan",
+    "fail_fast",
+    "token",
+    "flow",
+    "flow_key",
+    "run__status",
+)
 
 
 def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: str) -> Checkpoint | None:
@@ -41,19 +54,7 @@ def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: st
         Checkpoint.objects.using(db)
         .select_related("run")
         .filter(run_id=run_id, seq=seq)
-        .only(
-            "seq",
-            "name",
-            "status",
-            "attempt",
-            "input",
-            "fan",
-            "fail_fast",
-            "token",
-            "flow",
-            "flow_key",
-            "run__status",
-        )
+        .only("input", *_ATTEMPT_FIELDS)
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
@@ -163,19 +164,7 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
         Checkpoint.objects.using(settings.DATABASE)
         .select_related("run")
         .filter(run_id=run_id, seq=seq, kind="step")
-        .only(
-            "run_id",
-            "seq",
-            "name",
-            "status",
-            "attempt",
-            "fan",
-            "fail_fast",
-            "token",
-            "flow",
-            "flow_key",
-            "run__status",
-        )
+        .only("run_id", *_ATTEMPT_FIELDS)
         .first()
     )
     if row is None or not _same_token(row.token, secret) or row.attempt != attempt:

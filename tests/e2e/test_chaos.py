@@ -24,13 +24,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import cut_database_connections, wait_for
+from durable.testing import cut_database_connections, flush_broker, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -143,21 +142,6 @@ def durable_worker_options():
     return {"start": False, "env": {**env, "DURABLE_LOG_LEVEL": "INFO"}}  # engine logs as evidence
 
 
-def wipe_broker(queues: list[str]) -> str:
-    """FLUSHDB the broker's Redis database; on db 0 (shared by convention) only kombu's keys."""
-    import redis
-
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    if client.connection_pool.connection_kwargs.get("db", 0) != 0:
-        client.flushdb()
-        return "FLUSHDB"
-    patterns = ["_kombu.*", "unacked*", *(f"{q}*" for q in queues)]
-    keys = {key for pattern in patterns for key in client.scan_iter(pattern)}
-    if keys:
-        client.delete(*keys)
-    return f"deleted {len(keys)} kombu keys of db 0"
-
-
 def send_late_signals(late: dict[str, int]) -> None:
     """Signal the runs of ``late`` that have reached their wait (and forget them)."""
     waiting = Checkpoint.objects.filter(run_id__in=list(late), kind="signal").values_list("run_id", flat=True)
@@ -216,7 +200,7 @@ def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, r
         while chaos_on(now := time.monotonic()):
             send_late_signals(late)
             if wiped is None and now >= chaos_began + FLUSH_AT:
-                wiped = wipe_broker(durable_worker.queues)
+                wiped = flush_broker(durable_worker.queues)
             if not cut and now >= chaos_began + CUT_DB_AT:  # again until a worker had one open
                 cut = cut_database_connections()
             if now >= next_kill:

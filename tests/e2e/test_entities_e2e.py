@@ -16,13 +16,12 @@ import uuid
 from collections import defaultdict
 
 import pytest
-from django.conf import settings
 from django.db import connections
 from django.test import override_settings
 
 import durable
 from durable.models import TERMINAL, EntityOp, Run
-from durable.testing import wait_for
+from durable.testing import flush_broker, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -58,21 +57,6 @@ def caller(ctx, arg):
 def durable_worker_options():
     env = {f"DURABLE_{key}": value for key, value in SETTINGS.items()}
     return {"start": False, "env": env}
-
-
-def flush_broker(queues: list[str]) -> str:
-    """FLUSHDB the broker's Redis database; on db 0 (shared by convention) only kombu's keys."""
-    import redis
-
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    if client.connection_pool.connection_kwargs.get("db", 0) != 0:
-        client.flushdb()
-        return "FLUSHDB"
-    patterns = ["_kombu.*", "unacked*", *(f"{q}*" for q in queues)]
-    keys = {key for pattern in patterns for key in client.scan_iter(pattern)}
-    if keys:
-        client.delete(*keys)
-    return f"deleted {len(keys)} kombu keys of db 0"
 
 
 def send_all(token: str, sender: int, sent: dict, lock: threading.Lock, errors: list) -> None:
