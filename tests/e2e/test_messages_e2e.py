@@ -20,8 +20,10 @@ MARKS = Path(tempfile.gettempdir()) / "durable-e2e-messages"
 
 @pytest.fixture
 def durable_worker_options():
-    # A restart under the same INSTANCE_ID takes the killed worker's runs back at once.
-    return {"env": {"DURABLE_INSTANCE_ID": "messages-test-w1"}}
+    # A restart under the same INSTANCE_ID takes the killed worker's runs back at once. A prompt
+    # the killed worker had reserved is lost with it (Redis gives it back only after its
+    # visibility timeout): beat's timer sweep re-drives its run within a LEASE, shortened here.
+    return {"env": {"DURABLE_INSTANCE_ID": "messages-test-w1", "DURABLE_LEASE": "3s"}}
 
 
 def starts(run_id: str, label: str) -> int:
@@ -63,6 +65,7 @@ def _sent(target: str) -> tuple[int, int, int]:
 
 
 def test_messages_go_exactly_once_across_worker_kills(durable_worker):
+    durable_worker.start_beat()
     target = durable.start(receiver)
     run = durable.start(sender, target.id)
     wait_for(lambda: starts(run.id, "before-commit") == 1, 60, what="the first turn to hang")
