@@ -155,9 +155,9 @@ def in_process(runs: int, out: Path) -> list[str]:
         for _ in range(runs):
             drive(workflow)
         profiler.stop()
-        (out / f"profile-{label}.txt").write_text(
-            profiler.output_text(unicode=False, color=False, show_all=False, timeline=False)
-        )
+        text = profiler.output_text(unicode=False, color=False, show_all=False, timeline=False)
+        # Paths relative to the repository: the report names no directory of the machine it ran on.
+        (out / f"profile-{label}.txt").write_text(text.replace(f"{env.ROOT}/", ""))
 
     lines: list[str] = []
     try:

@@ -102,14 +102,15 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         return record(row, registry.step(row.name), None, held_back.error, False, None, began)
     leases.hold_attempt(key, holder)
     try:
-        beats = Beats(run_id, seq, attempt, settings)
+        step: Step | None = None
         try:
             step = registry.step(row.name)
-            beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout)
+        except WorkflowNotRegistered as exc:
+            output, error, retryable = None, exc.to_dict(), True
+        beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout if step else None)
+        if step is not None:
             info = StepInfo(run_id, seq, attempt, row.name, secret=token)
             output, error, retryable = attempts.execute(step, info, row.input, beats)
-        except WorkflowNotRegistered as exc:
-            step, output, error, retryable = None, None, exc.to_dict(), True
         if output is LATER:
             return _await_completion(row, holder, beats)
         return record(row, step, output, error, retryable, beats, began)
