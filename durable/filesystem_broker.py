@@ -7,19 +7,24 @@ Writing to a name consumers ignore and renaming it into place makes each message
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
-from time import monotonic
+from time import monotonic_ns
 from typing import Any
 
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
+# Consumers take files in name order: a fixed-width clock and a per-process sequence keep the
+# messages of one process in the order it sent them, even within one clock tick.
+_sequence = itertools.count()
+
 
 class Channel(filesystem.Channel):
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{monotonic_ns():020d}_{next(_sequence):012d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = f"{final}.partial"  # consumers only take names ending in ".<queue>.msg"
         try:
