@@ -37,6 +37,10 @@ class BoundedPaginator(Paginator):
         return len(self.object_list)
 
     @property
+    def limit(self) -> int:
+        return COUNT_LIMIT
+
+    @property
     def capped(self) -> bool:
         return self.count > COUNT_LIMIT
 

@@ -194,21 +194,20 @@ def waits_of(run: Run, db: str, fans: dict[int, Fan]) -> list[str]:
     """What an unfinished run waits for, in words: its pending positions, a wide fan as one."""
     if run.status not in UNFINISHED:
         return []
-    wide = [seq for seq, fan in fans.items() if fan.width > NARROW_FAN]
+    wide = {seq: fan for seq, fan in fans.items() if fan.width > NARROW_FAN}
     pending = (
         Checkpoint.objects.using(db)
         .filter(run=run, status=CheckpointStatus.PENDING)
-        .exclude(Q(fan__in=wide) & ~Q(seq__in=wide))
+        .exclude(fan__in=list(wide))
         .only("seq", "kind", "name", "status", "fan", "wake_at", "flow", "flow_key", "flow_seq")
         .order_by("seq")[:RELATIVES_SHOWN]
     )
     waits = []
+    for fan in wide.values():
+        left = fan.counts.get(CheckpointStatus.PENDING, 0)
+        if left:
+            waits.append(f"fan at position {fan.seq}: {left} of {fan.width} members still pending")
     for row in pending:
-        fan = fans.get(row.fan) if row.fan is not None else None
-        if fan is not None and fan.width > NARROW_FAN:
-            pending = fan.counts.get(CheckpointStatus.PENDING, 0)
-            waits.append(f"fan at position {fan.seq}: {pending} of {fan.width} members still pending")
-            continue
         what = WAITS.get(row.kind, "{kind} {name}").format(name=row.name, kind=row.kind)
         flow = flow_text(row)
         if flow:
@@ -282,29 +281,29 @@ def relatives(run: Run, db: str) -> dict[str, Any]:
     }
 
 
-def page_number(request: HttpRequest, name: str, default: int) -> int:
-    """A non-negative integer query parameter; a malformed one falls back to ``default``."""
+def page_number(request: HttpRequest, name: str, default: int | None) -> int | None:
+    """A non-negative integer query parameter; a missing or malformed one gives ``default``."""
     try:
-        value = int(request.GET.get(name, default))
-    except ValueError:
+        value = int(request.GET[name])
+    except (KeyError, ValueError):
         return default
-    return max(value, 0)
+    return value if value >= 0 else default
 
 
 def context(request: HttpRequest, run: Run) -> dict[str, Any]:
     """Everything the run page draws below the run's fields."""
     db = conf.get().DATABASE
     fans = fans_of(run, db)
-    start = page_number(request, "from", 0)
+    start = page_number(request, "from", 0) or 0
     positions, following = timeline(run, db, fans, start)
     wide = {seq: fan for seq, fan in fans.items() if fan.width > NARROW_FAN}
-    opened = wide.get(page_number(request, "fan", -1))
+    opened = wide.get(page_number(request, "fan", None))  # type: ignore[arg-type]
     members: list[Position] = []
     pages = 0
     page = 1
     if opened is not None:
         pages = -(-opened.width // FAN_PAGE)
-        page = min(max(page_number(request, "page", 1), 1), pages)
+        page = min(max(page_number(request, "page", 1) or 1, 1), pages)
         members = fan_members(run, db, opened, page)
     origin = run.created_at
     span = (run.finished_at or clock.now()) - origin

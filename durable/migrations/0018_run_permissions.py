@@ -4,14 +4,20 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable', '0017_lean_flow_indexes'),
+        ("durable", "0017_lean_flow_indexes"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='run',
-            options={'permissions': [('retry_run', 'Can retry a failed, dead or cancelled run'), ('cancel_run', 'Can cancel a run, with or without compensation'), ('signal_run', 'Can send a signal or an update to a run'), ('resume_run', 'Can wake a waiting run now')]},
+            name="run",
+            options={
+                "permissions": [
+                    ("retry_run", "Can retry a failed, dead or cancelled run"),
+                    ("cancel_run", "Can cancel a run, with or without compensation"),
+                    ("signal_run", "Can send a signal or an update to a run"),
+                    ("resume_run", "Can wake a waiting run now"),
+                ]
+            },
         ),
     ]
