@@ -169,9 +169,8 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         "id",
         "workflow",
         "version",
-        "status",
+        "status_badge",
         "created_time",
-        "started_time",
         "finished_time",
         "recovery_attempts",
     )
@@ -195,7 +194,14 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     fieldsets = (
         (
             None,
-            {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags", "history")},
+            {
+                "fields": (
+                    "id",
+                    ("workflow", "version"),
+                    ("status", "namespace", "queue"),
+                    ("tags", "history"),
+                )
+            },
         ),
         (
             "Data",
@@ -213,7 +219,19 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
             },
         ),
     )
-    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+    readonly_fields = tuple(
+        name
+        for _, options in fieldsets
+        for line in options["fields"]
+        for name in (line if isinstance(line, tuple) else (line,))
+    )
+
+    class Media:
+        css = {"all": ("durable_admin/console.css",)}
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Run) -> str:
+        return format_html('<span class="durable-status durable-status-{}">{}</span>', obj.status, obj.status)
 
     def get_urls(self) -> list[Any]:
         return self.action_urls() + super().get_urls()

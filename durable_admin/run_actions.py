@@ -63,17 +63,28 @@ class SendForm(forms.Form):
         help_text="The name the workflow waits for.",
         widget=forms.TextInput(attrs={"list": "awaited-names", "class": "vTextField"}),
     )
-    payload = forms.JSONField(
+    payload = forms.CharField(
         required=False,
+        strip=True,
         widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "class": "vLargeTextField"}),
         help_text='JSON, e.g. {"approved": true}; empty sends null.',
-        error_messages={"invalid": "The payload is not valid JSON: fix it or leave it empty."},
     )
     idempotency_key = forms.CharField(
         max_length=255,
         required=False,
         help_text="Optional: the same key again for this run is dropped.",
     )
+
+    def clean_payload(self) -> Any:
+        text = self.cleaned_data["payload"]
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(
+                f"The payload is not valid JSON ({exc}): fix it or leave it empty."
+            ) from None
 
 
 class RunActions:

@@ -93,12 +93,18 @@ class Position:
         time waiting in a queue, its time running (at least a sliver, so short steps show)."""
         row = self.row
         began = row.enqueued_at or row.started_at
-        if began is None or span.total_seconds() <= 0:
-            return {}
         seconds = span.total_seconds()
+        if seconds <= 0:
+            return {}
 
         def share(delta: timedelta | None) -> float:
             return max(0.0, min(100.0, 100 * (delta.total_seconds() if delta else 0) / seconds))
+
+        if began is None:
+            # A wait (signal, timer, event) has no start of its own: a tick where it was settled.
+            if row.finished_at is None:
+                return {}
+            return {"left": f"{min(share(row.finished_at - origin), 99.4):.2f}%", "mark": "0.6%"}
 
         left = share(began - origin)
         queued = share(self.queue_wait) if row.enqueued_at else 0.0
