@@ -157,6 +157,9 @@ class RunActions:
 
     def resume_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         run = self._run(request, object_id, "resume")
+        if run.status not in UNFINISHED:
+            self._done(request, run, f"The run is {run.status}: there is nothing to wake.", messages.WARNING)
+            return self._back(run)
         # A wake sends the run a turn now: a timer or backoff it waits on is looked at again.
         lifecycle.wake(run.pk)
         self._done(request, run, "Woken: a turn was sent to the run now.")

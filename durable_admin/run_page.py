@@ -19,7 +19,7 @@ from django.utils.http import urlencode
 from durable import clock, conf, guards
 from durable.definitions import registry
 from durable.models import Checkpoint, Run, Signal
-from durable.statuses import UNFINISHED, CheckpointStatus, FlowState
+from durable.statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
 
 #: Members of a fan shown per page (``?fan=<seq>&page=N``).
 FAN_PAGE = 50
@@ -221,6 +221,13 @@ def waits_of(run: Run, db: str, fans: dict[int, Fan]) -> list[str]:
         elif row.wake_at is not None:
             what += f" (until {row.wake_at.isoformat(timespec='seconds')})"
         waits.append(f"position {row.seq}: {what}")
+    if not waits and run.status == RunStatus.PENDING:
+        if not run.admitted:
+            waits.append(
+                f"a slot of its singleton key {run.singleton_key} (place {run.singleton_seq} in line)"
+            )
+        else:
+            waits.append(f"a worker consuming queue {run.queue!r} to take its next turn")
     return waits
 
 

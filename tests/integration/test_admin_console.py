@@ -132,6 +132,16 @@ def test_a_waiting_run_says_what_it_waits_for_and_lists_buffered_signals(
     assert "later" in buffered and "buffered: no wait has taken it yet" in buffered
 
 
+def test_a_run_not_yet_taken_waits_for_a_worker_on_its_queue(admin_client: Client, durable_env: Any) -> None:
+    run_id = durable.start(flows.approval_flow, 1).id
+
+    waits = section(page_of(admin_client, run_id), "waiting-for")
+
+    assert (
+        f"a worker consuming queue &#x27;{durable.get_run(run_id).queue}&#x27; to take its next turn" in waits
+    )
+
+
 def test_a_failed_run_shows_its_error_and_links_its_on_error_run_both_ways(
     admin_client: Client, durable_env: Any
 ) -> None:
