@@ -358,3 +358,20 @@ def test_the_timeline_pages_a_long_history(
     assert re.findall(r'<td class="col-seq"><a [^>]*>(\d+)</a>', section(later, "timeline")) == ["2", "3"]
     assert "?from=4" in later
     assert Checkpoint.objects.filter(run_id=run_id).count() == 5
+
+
+def test_the_run_list_reads_no_distinct_and_counts_no_unbounded_set_of_runs(
+    admin_client: Client, durable_env: Any
+) -> None:
+    for n in range(3):
+        durable.start(flows.charge_flow, n)
+    admin_client.get(reverse("admin:index"))
+
+    with CaptureQueriesContext(connections[conf.get().DATABASE]) as captured:
+        page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    runs = [q["sql"] for q in captured if "durable_run" in q["sql"]]
+
+    assert not [sql for sql in runs if "DISTINCT" in sql.upper()], runs
+    assert all("LIMIT" in sql.upper() for sql in runs if "COUNT(" in sql.upper()), runs
+    year = durable_env.now().year
+    assert f"created_at__year={year}" in page or "created_at__month=" in page or "created_at__day=" in page
