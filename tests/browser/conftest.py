@@ -27,7 +27,7 @@ from tests.conftest import _skip_or_fail
 #: Where each test's screenshots go, one PNG per page it looked at.
 SCREENSHOTS = Path(os.environ.get("DURABLE_SCREENSHOTS") or Path(settings.BASE_DIR) / "var" / "screenshots")
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
-WIDTH = 1440
+WIDTH = 1600
 
 
 def _missing() -> str | None:
@@ -139,13 +139,18 @@ class Page:
         self.open("/admin/login/?next=/admin/")
         self.find("#id_username").send_keys(username)
         self.find("#id_password").send_keys(password)
-        return self.click("input[type=submit]")
+        self.click("input[type=submit]")
+        # The admin's app list beside every page is folded away (it remembers), to give the
+        # console's tables the width.
+        self.driver.execute_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+        return self
 
     def shot(self, label: str) -> Path:
         """A full-page screenshot, as a test artifact."""
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         height = self.driver.execute_script("return document.documentElement.scrollHeight")
         self.driver.set_window_size(WIDTH, min(max(int(height), 600), 4000))
+        self.driver.execute_script("window.scrollTo(0, 0)")  # from the top, not from an #anchor
         path = SCREENSHOTS / f"{self.name}--{label}.png"
         self.driver.save_screenshot(str(path))
         self.driver.set_window_size(WIDTH, 1000)
