@@ -14,6 +14,7 @@ from django.contrib.admin.utils import quote
 from django.db.models import Count, Q
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from durable import clock, conf, guards
@@ -338,3 +339,30 @@ def context(request: HttpRequest, run: Run) -> dict[str, Any]:
         "relatives": relatives(run, db),
         "run_error": run.error if isinstance(run.error, dict) else None,
     }
+
+
+#: Runs named one by one on the delete confirmation page; the rest are counted.
+DELETION_SHOWN = 50
+
+
+def deletion_summary(run_ids: list[str]) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
+    """What deleting these runs with their subtrees takes, as the admin's delete page shows it:
+    (the runs, as links, the first DELETION_SHOWN; rows per kind; permissions lacking; protected)."""
+    db = conf.get().DATABASE
+    runs = Run.objects.using(db)
+    ids, frontier = list(run_ids), list(run_ids)
+    while frontier:  # as durable.delete_run walks the tree, one query per generation
+        frontier = list(runs.filter(parent_id__in=frontier).values_list("id", flat=True))
+        ids.extend(frontier)
+    shown = [
+        format_html('Run: <a href="{}">{}</a>', Link("", run_id).url, run_id)
+        for run_id in ids[:DELETION_SHOWN]
+    ]
+    if len(ids) > DELETION_SHOWN:
+        shown.append(f"and {len(ids) - DELETION_SHOWN} more runs of the subtrees")
+    counts = {
+        "runs": len(ids),
+        "checkpoints": Checkpoint.objects.using(db).filter(run_id__in=ids).count(),
+        "signals and updates": Signal.objects.using(db).filter(run_id__in=ids).count(),
+    }
+    return shown, counts, set(), []

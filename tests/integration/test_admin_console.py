@@ -375,3 +375,21 @@ def test_the_run_list_reads_no_distinct_and_counts_no_unbounded_set_of_runs(
     assert all("LIMIT" in sql.upper() for sql in runs if "COUNT(" in sql.upper()), runs
     year = durable_env.now().year
     assert f"created_at__year={year}" in page or "created_at__month=" in page or "created_at__day=" in page
+
+
+def test_delete_with_subtree_names_the_runs_counts_their_rows_and_deletes_them_all(
+    admin_client: Client, durable_env: Any
+) -> None:
+    from tests.integration.test_admin import admin_parent
+
+    parent = durable.start(admin_parent, 1).id
+    durable_env.run_until_idle()
+    (child,) = Run.objects.filter(parent_id=parent).values_list("id", flat=True)
+    url = reverse("admin:durable_run_delete", args=[quote(parent)])
+
+    confirm = admin_client.get(url).content.decode()
+    admin_client.post(url, {"post": "yes"})
+
+    assert parent in confirm and child in confirm
+    assert re.search(r"Runs:\s*2", confirm) and re.search(r"Checkpoints:\s*2", confirm), confirm
+    assert not Run.objects.filter(id__in=[parent, child]).exists()
