@@ -13,6 +13,7 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTransform
 from django.http import HttpRequest
 
 from durable import conf
@@ -107,10 +108,11 @@ def search(queryset: QuerySet[Run], term: str) -> QuerySet[Run]:
     matched = ATTRIBUTE.match(term)
     if matched:
         key, raw = matched["key"], matched["value"].strip()
-        values = {raw, *_typed(raw)}
+        # An alias, not ``search_attributes__<key>``: a key named like a lookup stays a key.
+        queryset = queryset.alias(searched=KeyTransform(key, "search_attributes"))
         attribute = Q()
-        for value in values:
-            attribute |= Q(**{f"search_attributes__{key}": value})
+        for value in {raw, *_typed(raw)}:
+            attribute |= Q(searched=value)
         return queryset.filter(attribute)
     found = Q(id__startswith=term) | Q(workflow__icontains=term)
     if _tags_contain_supported(queryset):

@@ -314,7 +314,9 @@ def test_run_list_filters_by_workflow_and_version_and_searches_tags_and_attribut
     admin_client: Client, durable_env: Any
 ) -> None:
     tagged = durable.start(flows.charge_flow, 1, tags=["vip"]).id
-    attributed = durable.start(flows.charge_flow, 2, search_attributes={"customer": "c-42"}).id
+    attributed = durable.start(
+        flows.charge_flow, 2, search_attributes={"customer": "c-42", "contains": 3, "vip": True}
+    ).id
     other = durable.start(flows.approval_flow, 3).id
 
     def listed(**params: str) -> set[str]:
@@ -326,6 +328,8 @@ def test_run_list_filters_by_workflow_and_version_and_searches_tags_and_attribut
     assert listed(workflow="tests.console_approval", version=durable.get_run(other).version) == {other}
     assert listed(q="vip") == {tagged}
     assert listed(q="customer=c-42") == {attributed}
+    assert listed(q="contains=3") == listed(q="vip=true") == {attributed}
+    assert listed(q="customer=c-43") == set()
     assert listed(q=other[:12]) == {other}
     facets = admin_client.get(reverse(CHANGELIST), {"_facets": "True"}).content.decode()
     assert re.search(r"tests\.console_charge_flow\s*\(2\)", facets)
