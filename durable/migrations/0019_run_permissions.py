@@ -5,7 +5,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable", "0017_lean_flow_indexes"),
+        ("durable", "0018_entity_prompts"),
     ]
 
     operations = [
