@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, dispatch, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import Checkpoint, Run, Signal, Status
@@ -24,7 +24,7 @@ from ..replay.context import replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
-from . import attempts, entities, events, flow, leases, lifecycle, outbox, runs
+from . import attempts, entities, events, flow, leases, lifecycle, observe, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -72,12 +72,19 @@ def advance(run_id: str) -> str:
 def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
     owner = f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
-    run = runs.claim(run_id, owner, clock.now(), settings.LEASE)
+    now = clock.now()
+    run = runs.claim(run_id, owner, now, settings.LEASE)
     if run is None:
         return "busy"
+    observe.run_started(run, now)
     leases.hold(run_id, owner)
+    attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
     try:
-        return _turns(run, owner, settings)
+        with tracing.span(f"durable.turn {run.workflow}", run_id, attributes) as span:
+            outcome = _turns(run, owner, settings)
+            if span is not None:
+                span.set_attribute("durable.outcome", str(outcome))
+            return outcome
     finally:
         leases.release(run_id)
 
@@ -323,9 +330,20 @@ def _settle(
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(
-            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")),
+            run.ended_as(
+                fields["status"],
+                output=fields.get("output"),
+                error=fields.get("error"),
+                finished_at=fields["finished_at"],
+            ),
             may_hold_slots=state is None or flow.may_hold_slots(state.records.values()),
         )
+    elif outcome.status == Decided.CONTINUED:
+        observe.run_ended(
+            run.ended_as(Status.COMPLETED, output=outcome.output, finished_at=fields["finished_at"])
+        )
+    else:
+        observe.run_suspended(run, outcome.wake_at)
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:
@@ -425,6 +443,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     checkpoints = Checkpoint.objects.using(db)
     new = []
     replies = _replies(state)
+    written = state.unsaved()
     entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
     for rec in state.unsaved():
         fields = {f: getattr(rec, f) for f in _WRITTEN}
@@ -484,6 +503,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
             run_id, rec.seq, rec.attempt, rec.token, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE
         )
     state.dispatch.clear()
+    observe.positions(run_id, written)
 
 
 def _hand_off(state: TurnState) -> None:
