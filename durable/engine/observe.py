@@ -76,11 +76,9 @@ def _run_facts(run: Run, now: datetime) -> dict[str, Any]:
     }
 
 
-def run_started(run: Run, now: datetime) -> None:
+def run_started(run: Run) -> None:
     """The turn that just claimed ``run`` is its first."""
-    if run.started_at != now:
-        return
-    facts = _run_facts(run, now)
+    facts = _run_facts(run, clock.now())
     _emit(
         signals.run_started,
         Run,
