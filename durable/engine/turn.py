@@ -24,7 +24,7 @@ from ..replay.context import replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
-from . import attempts, entities, events, flow, leases, lifecycle, observe, outbox, runs
+from . import attempts, entities, events, flow, histories, leases, lifecycle, observe, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -378,32 +378,10 @@ def _run_fields(outcome: Decision) -> dict[str, Any]:
 
 
 def _load_records(run_id: str, db: str) -> dict[int, Record]:
-    records = {}
-    for row in Checkpoint.objects.using(db).filter(run_id=run_id).order_by("seq"):
-        records[row.seq] = Record(
-            seq=row.seq,
-            kind=row.kind,
-            name=row.name,
-            status=row.status,
-            attempt=row.attempt,
-            input=row.input,
-            output=row.output,
-            error=row.error,
-            wake_at=row.wake_at,
-            enqueued_at=row.enqueued_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            last_heartbeat_at=row.last_heartbeat_at,
-            queue=row.queue,
-            fan=row.fan,
-            fail_fast=row.fail_fast,
-            token=row.token,
-            held_until=row.held_until,
-            flow=row.flow,
-            flow_key=row.flow_key,
-            stored_as=(row.status, row.attempt),
-        )
-    return records
+    return {
+        row.seq: histories.record_of(row)
+        for row in Checkpoint.objects.using(db).filter(run_id=run_id).order_by("seq")
+    }
 
 
 def _find_run(run_id: str, db: str) -> tuple[str, str] | None:
