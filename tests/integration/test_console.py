@@ -127,6 +127,7 @@ def test_purge_deletes_finished_trees_older_than_asked(durable_env):
     assert Run.objects.count() == 3
     assert "deleted 1 run(s)" in manage("purge", "--older-than", "1d")
     assert set(Run.objects.values_list("id", flat=True)) == {recent.id, waiting.id}
+    assert not Run.objects.filter(id=old.id).exists()
     with pytest.raises(CommandError, match="older-than"):
         manage("purge", "--older-than", "soon")
 
@@ -209,7 +210,9 @@ def test_replay_finds_the_runs_a_changed_workflow_would_break_and_exits_non_zero
 
 def test_replay_filters_by_run_workflow_and_since(thousand_histories, monkeypatch, durable_env):
     monkeypatch.setattr(fulfil, "fn", _ship_always)
-    assert "replayed 2 stored histories: 0 would break" in manage("replay", "--run", "done-0001", "--run", "waiting-0002")
+    assert "replayed 2 stored histories: 0 would break" in manage(
+        "replay", "--run", "done-0001", "--run", "waiting-0002"
+    )
     with pytest.raises(CommandError, match="replayed 1 stored history: 1 would break"):
         manage("replay", "--run", thousand_histories[0])
     assert "replayed 0 stored histories" in manage("replay", "--workflow", "tests.console.fails")
