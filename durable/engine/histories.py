@@ -54,10 +54,38 @@ def _facts(run: Run) -> RunFacts:
     return RunFacts(run.id, run.workflow, run.version, run.namespace or None, run.input)
 
 
+#: What a record holds of a stored position (read as plain values: no model instances).
+_RECORD_FIELDS = (
+    "seq",
+    "kind",
+    "name",
+    "status",
+    "attempt",
+    "input",
+    "output",
+    "error",
+    "wake_at",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_heartbeat_at",
+    "queue",
+    "fan",
+    "fail_fast",
+    "token",
+    "held_until",
+    "flow",
+    "flow_key",
+)
+
+
 def _records(run_ids: list[str], db: str) -> dict[str, dict[int, Record]]:
     found: dict[str, dict[int, Record]] = {run_id: {} for run_id in run_ids}
-    for row in Checkpoint.objects.using(db).filter(run_id__in=run_ids).order_by("run_id", "seq"):
-        found[row.run_id][row.seq] = record_of(row)
+    rows = Checkpoint.objects.using(db).filter(run_id__in=run_ids).order_by("run_id", "seq")
+    for run_id, *values in rows.values_list("run_id", *_RECORD_FIELDS):
+        rec = Record(**dict(zip(_RECORD_FIELDS, values, strict=True)))
+        rec.stored_as = (rec.status, rec.attempt)
+        found[run_id][rec.seq] = rec
     return found
 
 
