@@ -171,3 +171,73 @@ def test_lifecycle_log_records_carry_the_run_id_and_position(durable_env, caplog
     }
     ended = [r for r in caplog.records if getattr(r, "status", None) == "completed"]
     assert ended and ended[0].run_id == handle.id and ended[0].workflow == "tests.signals.sums"
+
+
+@durable.workflow(name="tests.signals.logs")
+def logs(ctx, n):
+    first = ctx.step(add, n, 1)
+    ctx.logger.info("added")
+    return first
+
+
+def test_ctx_logger_records_carry_the_run_workflow_and_position(durable_env, caplog):
+    with caplog.at_level(logging.INFO, logger="durable.workflow"):
+        handle = durable.start(logs, 1)
+        durable_env.run_until_idle()
+    (record,) = [r for r in caplog.records if r.getMessage() == "added"]
+    assert (record.run_id, record.workflow, record.seq) == (handle.id, "tests.signals.logs", 0)
+
+
+@pytest.fixture
+def spans():
+    """Spans of this process, through the OpenTelemetry SDK's in-memory exporter."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    yield exporter
+    processor.shutdown()  # exports nothing more
+
+
+def test_every_span_of_a_run_is_in_the_run_s_trace(durable_env, spans):
+    from durable import tracing
+
+    handle = durable.start(fails)
+    durable_env.run_until_idle()
+    durable_env.advance_time("10s")
+    mine = [s for s in spans.get_finished_spans() if s.attributes.get("durable.run_id") == handle.id]
+    assert {s.context.trace_id for s in mine} == {tracing.trace_id(handle.id)}
+    names = [s.name for s in mine]
+    assert names.count("durable.start tests.signals.fails") == 1
+    assert names.count("durable.step tests.signals.flaky") == 2  # one per attempt
+    assert names.count("durable.turn tests.signals.fails") >= 2
+    attempts = [s for s in mine if s.name == "durable.step tests.signals.flaky"]
+    assert sorted(s.attributes["durable.attempt"] for s in attempts) == [1, 2]
+    assert all(s.status.status_code.name == "ERROR" for s in attempts)
+    assert {s.attributes["durable.error.type"] for s in attempts} == {"ConnectionError"}
+
+
+def test_a_local_step_s_attempt_is_reported_by_its_turn_with_its_times(durable_env, spans):
+    handle = durable.start(sums, 1)
+    durable_env.run_until_idle()
+    (local_span,) = [s for s in spans.get_finished_spans() if s.name == "durable.step tests.signals.local"]
+    assert local_span.attributes["durable.run_id"] == handle.id
+    assert local_span.end_time >= local_span.start_time
+
+
+def test_without_opentelemetry_runs_work_and_messages_carry_no_trace_headers(durable_env, monkeypatch):
+    from durable import tracing
+
+    monkeypatch.setattr(tracing, "trace", None)
+    handle = durable.start(sums, 1)
+    assert all("headers" not in m.options for m in durable_env.pending())
+    durable_env.run_until_idle()
+    assert durable.result(handle.id) == 3
