@@ -120,7 +120,8 @@ def fail(current: Any, error: dict[str, Any] | None) -> None:
 
 def headers() -> dict[str, str]:
     """The trace headers of the current span, for a message sent from here ({} when none)."""
-    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+    # Only a recording span: without an SDK the current span is the run's placeholder root.
+    if trace is None or not trace.get_current_span().is_recording():
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

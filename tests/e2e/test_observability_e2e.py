@@ -104,16 +104,14 @@ def durable_worker_options(tmp_path):
     return {"env": {"DURABLE_TEST_OBSERVE_DIR": str(tmp_path)}}
 
 
-@pytest.fixture(scope="module")
-def memory_spans():
-    """This process's spans, in the SDK's in-memory exporter."""
+@pytest.fixture
+def memory_spans(monkeypatch):
+    """This process's spans, in the SDK's in-memory exporter (a provider of the test's own)."""
     exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
+    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
+    monkeypatch.setattr(tracing, "_tracer", lambda: provider.get_tracer("durable"))
+    return provider, exporter
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -150,8 +148,8 @@ def test_a_run_on_a_real_worker_sends_its_lifecycle_signals_with_timings(durable
 def test_one_trace_from_start_through_the_dispatched_step_on_a_real_worker(
     durable_worker, tmp_path, memory_spans
 ):
-    tracer = trace.get_tracer("tests")
-    with tracer.start_as_current_span("POST /orders") as request:
+    provider, memory_spans = memory_spans
+    with provider.get_tracer("tests").start_as_current_span("POST /orders") as request:
         handle = durable.start(ship, 8)
     assert durable.result(handle.id, timeout=60) == "box-8"
 

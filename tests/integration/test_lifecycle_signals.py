@@ -189,22 +189,20 @@ def test_ctx_logger_records_carry_the_run_workflow_and_position(durable_env, cap
 
 
 @pytest.fixture
-def spans():
-    """Spans of this process, through the OpenTelemetry SDK's in-memory exporter."""
-    from opentelemetry import trace
+def spans(monkeypatch):
+    """Spans of durable in this test, through the OpenTelemetry SDK's in-memory exporter (a
+    provider of the test's own: the global one stays unset for the tests after)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from durable import tracing
+
     exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    yield exporter
-    processor.shutdown()  # exports nothing more
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_tracer", lambda: provider.get_tracer("durable"))
+    return exporter
 
 
 def test_every_span_of_a_run_is_in_the_run_s_trace(durable_env, spans):
@@ -227,6 +225,7 @@ def test_every_span_of_a_run_is_in_the_run_s_trace(durable_env, spans):
 
 def test_a_local_step_s_attempt_is_reported_by_its_turn_with_its_times(durable_env, spans):
     handle = durable.start(sums, 1)
+    assert all("traceparent" in m.options["headers"] for m in durable_env.pending())
     durable_env.run_until_idle()
     (local_span,) = [s for s in spans.get_finished_spans() if s.name == "durable.step tests.signals.local"]
     assert local_span.attributes["durable.run_id"] == handle.id
@@ -237,6 +236,14 @@ def test_without_opentelemetry_runs_work_and_messages_carry_no_trace_headers(dur
     from durable import tracing
 
     monkeypatch.setattr(tracing, "trace", None)
+    handle = durable.start(sums, 1)
+    assert all("headers" not in m.options for m in durable_env.pending())
+    durable_env.run_until_idle()
+    assert durable.result(handle.id) == 3
+
+
+def test_with_the_api_alone_no_message_carries_trace_headers(durable_env):
+    # opentelemetry-api installed, no SDK configured: spans do not record, messages stay as they were.
     handle = durable.start(sums, 1)
     assert all("headers" not in m.options for m in durable_env.pending())
     durable_env.run_until_idle()
