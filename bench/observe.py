@@ -6,7 +6,7 @@
    ``in_process``, one at a time), three ways, interleaved: ``off`` (no receiver, no tracer
    provider: the shipped default), ``signals`` (a receiver on every lifecycle signal) and
    ``traced`` (an OpenTelemetry SDK tracer, spans handed to an exporter that drops them).
-2. ``manage.py durable replay`` over 1,000 stored histories of that workflow (11 positions each).
+2. ``manage.py durable replay`` over 1,000 stored histories of that workflow (10 positions each).
 
 Writes bench/results/observe.json and observe.md. Its own database ``durable_observe``
 (``BENCH_OBSERVE_DB``); no broker (messages are dropped, the turn runs here).
