@@ -433,3 +433,15 @@ def test_entities_are_listed_with_pending_ops_and_shown_with_state_and_recent_op
     failed = EntityOp.objects.get(status="failed")
     page = admin_client.get(reverse("admin:durable_entityop_change", args=[failed.id])).content.decode()
     assert "ValueError" in page
+
+
+def test_entity_ops_are_filtered_by_namespace(admin_client: Client, durable_env: Any) -> None:
+    from django.test import override_settings
+
+    with override_settings(DURABLE={"NAMESPACE": "tenant-a"}):
+        durable.signal_entity("tests.admin_counter", "c1", "add", 1)
+    durable.signal_entity("tests.admin_counter", "c1", "add", 2)
+    ops = admin_client.get(reverse("admin:durable_entityop_changelist") + "?namespace=tenant-a")
+    assert ops.status_code == 200
+    assert [op.arg for op in ops.context["cl"].result_list] == [1]
+    assert "By namespace" in ops.content.decode()  # offered in the filters, not only by URL
