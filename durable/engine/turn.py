@@ -157,6 +157,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
         run.id,
         settings.TURN_TIME_LIMIT,
         became,
+        extra={"run_id": run.id, "workflow": run.workflow, "status": became},
     )
     return became
 
@@ -198,6 +199,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
             run.workflow,
             run.version,
             run.id,
+            extra={"run_id": run.id, "workflow": run.workflow, "version": run.version},
         )
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None

@@ -219,7 +219,13 @@ def _since(text: str | None) -> datetime | None:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        return clock.now() - _duration(text, "--since")
+        try:
+            return clock.now() - parse_duration(text, what="--since")
+        except ValueError:
+            raise CommandError(
+                f"--since takes an ISO date or time (2026-12-01, 2026-12-01T09:00) or a duration "
+                f'ago ("7d", "12h"); got {text!r}'
+            ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 

@@ -218,6 +218,15 @@ def test_replay_filters_by_run_workflow_and_since(thousand_histories, monkeypatc
     assert "replayed 0 stored histories" in manage("replay", "--workflow", "tests.console.fails")
     future = (durable_env.now() + timedelta(days=1)).isoformat()
     assert "replayed 0 stored histories" in manage("replay", "--since", future)
+    assert "replayed 1000 stored histories: 10 would break" in _refused("replay", "--since", "1d")
+    with pytest.raises(CommandError, match="--since takes an ISO date"):
+        manage("replay", "--since", "yesterday")
+
+
+def _refused(*args: str) -> str:
+    with pytest.raises(CommandError) as refused:
+        manage(*args)
+    return str(refused.value)
 
 
 def test_replay_reports_a_run_whose_workflow_version_is_no_longer_installed(durable_env):
