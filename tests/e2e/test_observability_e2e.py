@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
@@ -73,6 +74,8 @@ def _note(name: str):
             if facts.get("queue_wait") is not None
             else None,
             "duration": facts["duration"].total_seconds() if facts.get("duration") is not None else None,
+            # Sent after the commit: never inside the transaction of the change it reports.
+            "in_transaction": connection.in_atomic_block,
         }
         with open(Path(OBSERVE_DIR) / "signals.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -87,6 +90,11 @@ if OBSERVE_DIR:  # inside the worker
     _receivers = [_note(name) for name in HEARD]
     for _name, _receiver in zip(HEARD, _receivers, strict=True):
         getattr(signals, _name).connect(_receiver)
+
+    def _broken(sender: Any, **facts: Any) -> None:
+        raise RuntimeError("a receiver with a bug")
+
+    signals.step_completed.connect(_broken)
 
 
 @durable.step(name="tests.e2e_observe.pack", timeout="30s")  # a timeout: sent to a worker, never run in place
@@ -143,6 +151,9 @@ def test_a_run_on_a_real_worker_sends_its_lifecycle_signals_with_timings(durable
     assert by_name["step_completed"]["duration"] >= 0
     assert by_name["run_started"]["queue_wait"] >= 0
     assert by_name["run_completed"]["duration"] >= by_name["step_completed"]["duration"]
+    assert not any(e["in_transaction"] for e in heard)
+    # A receiver that raises (connected to step_completed in the worker) is logged; the run went on.
+    assert "a receiver with a bug" in durable_worker.logs()
 
 
 def test_one_trace_from_start_through_the_dispatched_step_on_a_real_worker(
