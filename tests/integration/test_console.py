@@ -235,3 +235,50 @@ def test_replay_reports_a_run_whose_workflow_version_is_no_longer_installed(dura
     Run.objects.filter(id=handle.id).update(version="0")
     with pytest.raises(CommandError, match="1 would break"):
         manage("replay")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_manage_py_durable_replay_exits_1_in_a_real_process_when_a_history_breaks():
+    import os
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    from durable import clock
+
+    now = clock.now()
+    Run.objects.create(
+        id="shop-1",
+        workflow="shop.fulfil",
+        version="1",
+        queue="durable",
+        input={"id": 1, "items": []},
+        status="suspended",
+        created_at=now,
+        updated_at=now,
+    )
+    position = Checkpoint.objects.create(
+        run_id="shop-1",
+        seq=0,
+        kind="step",
+        name="shop.price",
+        status="completed",
+        output=100,
+        finished_at=now,
+    )
+    env = {**os.environ, "DURABLE_TEST_DATABASE_NAME": str(connection.settings_dict["NAME"])}
+
+    def replay() -> subprocess.CompletedProcess:
+        argv = [sys.executable, "manage.py", "durable", "replay"]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    passed = replay()
+    assert passed.returncode == 0, passed.stderr
+    assert "replayed 1 stored history: 0 would break" in passed.stdout
+    # The history of a run written by code that priced the order another way.
+    Checkpoint.objects.filter(pk=position.pk).update(name="shop.price_v0")
+    broke = replay()
+    assert broke.returncode == 1
+    assert "BREAKS shop-1 shop.fulfil@1" in broke.stdout
+    assert "1 would break" in broke.stderr
