@@ -16,7 +16,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 
-from . import conf
+from . import conf, tracing
 
 log = logging.getLogger("durable.dispatch")
 
@@ -158,7 +158,20 @@ def _publish_many(messages: list[Message]) -> None:
 
 
 def send_after_commit(message: Message) -> None:
+    # The trace context is the one current now: the commit may come after the span ended.
+    message = traced(message)
     transaction.on_commit(lambda: _publish(message), using=conf.get().DATABASE)
+
+
+def traced(message: Message) -> Message:
+    """``message`` carrying the current span's trace context in its headers (W3C traceparent),
+    so the worker that handles it continues the run's trace there."""
+    carried = tracing.headers()
+    if not carried:
+        return message
+    options = dict(message.options)
+    options["headers"] = {**options.get("headers", {}), **carried}
+    return Message(message.task, message.args, message.queue, options)
 
 
 def advance(run_id: str, queue: str) -> None:
