@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from .engine import entities, lifecycle, retention, schedules, steps, sweeps, turn
+from .engine import entities, lifecycle, steps, sweeps, turn
 from .errors import error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
@@ -40,27 +40,27 @@ def apply_entity(name: str, key: str) -> int:
 
 @shared_task(name="durable.sweep_entities", ignore_result=True)
 def sweep_entities() -> int:
-    return entities.sweep_entities()
+    return sweeps.run_noted("durable.sweep_entities")
 
 
 @shared_task(name="durable.sweep_timers", ignore_result=True)
 def sweep_timers() -> int:
-    return sweeps.sweep_timers()
+    return sweeps.run_noted("durable.sweep_timers")
 
 
 @shared_task(name="durable.sweep_orphans", ignore_result=True)
 def sweep_orphans() -> int:
-    return sweeps.sweep_orphans()
+    return sweeps.run_noted("durable.sweep_orphans")
 
 
 @shared_task(name="durable.sweep_retention", ignore_result=True)
 def sweep_retention() -> int:
-    return retention.sweep_retention()
+    return sweeps.run_noted("durable.sweep_retention")
 
 
 @shared_task(name="durable.sweep_schedules", ignore_result=True)
 def sweep_schedules() -> int:
-    return schedules.sweep_schedules()
+    return sweeps.run_noted("durable.sweep_schedules")
 
 
 @shared_task(name="durable.step_result", **_RELIABLE)

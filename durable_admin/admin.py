@@ -30,6 +30,8 @@ from durable.definitions import registry
 from durable.models import Checkpoint, CronSchedule, Event, Run, Signal
 from durable.statuses import CheckpointStatus, FlowState
 
+from . import diagnosis, history
+
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
 
@@ -248,6 +250,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
     inlines = (CheckpointInline, SignalInline)
     fieldsets = (
         (None, {"fields": ("id", "workflow", "version", "status", "namespace", "queue", "tags")}),
+        ("Diagnosis", {"fields": ("waiting_for", "attempt_errors")}),
         (
             "Data",
             {"fields": ("input_json", "output_json", "error_json", "search_attributes_json", "exposed_json")},
@@ -290,6 +293,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
 
     # -- change page -------------------------------------------------------------------------
 
+    waiting_for, attempt_errors = diagnosis.waiting_for, diagnosis.attempt_errors
     input_json = json_display("input")
     output_json = json_display("output")
     error_json = json_display("error")
@@ -337,6 +341,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
                 skipped.append(str(exc))
             else:
                 retried += 1
+                history.record(request, Run, [run_id], "Retried in the admin")
         self._tell(
             request,
             messages.SUCCESS,
@@ -361,6 +366,7 @@ class RunAdmin(DurableRows, admin.ModelAdmin):
             try:
                 if durable.cancel(run_id, reason=reason):
                     cancelled += 1
+                    history.record(request, Run, [run_id], "Cancelled in the admin")
                 else:
                     finished += 1
             except durable.DurableError as exc:
@@ -499,12 +505,14 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     @admin.action(description="Pause selected schedules", permissions=["steer"])
     def pause(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         done = sum(durable.pause_schedule(key) for key in queryset.values_list("pk", flat=True))
+        history.record(request, CronSchedule, queryset.values_list("pk", flat=True), "Paused in the admin")
         self.message_user(request, ngettext("Paused %d schedule.", "Paused %d schedules.", done) % done)
 
     @admin.action(description="Resume selected schedules", permissions=["steer"])
     def resume(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         resumed, failed = _each(queryset, durable.resume_schedule)
         done = sum(resumed)
+        history.record(request, CronSchedule, queryset.values_list("pk", flat=True), "Resumed in the admin")
         self.message_user(request, ngettext("Resumed %d schedule.", "Resumed %d schedules.", done) % done)
         _tell_failures(self, request, failed, "resume")
 
@@ -512,6 +520,7 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     def trigger(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         handles, failed = _each(queryset, durable.trigger_schedule)
         started = [handle.id for handle in handles]
+        history.record(request, CronSchedule, queryset.values_list("pk", flat=True), "Triggered in the admin")
         if started:
             self.message_user(
                 request,

@@ -187,6 +187,7 @@ _DURABLE_FROM_ENV = {
     "TURN_TIME_LIMIT": str,
     "INSTANCE_ID": str,
     "NAMESPACE": str,
+    "PRESENCE_INTERVAL": str,
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

@@ -17,8 +17,8 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import DurableError, InvalidInput, WorkflowNotRegistered, error_dict
-from ..models import HELD, Checkpoint, Run
-from ..replay.attempt import LATER
+from ..models import HELD, AttemptError, Checkpoint, Run
+from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
 from . import attempts, flow, leases, turn
@@ -362,6 +362,9 @@ def _write_result(
     run_id, seq, attempt = row.run_id, row.seq, row.attempt
     now = clock.now()
     woken: str | None = None  # the run's queue, once a wake reached it
+    trace = ""
+    if error is not None:
+        error, trace = split_traceback(error)
     joins_later = False
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
@@ -375,6 +378,16 @@ def _write_result(
             recorded = checkpoints.fail(run_id, seq, attempt, error, now) and FAILED
         if recorded and beats is not None:
             beats.keep_last(checkpoints)
+        if recorded and error is not None:
+            AttemptError.objects.using(db).create(
+                run_id=run_id,
+                seq=seq,
+                name=row.name,
+                attempt=attempt,
+                error=error,
+                traceback=trace,
+                failed_at=now,
+            )
         if recorded:
             settled = error is None or not recorded_retry(step, retryable, attempt)
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
