@@ -8,10 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Min
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from durable import clock, conf, routing
 from durable.engine.diagnosis import SWEEP_TIMERS, WORKER_SILENT_AFTER, explain
@@ -39,8 +41,8 @@ def waiting_for(model_admin: Any, obj: Run) -> str:
             "<li{}>{}{}</li>",
             (
                 (
-                    format_html(" style='color:var(--error-fg, #ba2121)'") if r.stuck else "",
-                    format_html("<strong>Stuck: </strong>") if r.stuck else "",
+                    mark_safe(" style='color:var(--error-fg, #ba2121)'") if r.stuck else "",
+                    mark_safe("<strong>Stuck: </strong>") if r.stuck else "",
                     r.message,
                 )
                 for r in reasons
@@ -93,8 +95,6 @@ class HealthAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if not self.has_view_or_change_permission(request):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
