@@ -245,6 +245,9 @@ def storable_text(text: str) -> str:
     return text
 
 
+#: The key of a failed attempt's error that carries its traceback until the engine files it
+#: apart (AttemptError): the error stored on the position and the run never holds it.
+TRACEBACK = "traceback"
 #: The most of a failed attempt's traceback kept: its tail, where the exception was raised.
 MAX_TRACEBACK_CHARS = 8 * 1024
 

@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from .engine import entities, lifecycle, steps, sweeps, turn
-from .errors import error_dict
+from .errors import TRACEBACK, error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -89,7 +89,8 @@ def step_failed(
     token: str | None = None,
 ) -> str:
     """The ``link_error`` of a task used as a step: Celery calls it where the task failed for good."""
-    return steps.step_result(run_id, seq, attempt, error=error_dict(exc), token=token)
+    error = {**error_dict(exc), TRACEBACK: traceback} if isinstance(traceback, str) else error_dict(exc)
+    return steps.step_result(run_id, seq, attempt, error=error, token=token)
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)

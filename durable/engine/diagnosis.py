@@ -55,8 +55,9 @@ def explain(run: Run, now: datetime | None = None) -> list[Reason]:
     if len(pending) > MAX_POSITIONS:
         reasons.append(Reason("more", f"... and more pending positions past #{pending[-1].seq}"))
     queues = _queues_needed(run, pending, now)
-    reasons += _missing_workers(queues, workers, db)
-    if run.queue not in {q for q in queues if not _serving(q, workers)}:
+    unserved = {queue for queue in queues if not _serving(queue, workers)}
+    reasons += _missing_workers(unserved, db)
+    if run.queue not in unserved:
         reasons += _unregistered(run, workers)
     reasons += _beat_silent(run, pending, now, settings, db)
     return reasons
@@ -136,11 +137,9 @@ def _serving(queue: str, workers: list[Presence]) -> list[Presence]:
     return [w for w in workers if queue in (w.queues or [])]
 
 
-def _missing_workers(queues: set[str], workers: list[Presence], db: str) -> list[Reason]:
+def _missing_workers(queues: set[str], db: str) -> list[Reason]:
     reasons = []
     for queue in sorted(queues):
-        if _serving(queue, workers):
-            continue
         # Rows are pruned after a day, and there is one per worker process: a short list.
         known = Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:MAX_WORKERS]
         last = next((w.last_seen for w in known if queue in (w.queues or [])), None)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..definitions import Step
 from ..errors import (
+    TRACEBACK,
     CompleteLater,
     InvalidInput,
     StepCancelled,
@@ -43,9 +44,6 @@ class _Later:
 
 
 LATER: Any = _Later()
-
-#: The key of an attempt's error that carries its traceback until the engine files it.
-TRACEBACK = "traceback"
 
 
 def split_traceback(error: dict[str, Any]) -> tuple[dict[str, Any], str]:
