@@ -16,7 +16,7 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
-from ..errors import DurableError, InvalidInput, WorkflowNotRegistered, error_dict
+from ..errors import TRACEBACK, DurableError, InvalidInput, WorkflowNotRegistered, error_dict
 from ..models import HELD, AttemptError, Checkpoint, Run
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
@@ -241,6 +241,8 @@ def _error_shape(error: Any) -> dict[str, Any]:
         "code": error.get("code") if isinstance(error.get("code"), str) else None,
         "details": error.get("details"),
     }
+    if isinstance(error.get(TRACEBACK), str):
+        shaped[TRACEBACK] = error[TRACEBACK]  # filed with the attempt's history, not the error
     try:
         return roundtrip(shaped, what="the error")
     except InvalidInput:

@@ -9,12 +9,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import shared_task
 from django.contrib.admin.models import LogEntry
 from django.test import Client, override_settings
 from django.urls import reverse
 
 import durable
-from durable import Retry, clock
+from durable import Retry, clock, tasks
 from durable.celery import QuietSweeps
 from durable.engine import retention, sweeps
 from durable.errors import MAX_TRACEBACK_CHARS
@@ -278,3 +279,36 @@ def test_a_raising_run_evicting_receiver_keeps_the_tree_and_is_logged(
         r.levelno == logging.ERROR and "kept" in r.getMessage() and "bucket is full" in r.getMessage()
         for r in caplog.records
     )
+
+
+# -- a Celery task used as a step -------------------------------------------------------------
+
+
+@shared_task(name="tests.history_legacy_boom")
+def legacy_boom() -> None:
+    raise ValueError("the legacy task failed")
+
+
+@durable.workflow(name="tests.history_legacy")
+def legacy_flow(ctx: durable.Context, _: Any) -> None:
+    ctx.step(legacy_boom)
+
+
+def test_a_celery_task_step_that_fails_keeps_the_traceback_its_errback_got(durable_env: Any) -> None:
+    run = durable.start(legacy_flow)
+    durable_env.run_next()  # the first turn sends the task
+    durable_env.drop()
+    row = Checkpoint.objects.get(run_id=run.id, seq=0)
+    trace = (
+        'Traceback (most recent call last):\n  File "legacy.py", line 3\nValueError: the legacy task failed\n'
+    )
+
+    # What Celery calls as the task's link_error on the worker where it failed for good.
+    tasks.step_failed.run(
+        None, ValueError("the legacy task failed"), trace, run_id=run.id, seq=0, attempt=1, token=row.token
+    )
+
+    (failure,) = AttemptError.objects.filter(run_id=run.id)
+    assert failure.traceback == trace
+    assert failure.error["message"] == "the legacy task failed"
+    assert "traceback" not in Checkpoint.objects.get(run_id=run.id, seq=0).error
