@@ -9,6 +9,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db import OperationalError, connections, transaction
 from django.db.models import Min
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -124,25 +125,53 @@ def health() -> dict[str, Any]:
         sweeps.append({"task": sweep.task, "every": every, "row": row, "late": late})
     runs = Run.objects.using(db).serving(settings.NAMESPACE)
     steps = Checkpoint.objects.using(db).serving(settings.NAMESPACE)
-    oldest = steps.filter(
+    unsent = steps.filter(
         kind="step", status=CheckpointStatus.PENDING, enqueued_at__isnull=False, started_at__isnull=True
-    ).aggregate(oldest=Min("enqueued_at"))["oldest"]
+    )
+    # No index serves this (one on the step hot path would cost every dispatch): time-boxed.
+    oldest = _time_boxed(db, lambda: unsent.aggregate(oldest=Min("enqueued_at"))["oldest"])
     queue_names = sorted(
         {routing.queue_in(settings.DEFAULT_QUEUE, settings.NAMESPACE)}
         | {q for w in workers if w.alive for q in (w.queues or [])}
     )
+    queues = queue_lengths(queue_names)
+    for queue in queues:
+        queue["served_by"] = [w.who for w in workers if w.alive and queue["name"] in (w.queues or [])]
     return {
         "now": now,
         "workers": workers,
         "pings": ping_workers(),
-        "queues": queue_lengths(queue_names),
+        "queues": queues,
         "sweeps": sweeps,
         "timer_sweep": swept.get(SWEEP_TIMERS),
         "due_timers": runs.filter(status=RunStatus.SUSPENDED, wake_at__lte=now).count(),
         "pending_runs": runs.filter(status=RunStatus.PENDING).count(),
-        "oldest_pending_step": oldest,
-        "oldest_pending_age": (now - oldest) if oldest else None,
+        "oldest_pending_step": oldest if oldest is not TIMED_OUT else None,
+        "oldest_pending_age": (now - oldest) if oldest and oldest is not TIMED_OUT else None,
+        "oldest_timed_out": oldest is TIMED_OUT,
     }
+
+
+#: What a time-boxed query answers when it ran out of time.
+TIMED_OUT: Any = object()
+#: The most one health query may take on PostgreSQL.
+QUERY_TIMEOUT_MS = 2000
+
+
+def _time_boxed(db: str, query: Any) -> Any:
+    """``query()``, or TIMED_OUT once it ran QUERY_TIMEOUT_MS (PostgreSQL; elsewhere unbounded)."""
+    connection = connections[db]
+    if connection.vendor != "postgresql":
+        return query()
+    try:
+        with transaction.atomic(using=db), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {QUERY_TIMEOUT_MS}")
+            answer = query()
+            # Inside a request's own transaction the savepoint's SET LOCAL would outlive it.
+            cursor.execute("SET LOCAL statement_timeout TO DEFAULT")
+            return answer
+    except OperationalError:
+        return TIMED_OUT
 
 
 def queue_lengths(names: list[str]) -> list[dict[str, Any]]:

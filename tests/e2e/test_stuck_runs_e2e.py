@@ -28,6 +28,7 @@ WORKER_SIDE = "DURABLE_E2E_STUCK_WORKER"
 TOKENS = Path(tempfile.gettempdir()) / "durable-e2e-stuck-tokens"
 #: Short heartbeats, so a worker's presence and absence show within seconds.
 SETTINGS = {"PRESENCE_INTERVAL": "1s", "TIMER_SWEEP_INTERVAL": "1s"}
+HEALTH = "admin:durable_presence_changelist"
 
 
 @durable.step
@@ -81,6 +82,10 @@ def _stuck(run_id: str) -> dict[str, str]:
     return {r.code: r.message for r in explain(Run.objects.get(id=run_id)) if r.stuck}
 
 
+def _sweep_row(html: str, task: str) -> str:
+    return html.split(f"<tr><td>{task}</td>", 1)[1].split("</tr>", 1)[0]
+
+
 def _worker_noted() -> bool:
     return Presence.objects.filter(kind=Presence.WORKER).exists()
 
@@ -98,13 +103,15 @@ def test_a_worker_without_the_runs_queue_warns_at_start_and_the_run_says_why_it_
     assert list(stuck) == ["no_worker"] and "queue 'durable'" in stuck["no_worker"]
     html = admin_client.get(reverse("admin:durable_run_change", args=[run.id])).content.decode()
     assert "no worker has consumed queue &#x27;durable&#x27; lately" in html
+    health = admin_client.get(reverse(HEALTH)).content.decode()
+    assert "<tr><td>durable</td><td>1</td><td><strong>no worker: start one with -Q durable</strong>" in health
     durable_worker.primary.start()  # consumes durable: the cause goes, and so does the run
     assert durable.result(run.id, timeout=60) == "hello"
     assert "does not consume" not in durable_worker.primary.logs()
 
 
 def test_a_due_timer_with_no_beat_running_names_beat_and_goes_on_once_beat_starts(
-    durable_worker: Any,
+    durable_worker: Any, admin_client: Client
 ) -> None:
     durable_worker.primary.start()
     run = durable.start(nap_flow, "1s")
@@ -117,8 +124,14 @@ def test_a_due_timer_with_no_beat_running_names_beat_and_goes_on_once_beat_start
     # Named within two timer-sweep intervals of its due time (plus this poll's slack).
     assert (clock.now() - due).total_seconds() < 2 + 3
     assert list(stuck) == ["no_beat"] and "celery beat" in stuck["no_beat"]
+    health = admin_client.get(reverse(HEALTH)).content.decode()
+    assert _sweep_row(health, "durable.sweep_timers").endswith(
+        "never</td><td></td><td><strong>late: is celery beat running?</strong></td>"
+    )
     durable_worker.start_beat()
     assert durable.result(run.id, timeout=60) == "rested"
+    health = admin_client.get(reverse(HEALTH)).content.decode()
+    assert _sweep_row(health, "durable.sweep_timers").endswith("<td>ok</td>")
     assert Presence.objects.filter(kind=Presence.SWEEP, who="durable.sweep_timers").exists()
 
 

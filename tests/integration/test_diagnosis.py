@@ -173,3 +173,27 @@ def test_the_health_page_needs_the_view_permission(client: Client) -> None:
     User.objects.create_user("clerk", password="pw", is_staff=True)
     client.login(username="clerk", password="pw")
     assert client.get(reverse(HEALTH)).status_code == 403
+
+
+def test_a_slow_health_query_is_cut_off_and_leaves_the_request_unbounded(
+    postgres: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connection, transaction
+
+    from durable_admin import diagnosis
+
+    def slow() -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(1)")
+
+    def timeout() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            return cursor.fetchone()[0]
+
+    monkeypatch.setattr(diagnosis, "QUERY_TIMEOUT_MS", 50)
+    with transaction.atomic():  # as under ATOMIC_REQUESTS
+        before = timeout()
+        assert diagnosis._time_boxed("default", slow) is diagnosis.TIMED_OUT
+        assert diagnosis._time_boxed("default", timeout) == "50ms"
+        assert timeout() == before
