@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from durable import clock, conf, routing
-from durable.engine.diagnosis import SWEEP_TIMERS, WORKER_SILENT_AFTER, explain
+from durable.engine.diagnosis import WORKER_SILENT_AFTER, explain
 from durable.engine.sweeps import SWEEPS
 from durable.models import AttemptError, Checkpoint, Presence, Run
 from durable.statuses import CheckpointStatus, RunStatus
@@ -115,14 +115,15 @@ def health() -> dict[str, Any]:
     workers = list(Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:100])
     for worker in workers:
         worker.alive = worker.last_seen >= now - silent
-    swept = {p.who: p for p in Presence.objects.using(db).filter(kind=Presence.SWEEP)}
+    # One row per sweep and namespace its beat serves ("task" or "task@namespace").
+    swept = list(Presence.objects.using(db).filter(kind=Presence.SWEEP).order_by("who")[:500])
     sweeps = []
     for sweep in SWEEPS:
-        who = f"{sweep.task}@{settings.NAMESPACE}" if settings.NAMESPACE else sweep.task
         every = getattr(settings, sweep.interval)
-        row = swept.get(who)
-        late = row is None or row.last_seen < now - max(every * 3, timedelta(seconds=10))
-        sweeps.append({"task": sweep.task, "every": every, "row": row, "late": late})
+        rows = [p for p in swept if p.who.partition("@")[0] == sweep.task] or [None]
+        for row in rows:
+            late = row is None or row.last_seen < now - max(every * 3, timedelta(seconds=10))
+            sweeps.append({"task": row.who if row else sweep.task, "every": every, "row": row, "late": late})
     runs = Run.objects.using(db).serving(settings.NAMESPACE)
     steps = Checkpoint.objects.using(db).serving(settings.NAMESPACE)
     unsent = steps.filter(
@@ -143,7 +144,6 @@ def health() -> dict[str, Any]:
         "pings": ping_workers(),
         "queues": queues,
         "sweeps": sweeps,
-        "timer_sweep": swept.get(SWEEP_TIMERS),
         "due_timers": runs.filter(status=RunStatus.SUSPENDED, wake_at__lte=now).count(),
         "pending_runs": runs.filter(status=RunStatus.PENDING).count(),
         "oldest_pending_step": oldest if oldest is not TIMED_OUT else None,

@@ -181,7 +181,7 @@ def _beat_silent(
     overdue = [at for at in due if at < now - max(late, timedelta(seconds=1))]
     if not overdue:
         return []
-    swept = _last_sweep(SWEEP_TIMERS, settings, db)
+    swept = _last_sweep(SWEEP_TIMERS, run.namespace, db)
     if swept is not None and swept >= min(overdue):
         return []
     last = f"last timer sweep {_at(swept)}" if swept else "no timer sweep recorded"
@@ -195,14 +195,11 @@ def _beat_silent(
     ]
 
 
-def _last_sweep(task: str, settings: conf.Settings, db: str) -> datetime | None:
-    who = f"{task}@{settings.NAMESPACE}" if settings.NAMESPACE else task
-    return (
-        Presence.objects.using(db)
-        .filter(kind=Presence.SWEEP, who=who)
-        .values_list("last_seen", flat=True)
-        .first()
-    )
+def _last_sweep(task: str, namespace: str | None, db: str) -> datetime | None:
+    """The last pass of ``task`` that covered ``namespace``: a beat without NAMESPACE sweeps all."""
+    names = [task, f"{task}@{namespace}"] if namespace else [task]
+    passes = Presence.objects.using(db).filter(kind=Presence.SWEEP, who__in=names)
+    return max(passes.values_list("last_seen", flat=True), default=None)
 
 
 def _at(moment: datetime | None) -> str:

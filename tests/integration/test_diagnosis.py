@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 import durable
@@ -113,6 +113,20 @@ def test_a_due_timer_and_no_sweep_since_says_beat_is_not_running(durable_env: An
     assert "celery beat" in stuck["no_beat"] and "no timer sweep recorded" in stuck["no_beat"]
     presence.sweep_ran("durable.sweep_timers", 0)
     assert "no_beat" not in _codes(run.id)
+
+
+def test_a_namespaced_beat_counts_for_the_runs_of_its_namespace_only(durable_env: Any) -> None:
+    ours = durable.start(nap_flow, namespace="tenant-a")
+    theirs = durable.start(nap_flow, namespace="tenant-b")
+    durable_env.run_until_idle()
+    _worker(["durable.tenant-a", "durable.tenant-b"], presence.registered_workflows())
+    durable_env._freezer.tick(timedelta(seconds=8))
+
+    with override_settings(DURABLE={"NAMESPACE": "tenant-a"}):
+        presence.sweep_ran("durable.sweep_timers", 0)
+
+    assert "no_beat" not in _codes(ours.id)
+    assert "no_beat" in _codes(theirs.id)
 
 
 def test_a_step_waiting_for_a_concurrency_slot_says_so(durable_env: Any) -> None:
