@@ -312,3 +312,26 @@ def test_a_celery_task_step_that_fails_keeps_the_traceback_its_errback_got(durab
     assert failure.traceback == trace
     assert failure.error["message"] == "the legacy task failed"
     assert "traceback" not in Checkpoint.objects.get(run_id=run.id, seq=0).error
+
+
+def test_a_receiver_whose_query_failed_keeps_its_tree_and_the_others_still_go(
+    durable_env: Any, postgres: None
+) -> None:
+    from django.db import connection
+
+    _finished_tree("kept")
+    _finished_tree("gone")
+
+    def archive(sender: Any, run: Run, **_: Any) -> None:
+        if run.id == "kept":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM no_such_archive_table")  # aborts a PostgreSQL transaction
+
+    run_evicting.connect(archive)
+    try:
+        deleted = _sweep()
+    finally:
+        run_evicting.disconnect(archive)
+
+    assert deleted == 2
+    assert sorted(Run.objects.values_list("id", flat=True)) == ["kept", "kept-child"]
