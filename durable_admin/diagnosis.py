@@ -112,9 +112,9 @@ def health() -> dict[str, Any]:
     db = settings.DATABASE
     now = clock.now()
     silent = settings.PRESENCE_INTERVAL * WORKER_SILENT_AFTER
-    workers = list(Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:100])
-    for worker in workers:
-        worker.alive = worker.last_seen >= now - silent
+    rows = Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:100]
+    workers = [{"row": row, "alive": row.last_seen >= now - silent} for row in rows]
+    alive = [w["row"] for w in workers if w["alive"]]
     # One row per sweep and namespace its beat serves ("task" or "task@namespace").
     swept = list(Presence.objects.using(db).filter(kind=Presence.SWEEP).order_by("who")[:500])
     sweeps = []
@@ -133,11 +133,11 @@ def health() -> dict[str, Any]:
     oldest = _time_boxed(db, lambda: unsent.aggregate(oldest=Min("enqueued_at"))["oldest"])
     queue_names = sorted(
         {routing.queue_in(settings.DEFAULT_QUEUE, settings.NAMESPACE)}
-        | {q for w in workers if w.alive for q in (w.queues or [])}
+        | {queue for worker in alive for queue in (worker.queues or [])}
     )
     queues = queue_lengths(queue_names)
     for queue in queues:
-        queue["served_by"] = [w.who for w in workers if w.alive and queue["name"] in (w.queues or [])]
+        queue["served_by"] = [w.who for w in alive if queue["name"] in (w.queues or [])]
     return {
         "now": now,
         "workers": workers,

@@ -48,7 +48,7 @@ def explain(run: Run, now: datetime | None = None) -> list[Reason]:
     workers = list(
         Presence.objects.using(db).live(
             Presence.WORKER, now - settings.PRESENCE_INTERVAL * WORKER_SILENT_AFTER
-        )
+        )[:MAX_WORKERS]
     )
     reasons = [_turn(run, now)]
     reasons += [reason for row in pending[:MAX_POSITIONS] for reason in _position(row, now, db)]
