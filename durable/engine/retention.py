@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -127,30 +126,20 @@ def _let_go(root_id: str, tree: list[tuple[str, str]]) -> bool:
     if not run_evicting.receivers:
         return True
     db = conf.get().DATABASE
-    try:
-        # A savepoint: a receiver whose query failed must not abort the deleting transaction.
-        with transaction.atomic(using=db):
-            root = Run.objects.using(db).get(id=root_id)
-            answers = run_evicting.send_robust(sender=Run, run=root, run_ids=[run_id for run_id, _ in tree])
-            failed = [(receiver, answer) for receiver, answer in answers if isinstance(answer, Exception)]
-            if failed:
-                raise _Kept(failed)
-    except _Kept as kept:
-        for receiver, exc in kept.failed:
-            log.error(
-                "durable: a run_evicting receiver (%s) raised, so run %s and its tree are kept: %r",
-                getattr(receiver, "__qualname__", receiver),
-                root_id,
-                exc,
-                exc_info=(type(exc), exc, exc.__traceback__),
-            )
-        return False
-    return True
-
-
-class _Kept(Exception):
-    """A run_evicting receiver raised: roll its savepoint back and keep the tree."""
-
-    def __init__(self, failed: list[tuple[Any, Exception]]) -> None:
-        super().__init__("kept")
-        self.failed = failed
+    # A savepoint, rolled back when a receiver raised: one whose query failed must not abort the
+    # deleting transaction for the other trees.
+    with transaction.atomic(using=db):
+        root = Run.objects.using(db).get(id=root_id)
+        answers = run_evicting.send_robust(sender=Run, run=root, run_ids=[run_id for run_id, _ in tree])
+        failed = [(receiver, answer) for receiver, answer in answers if isinstance(answer, Exception)]
+        if failed:
+            transaction.set_rollback(True, using=db)
+    for receiver, exc in failed:
+        log.error(
+            "durable: a run_evicting receiver (%s) raised, so run %s and its tree are kept: %r",
+            getattr(receiver, "__qualname__", receiver),
+            root_id,
+            exc,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+    return not failed
