@@ -33,6 +33,16 @@ def one_at_a_time(n: int) -> None:
     raise durable.CompleteLater()
 
 
+@durable.step(name="tests.diagnosis_rated", rate_limit="1/h")
+def rated(n: int) -> int:
+    return n
+
+
+@durable.workflow(name="tests.diagnosis_rated")
+def rated_flow(ctx: durable.Context, n: int) -> None:
+    ctx.all([ctx.defer(rated, i) for i in range(n)])
+
+
 @durable.workflow(name="tests.diagnosis_echo", version="3")
 def echo_flow(ctx: durable.Context, n: int) -> int:
     return ctx.step(echo, n)
@@ -139,6 +149,17 @@ def test_a_step_waiting_for_a_concurrency_slot_says_so(durable_env: Any) -> None
     assert list(stuck) == ["flow_slot"]
     assert "tests.diagnosis_one_at_a_time" in stuck["flow_slot"]
     assert "1 held by other attempts, 0 ahead in line" in stuck["flow_slot"]
+
+
+def test_a_step_waiting_for_a_rate_token_says_until_when(durable_env: Any) -> None:
+    run = durable.start(rated_flow, 2)
+    durable_env.run_until_idle()
+    _worker(["durable"], presence.registered_workflows())
+
+    stuck = _codes(run.id)
+
+    assert list(stuck) == ["rate_token"]
+    assert "rate limit 'r:tests.diagnosis_rated' until" in stuck["rate_token"]
 
 
 def test_a_finished_run_waits_for_nothing(durable_env: Any) -> None:
