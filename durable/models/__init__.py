@@ -8,7 +8,7 @@ from ..statuses import TERMINAL, UNFINISHED
 from .base import RETRYABLE, Status, column_length
 from .checkpoints import HELD, RATE, WAITING, Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
-from .entities import Entity, EntityOp, EntityOpQuerySet, EntityQuerySet, OpStatus
+from .entities import Entity, EntityOp, EntityOpQuerySet, EntityPrompt, EntityQuerySet, OpStatus
 from .failures import AttemptError, AttemptErrorQuerySet
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
@@ -31,6 +31,7 @@ __all__ = [
     "Entity",
     "EntityOp",
     "EntityOpQuerySet",
+    "EntityPrompt",
     "EntityQuerySet",
     "Event",
     "EventQuerySet",
