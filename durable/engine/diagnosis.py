@@ -14,7 +14,7 @@ from ..statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
 
 #: Pending positions described one by one; a wider fan is summed up.
 MAX_POSITIONS = 20
-#: Worker rows looked through for the last one that served a queue.
+#: Worker rows read (the newest first) to find who serves a queue and who served it last.
 MAX_WORKERS = 500
 #: A worker silent for this many PRESENCE_INTERVALs counts as gone.
 WORKER_SILENT_AFTER = 3
@@ -45,18 +45,17 @@ def explain(run: Run, now: datetime | None = None) -> list[Reason]:
         .filter(run_id=run.id, status=CheckpointStatus.PENDING)
         .order_by("seq")[: MAX_POSITIONS + 1]
     )
-    workers = list(
-        Presence.objects.using(db).live(
-            Presence.WORKER, now - settings.PRESENCE_INTERVAL * WORKER_SILENT_AFTER
-        )[:MAX_WORKERS]
-    )
+    # One query for every worker row (pruned after a day: one per worker process seen since).
+    known = list(Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:MAX_WORKERS])
+    silent_since = now - settings.PRESENCE_INTERVAL * WORKER_SILENT_AFTER
+    workers = [w for w in known if w.last_seen >= silent_since]
     reasons = [_turn(run, now)]
     reasons += [reason for row in pending[:MAX_POSITIONS] for reason in _position(row, now, db)]
     if len(pending) > MAX_POSITIONS:
         reasons.append(Reason("more", f"... and more pending positions past #{pending[-1].seq}"))
     queues = _queues_needed(run, pending, now)
     unserved = {queue for queue in queues if not _serving(queue, workers)}
-    reasons += _missing_workers(unserved, db)
+    reasons += _missing_workers(unserved, known)
     if run.queue not in unserved:
         reasons += _unregistered(run, workers)
     reasons += _beat_silent(run, pending, now, settings, db)
@@ -137,11 +136,9 @@ def _serving(queue: str, workers: list[Presence]) -> list[Presence]:
     return [w for w in workers if queue in (w.queues or [])]
 
 
-def _missing_workers(queues: set[str], db: str) -> list[Reason]:
+def _missing_workers(queues: set[str], known: list[Presence]) -> list[Reason]:
     reasons = []
     for queue in sorted(queues):
-        # Rows are pruned after a day, and there is one per worker process: a short list.
-        known = Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:MAX_WORKERS]
         last = next((w.last_seen for w in known if queue in (w.queues or [])), None)
         seen = f"last seen {_at(last)}" if last else "none seen lately"
         reasons.append(
