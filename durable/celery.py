@@ -16,6 +16,8 @@ CELERY_DEFAULT_PREFETCH = 4
 #: When this worker process started: leases its instance id holds that were not renewed since
 #: belong to a predecessor.
 booted_at = clock.now()
+#: This worker's Celery node name, once set up.
+node_name: str | None = None
 
 
 def beat_schedule() -> dict[str, dict[str, Any]]:
@@ -33,8 +35,40 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
     return entries
 
 
+class QuietSweeps(logging.Filter):
+    """Demote to DEBUG Celery's INFO lines about durable's sweeps (beat sending one, a worker
+    receiving one, one that did nothing succeeding): on an idle system they were hundreds of
+    lines a minute. A sweep that did something still logs its success at INFO."""
+
+    LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not self._idle_sweep(record):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+    @staticmethod
+    def _idle_sweep(record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        if isinstance(data, dict):
+            name = str(data.get("name") or "")
+            # No return value yet: the message was just received.
+            return name.startswith("durable.sweep_") and str(data.get("return_value", "0")) == "0"
+        args = record.args if isinstance(record.args, tuple) else ()
+        return record.name == "celery.beat" and any(str(a).startswith("durable.sweep_") for a in args)
+
+    @classmethod
+    def install(cls) -> None:
+        for name in cls.LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, cls) for f in logger.filters):
+                logger.addFilter(cls())
+
+
 @signals.beat_init.connect
 def _add_sweeps(sender: Any = None, **_: Any) -> None:
+    QuietSweeps.install()
     # Entries the project defined itself (same key) win.
     scheduler = sender.scheduler
     missing = {k: v for k, v in beat_schedule().items() if k not in scheduler.schedule}
@@ -55,7 +89,21 @@ def _prefetch_one(sender: Any = None, conf: Any = None, **_: Any) -> None:
 @signals.celeryd_after_setup.connect
 def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
     # The worker runs a run's next turn itself only when it consumes that run's queue.
-    dispatch.install(dispatch.Transport(served_queues=set(instance.app.amqp.queues.consume_from)))
+    served = set(instance.app.amqp.queues.consume_from)
+    dispatch.install(dispatch.Transport(served_queues=served))
+    global node_name
+    node_name = str(getattr(instance, "hostname", None) or sender or "worker")
+    QuietSweeps.install()
+    default = routing.queue_in(conf.get().DEFAULT_QUEUE, conf.get().NAMESPACE)
+    if default not in served:
+        log.warning(
+            "durable: this worker does not consume %r, the queue of durable's turns and sweeps "
+            "(it consumes %s): runs stay pending unless another worker does; start it with "
+            "-Q %s or add the queue",
+            default,
+            ", ".join(sorted(served)) or "nothing",
+            ",".join(sorted({default, *served})),
+        )
 
 
 # Connected before durable's other task handlers (receivers run in the order they connect):
@@ -92,8 +140,14 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
     """A worker restarted under the same INSTANCE_ID takes its predecessor's leases back at once."""
     from django.db import connections
 
-    from .engine import sweeps
+    from .engine import leases, presence, sweeps
 
+    try:
+        # Noted here, in the worker's main process; its keeper thread renews the note.
+        presence.announce(node_name or "worker", sorted(dispatch.transport.served_queues or ()))
+        leases.keep()
+    except Exception:  # noqa: BLE001 - the health page only shows this worker late
+        log.warning("durable: could not note this worker in the database", exc_info=True)
     try:
         found = sweeps.reclaim(conf.get().INSTANCE_ID, booted_at)
         if found:

@@ -27,6 +27,7 @@ _MUST_BE_POSITIVE = {
     "RETENTION_SWEEP_INTERVAL",
     "TURN_TIME_LIMIT",
     "ENTITY_SWEEP_INTERVAL",
+    "PRESENCE_INTERVAL",
 }
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
 
@@ -82,6 +83,9 @@ class Settings:
     ENTITY_SWEEP_INTERVAL: timedelta = timedelta(seconds=5)
     #: Settled ops kept per entity key (the newest); older ones are deleted as new ones apply.
     ENTITY_OPS_KEPT: int = 1000
+    #: How often a worker notes in the database that it is alive (its queues and workflows);
+    #: one missed for three intervals counts as gone on the health page and in a run's diagnosis.
+    PRESENCE_INTERVAL: timedelta = timedelta(seconds=15)
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how

@@ -246,6 +246,22 @@ def storable_text(text: str) -> str:
     return text
 
 
+#: The key of a failed attempt's error that carries its traceback until the engine files it
+#: apart (AttemptError): the error stored on the position and the run never holds it.
+TRACEBACK = "traceback"
+#: The most of a failed attempt's traceback kept: its tail, where the exception was raised.
+MAX_TRACEBACK_CHARS = 8 * 1024
+
+
+def bounded_traceback(text: str | None) -> str:
+    """``text`` cut to its last MAX_TRACEBACK_CHARS characters, storable in any column."""
+    if not text:
+        return ""
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "...\n" + text[-MAX_TRACEBACK_CHARS:]
+    return storable_text(text)
+
+
 def error_dict(exc: BaseException) -> dict[str, Any]:
     """Describe any exception as the JSON error shape stored on runs and checkpoints."""
     if isinstance(exc, DurableError):

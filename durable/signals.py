@@ -9,7 +9,8 @@ apply, ``output``, ``error`` (durable's error dict) and ``wake_at`` (a suspended
 Step signals are sent with ``sender=durable.models.Checkpoint`` and ``run_id``, ``seq``,
 ``name``, ``attempt``, ``queue``, ``queue_wait`` (sent to started), ``duration`` (started to
 recorded) and, where they apply, ``output``, ``error`` and ``retry_at`` (when the next attempt
-is due). Keep this module a flat list of signals.
+is due). ``run_evicting`` is the exception: sent inside the retention sweep's transaction (see
+its comment). Keep this module a flat list of signals.
 """
 
 from __future__ import annotations
@@ -37,3 +38,9 @@ step_completed = Signal()
 step_failed = Signal()
 #: A step attempt failed and the next one is due at ``retry_at``.
 step_retried = Signal()
+
+#: Sent by the retention sweep before it deletes a finished run's tree, with ``sender`` the Run
+#: model, ``run`` the root Run and ``run_ids`` every run of the tree (the root first). Sent inside
+#: the deleting transaction, so a receiver reads the whole tree as it is. A receiver that raises
+#: keeps the tree (logged; the next pass tries again): archive it, then let it go.
+run_evicting = Signal()

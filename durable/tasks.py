@@ -6,8 +6,8 @@ from typing import Any
 
 from celery import shared_task
 
-from .engine import entities, lifecycle, retention, schedules, steps, sweeps, turn
-from .errors import error_dict
+from .engine import entities, lifecycle, steps, sweeps, turn
+from .errors import TRACEBACK, error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -40,27 +40,27 @@ def apply_entity(name: str, key: str) -> int:
 
 @shared_task(name="durable.sweep_entities", ignore_result=True)
 def sweep_entities() -> int:
-    return entities.sweep_entities()
+    return sweeps.run_noted("durable.sweep_entities")
 
 
 @shared_task(name="durable.sweep_timers", ignore_result=True)
 def sweep_timers() -> int:
-    return sweeps.sweep_timers()
+    return sweeps.run_noted("durable.sweep_timers")
 
 
 @shared_task(name="durable.sweep_orphans", ignore_result=True)
 def sweep_orphans() -> int:
-    return sweeps.sweep_orphans()
+    return sweeps.run_noted("durable.sweep_orphans")
 
 
 @shared_task(name="durable.sweep_retention", ignore_result=True)
 def sweep_retention() -> int:
-    return retention.sweep_retention()
+    return sweeps.run_noted("durable.sweep_retention")
 
 
 @shared_task(name="durable.sweep_schedules", ignore_result=True)
 def sweep_schedules() -> int:
-    return schedules.sweep_schedules()
+    return sweeps.run_noted("durable.sweep_schedules")
 
 
 @shared_task(name="durable.step_result", **_RELIABLE)
@@ -89,7 +89,8 @@ def step_failed(
     token: str | None = None,
 ) -> str:
     """The ``link_error`` of a task used as a step: Celery calls it where the task failed for good."""
-    return steps.step_result(run_id, seq, attempt, error=error_dict(exc), token=token)
+    error = {**error_dict(exc), TRACEBACK: traceback} if isinstance(traceback, str) else error_dict(exc)
+    return steps.step_result(run_id, seq, attempt, error=error, token=token)
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)

@@ -28,7 +28,7 @@ from durable import conf
 from durable.models import Checkpoint, CronSchedule, Event, Run
 from durable.statuses import CheckpointStatus
 
-from . import run_list, run_page
+from . import diagnosis, history, run_list, run_page
 from .run_actions import RunActions, allowed, buttons_for
 from .templatetags.durable_console import duration_text
 
@@ -204,6 +204,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
                 )
             },
         ),
+        ("Diagnosis", {"fields": ("waiting_for", "attempt_errors")}),
         (
             "Data",
             {"fields": ("input_json", "output_json", "error_json", "search_attributes_json", "exposed_json")},
@@ -295,6 +296,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
 
     # -- change page -------------------------------------------------------------------------
 
+    waiting_for, attempt_errors = diagnosis.waiting_for, diagnosis.attempt_errors
     input_json = json_display("input")
     output_json = json_display("output")
     error_json = json_display("error")
@@ -320,6 +322,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
                 skipped.append(str(exc))
             else:
                 retried += 1
+                history.record(request, Run, [run_id], "Retried in the admin")
         self._tell(
             request,
             messages.SUCCESS,
@@ -344,6 +347,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
             try:
                 if durable.cancel(run_id, reason=reason):
                     cancelled += 1
+                    history.record(request, Run, [run_id], "Cancelled in the admin")
                 else:
                     finished += 1
             except durable.DurableError as exc:
@@ -482,12 +486,14 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     @admin.action(description="Pause selected schedules", permissions=["steer"])
     def pause(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         done = sum(durable.pause_schedule(key) for key in queryset.values_list("pk", flat=True))
+        history.record(request, CronSchedule, queryset.values_list("pk", flat=True), "Paused in the admin")
         self.message_user(request, ngettext("Paused %d schedule.", "Paused %d schedules.", done) % done)
 
     @admin.action(description="Resume selected schedules", permissions=["steer"])
     def resume(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         resumed, failed = _each(queryset, durable.resume_schedule)
         done = sum(resumed)
+        history.record(request, CronSchedule, queryset.values_list("pk", flat=True), "Resumed in the admin")
         self.message_user(request, ngettext("Resumed %d schedule.", "Resumed %d schedules.", done) % done)
         _tell_failures(self, request, failed, "resume")
 
@@ -495,6 +501,7 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
     def trigger(self, request: HttpRequest, queryset: QuerySet[CronSchedule]) -> None:
         handles, failed = _each(queryset, durable.trigger_schedule)
         started = [handle.id for handle in handles]
+        history.record(request, CronSchedule, queryset.values_list("pk", flat=True), "Triggered in the admin")
         if started:
             self.message_user(
                 request,

@@ -189,6 +189,7 @@ _DURABLE_FROM_ENV = {
     "NAMESPACE": str,
     "ENTITY_SWEEP_INTERVAL": str,
     "ENTITY_OPS_KEPT": int,
+    "PRESENCE_INTERVAL": str,
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

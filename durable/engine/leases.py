@@ -26,6 +26,7 @@ from django.db import connections
 from .. import clock, conf, dispatch
 from ..errors import _ControlFlow
 from ..models import Checkpoint, Run
+from . import presence
 
 log = logging.getLogger("durable.engine")
 
@@ -87,6 +88,11 @@ def is_lost(run_id: str) -> bool:
     return run_id in lost
 
 
+def keep() -> None:
+    """Start this process's keeper thread now (a worker's main process, for its presence)."""
+    _ensure_renewer()
+
+
 def _ensure_renewer() -> None:
     # One thread per process; a forked pool child starts its own.
     global _renewer_pid
@@ -128,6 +134,7 @@ def _renew_forever() -> None:
                 checkpoints.renew_hold, *key, held[0], clock.now() + settings.LEASE, what=f"the hold of {key}"
             )
         _watch_turns(settings)
+        presence.tick()
         # Renewals are rare (only long turns and steps): hold no connection between them.
         connections[settings.DATABASE].close()
 

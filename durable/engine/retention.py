@@ -15,8 +15,10 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from .. import clock, conf
-from ..models import Event, Run
+from ..models import Event, Run, Status
+from ..signals import run_evicting
 from ..statuses import TERMINAL, UNFINISHED
+from . import presence
 
 log = logging.getLogger("durable.engine")
 
@@ -37,6 +39,7 @@ def sweep_retention() -> int:
             if len(candidates) < BATCH or not gone:
                 break
     pruned = prune_events(clock.now() - settings.EVENT_BUFFER_TTL)
+    presence.prune()
     if deleted or pruned:
         log.info("durable: retention deleted %s finished run(s) and %s expired event(s)", deleted, pruned)
     return deleted
@@ -88,26 +91,55 @@ def delete_trees(root_ids: list[str]) -> int:
         roots = list(
             runs.select_for_update().filter(id__in=root_ids, status__in=TERMINAL).values_list("id", flat=True)
         )
-        keep = _with_unfinished(roots)
-        doomed = [i for i in roots if i not in keep]
+        trees = _trees(roots)
+        keep = _with_unfinished(trees)
+        doomed = [i for i in roots if i not in keep and _let_go(i, trees[i])]
         if not doomed:
             return 0
         _, per_model = runs.filter(id__in=doomed).delete()
     return per_model.get(Run._meta.label, 0)
 
 
-def _with_unfinished(roots: list[str]) -> set[str]:
-    """Roots whose subtree holds a run that has not finished."""
+def _trees(roots: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Each root's subtree as (run id, status), the root first, one query per level."""
     runs = Run.objects.using(conf.get().DATABASE)
     root_of = {run_id: run_id for run_id in roots}
-    blocked: set[str] = set()
+    trees: dict[str, list[tuple[str, str]]] = {run_id: [(run_id, Status.COMPLETED)] for run_id in roots}
     frontier = list(roots)
     while frontier:
         level = list(runs.filter(parent_id__in=frontier).values_list("id", "parent_id", "status"))
         frontier = []
         for run_id, parent_id, status in level:
             root_of[run_id] = root_of[parent_id]
-            if status in UNFINISHED:
-                blocked.add(root_of[run_id])
+            trees[root_of[run_id]].append((run_id, status))
             frontier.append(run_id)
-    return blocked
+    return trees
+
+
+def _with_unfinished(trees: dict[str, list[tuple[str, str]]]) -> set[str]:
+    """Roots whose subtree holds a run that has not finished (the roots were locked finished)."""
+    return {root for root, tree in trees.items() if any(status in UNFINISHED for _, status in tree)}
+
+
+def _let_go(root_id: str, tree: list[tuple[str, str]]) -> bool:
+    """Ask the ``run_evicting`` receivers; False (the tree is kept) when one of them raised."""
+    if not run_evicting.receivers:
+        return True
+    db = conf.get().DATABASE
+    # A savepoint, rolled back when a receiver raised: one whose query failed must not abort the
+    # deleting transaction for the other trees.
+    with transaction.atomic(using=db):
+        root = Run.objects.using(db).get(id=root_id)
+        answers = run_evicting.send_robust(sender=Run, run=root, run_ids=[run_id for run_id, _ in tree])
+        failed = [(receiver, answer) for receiver, answer in answers if isinstance(answer, Exception)]
+        if failed:
+            transaction.set_rollback(True, using=db)
+    for receiver, exc in failed:
+        log.error(
+            "durable: a run_evicting receiver (%s) raised, so run %s and its tree are kept: %r",
+            getattr(receiver, "__qualname__", receiver),
+            root_id,
+            exc,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+    return not failed

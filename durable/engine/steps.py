@@ -16,9 +16,9 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 
 from .. import clock, conf, dispatch, tracing
 from ..definitions import Step, registry
-from ..errors import DurableError, InvalidInput, WorkflowNotRegistered, error_dict
-from ..models import HELD, Checkpoint, Run
-from ..replay.attempt import LATER
+from ..errors import TRACEBACK, DurableError, InvalidInput, WorkflowNotRegistered, error_dict
+from ..models import HELD, AttemptError, Checkpoint, Run
+from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
 from . import attempts, flow, leases, observe, turn
@@ -250,6 +250,8 @@ def _error_shape(error: Any) -> dict[str, Any]:
         "code": error.get("code") if isinstance(error.get("code"), str) else None,
         "details": error.get("details"),
     }
+    if isinstance(error.get(TRACEBACK), str):
+        shaped[TRACEBACK] = error[TRACEBACK]  # filed with the attempt's history, not the error
     try:
         return roundtrip(shaped, what="the error")
     except InvalidInput:
@@ -371,6 +373,9 @@ def _write_result(
     run_id, seq, attempt = row.run_id, row.seq, row.attempt
     now = clock.now()
     woken: str | None = None  # the run's queue, once a wake reached it
+    trace = ""
+    if error is not None:
+        error, trace = split_traceback(error)
     joins_later = False
     retry_at: datetime | None = None
     with transaction.atomic(using=db):
@@ -386,6 +391,16 @@ def _write_result(
             recorded = checkpoints.fail(run_id, seq, attempt, error, now) and FAILED
         if recorded and beats is not None:
             beats.keep_last(checkpoints)
+        if recorded and error is not None:
+            AttemptError.objects.using(db).create(
+                run_id=run_id,
+                seq=seq,
+                name=row.name,
+                attempt=attempt,
+                error=error,
+                traceback=trace,
+                failed_at=now,
+            )
         if recorded:
             _observe(row, output, error, retry_at)
         if recorded:

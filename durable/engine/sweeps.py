@@ -6,6 +6,7 @@ Each pass is bounded and idempotent; two beats running them at once only duplica
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,8 +15,10 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..models import Checkpoint, Run, Status
-from . import entities, flow, lifecycle, retention, schedules, singletons
+from . import entities, flow, lifecycle, presence, retention, schedules, singletons
 from .turn import recovery_exhausted
+
+log = logging.getLogger("durable.engine")
 
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
 MAX_BATCHES = 20
@@ -154,3 +157,19 @@ SWEEPS = (
         "deleted {} finished run(s)",
     ),
 )
+
+
+def run_noted(task: str) -> int:
+    """Run the sweep sent as Celery task ``task`` once and note the pass in the Presence table,
+    where a stuck run's diagnosis and the health page see when beat last swept.
+
+    Logged at INFO only when the pass did something: an idle system's sweeps are quiet.
+    """
+    sweep = next(s for s in SWEEPS if s.task == task)
+    did = sweep.run()
+    try:
+        presence.sweep_ran(task, did)
+    except Exception:  # noqa: BLE001 - the pass itself is done; only its note is missing
+        log.warning("durable: could not note the pass of %s", task, exc_info=True)
+    log.log(logging.INFO if did else logging.DEBUG, "durable: %s %s", task, sweep.reports.format(did))
+    return did

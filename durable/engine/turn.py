@@ -19,7 +19,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from .. import clock, conf, dispatch, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
-from ..models import Checkpoint, Run, Signal, Status
+from ..models import AttemptError, Checkpoint, Run, Signal, Status
 from ..replay.context import replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
@@ -454,6 +454,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 raise _Stale()
     if new:
         checkpoints.bulk_create(new)
+    _file_failures(run_id, state, db)
     now = clock.now()
     for rec in replies:
         # False only if the update holds a reply already: the first one recorded stands.
@@ -488,6 +489,27 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
         )
     state.dispatch.clear()
     observe.positions(run_id, written)
+
+
+def _file_failures(run_id: str, state: TurnState, db: str) -> None:
+    """Keep every attempt that failed in this turn in the run's attempt history."""
+    rows = [
+        AttemptError(
+            run_id=run_id,
+            seq=rec.seq,
+            name=rec.name,
+            attempt=failure["attempt"],
+            error=failure["error"],
+            traceback=failure["traceback"],
+            failed_at=failure["at"],
+        )
+        for rec in state.unsaved()
+        for failure in rec.failures
+    ]
+    if rows:
+        AttemptError.objects.using(db).bulk_create(rows)
+    for rec in state.unsaved():
+        rec.failures.clear()
 
 
 def _hand_off(state: TurnState) -> None:

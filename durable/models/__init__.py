@@ -9,8 +9,10 @@ from .base import RETRYABLE, Status, column_length
 from .checkpoints import HELD, RATE, WAITING, Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
 from .entities import Entity, EntityOp, EntityOpQuerySet, EntityPrompt, EntityQuerySet, OpStatus
+from .failures import AttemptError, AttemptErrorQuerySet
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
+from .presence import Presence, PresenceQuerySet
 from .runs import Run, RunQuerySet
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "WAITING",
     "TERMINAL",
     "UNFINISHED",
+    "AttemptError",
+    "AttemptErrorQuerySet",
     "Checkpoint",
     "CheckpointQuerySet",
     "CronSchedule",
@@ -32,6 +36,8 @@ __all__ = [
     "Event",
     "EventQuerySet",
     "OpStatus",
+    "Presence",
+    "PresenceQuerySet",
     "FlowGate",
     "FlowStart",
     "Run",

@@ -7,12 +7,22 @@ One implementation, so the same step ends with the same error code on every path
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from ..definitions import Step
-from ..errors import CompleteLater, InvalidInput, StepCancelled, _ControlFlow, error_dict, step_timeout_error
+from ..errors import (
+    TRACEBACK,
+    CompleteLater,
+    InvalidInput,
+    StepCancelled,
+    _ControlFlow,
+    bounded_traceback,
+    error_dict,
+    step_timeout_error,
+)
 from .history import check_size, roundtrip
 from .stepscope import StepInfo, step_scope
 
@@ -34,6 +44,14 @@ class _Later:
 
 
 LATER: Any = _Later()
+
+
+def split_traceback(error: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The error as stored on the position, and the traceback kept apart from it."""
+    if TRACEBACK not in error:
+        return error, ""
+    kept = dict(error)
+    return kept, bounded_traceback(str(kept.pop(TRACEBACK) or ""))
 
 
 def run_attempt(
@@ -83,7 +101,9 @@ def run_attempt(
         )
         # A step stopped by its run's cancel is not worth another attempt.
         retryable = step.retry.is_retryable(exc) and not isinstance(exc, (InvalidInput, StepCancelled))
-        return None, error_dict(exc), retryable
+        # The traceback goes to the attempt's history (AttemptError), not to the error the
+        # workflow and the run see: see TRACEBACK.
+        return None, {**error_dict(exc), TRACEBACK: bounded_traceback(traceback.format_exc())}, retryable
     try:
         if step.output_schema is not None:
             output = _validated_output(step, output)

@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..statuses import Decided, FlowState
 from . import cancelling, saga, stopping
-from .attempt import LATER, beat_grace, run_attempt
+from .attempt import LATER, beat_grace, run_attempt, split_traceback
 from .cancelling import Cancelling
 from .composition import Composition
 from .entities import Entities
@@ -388,6 +388,8 @@ class Context(
     def _attempt_failed(self, rec: Record, step: Step, error: dict[str, Any], *, retryable: bool) -> None:
         """Record a failed attempt: schedule the next one, or fail the step for good."""
         now = self._clock()
+        error, trace = split_traceback(error)
+        rec.failures.append({"attempt": rec.attempt, "error": error, "traceback": trace, "at": now})
         rec.error = error
         rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
         rec.token = None

@@ -48,6 +48,9 @@ class Record:
     #: (status, attempt) as stored; None while the row does not exist yet.
     stored_as: tuple[str, int] | None = None
     dirty: bool = False
+    #: Attempts that failed during this turn, for the engine to file as AttemptError rows:
+    #: {"attempt", "error", "traceback", "at"}.
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
     def changed(self) -> None:
         self.dirty = True

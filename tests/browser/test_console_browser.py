@@ -21,8 +21,9 @@ from tests import console_flows as flows
 
 from .conftest import Page
 
-#: Queries the live server may make to draw a run page, whatever the width of its fans.
-RUN_PAGE_QUERIES = 16
+#: Queries the live server may make to draw a run page, whatever the width of its fans: 16 for
+#: the console, 3 for its Diagnosis (pending positions, workers seen, failed attempts).
+RUN_PAGE_QUERIES = 16 + 3
 PASSWORD = "correct horse battery staple"
 
 

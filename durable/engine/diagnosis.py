@@ -1,0 +1,203 @@
+"""Why an unfinished run has not moved: what it waits for and, when it cannot progress on its
+own, the cause an operator can fix (no worker on its queue, no beat, its workflow unknown to
+every worker, a full concurrency limit). Read from the rows and the Presence heartbeats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .. import clock, conf
+from ..models import Checkpoint, Presence, Run
+from ..models.flow import in_flight, in_line
+from ..statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
+
+#: Pending positions described one by one; a wider fan is summed up.
+MAX_POSITIONS = 20
+#: Worker rows read (the newest first) to find who serves a queue and who served it last.
+MAX_WORKERS = 500
+#: A worker silent for this many PRESENCE_INTERVALs counts as gone.
+WORKER_SILENT_AFTER = 3
+#: The timer sweep counts as stopped when a due wake-up waited this many sweep intervals.
+SWEEPS_LATE = 2
+
+SWEEP_TIMERS = "durable.sweep_timers"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One line of a run's diagnosis: ``stuck`` when the run cannot progress until someone acts."""
+
+    code: str
+    message: str
+    stuck: bool = False
+
+
+def explain(run: Run, now: datetime | None = None) -> list[Reason]:
+    """What the unfinished ``run`` waits for, and why it cannot progress if it cannot."""
+    if run.status not in UNFINISHED:
+        return []
+    settings = conf.get()
+    now = now or clock.now()
+    db = settings.DATABASE
+    pending = list(
+        Checkpoint.objects.using(db)
+        .filter(run_id=run.id, status=CheckpointStatus.PENDING)
+        .order_by("seq")[: MAX_POSITIONS + 1]
+    )
+    # One query for every worker row (pruned after a day: one per worker process seen since).
+    known = list(Presence.objects.using(db).filter(kind=Presence.WORKER).order_by("-last_seen")[:MAX_WORKERS])
+    silent_since = now - settings.PRESENCE_INTERVAL * WORKER_SILENT_AFTER
+    workers = [w for w in known if w.last_seen >= silent_since]
+    reasons = [_turn(run, now)]
+    reasons += [reason for row in pending[:MAX_POSITIONS] for reason in _position(row, now, db)]
+    if len(pending) > MAX_POSITIONS:
+        reasons.append(Reason("more", f"... and more pending positions past #{pending[-1].seq}"))
+    queues = _queues_needed(run, pending, now)
+    unserved = {queue for queue in queues if not _serving(queue, workers)}
+    reasons += _missing_workers(unserved, known)
+    if run.queue not in unserved:
+        reasons += _unregistered(run, workers)
+    reasons += _beat_silent(run, pending, now, settings, db)
+    return reasons
+
+
+def _turn(run: Run, now: datetime) -> Reason:
+    if run.status == RunStatus.PENDING:
+        return Reason("turn", f"waits for a worker of queue {run.queue!r} to run its first turn")
+    if run.status == RunStatus.RUNNING and run.locked_until and run.locked_until >= now:
+        return Reason("turn", f"a turn is running now ({run.locked_by})")
+    if run.wake_at is not None and run.wake_at <= now:
+        return Reason("turn", f"due since {_at(run.wake_at)}: waits for its next turn on queue {run.queue!r}")
+    when = f"; next look at {_at(run.wake_at)}" if run.wake_at else ""
+    return Reason("turn", f"{run.status}{when}")
+
+
+def _position(row: Checkpoint, now: datetime, db: str) -> list[Reason]:
+    what = f"#{row.seq} {row.kind} {row.name!r}"
+    if row.kind == "step":
+        return [_step(row, what, now, db)]
+    if row.kind == "sleep":
+        return [Reason("timer", f"{what}: timer until {_at(row.wake_at)}")]
+    if row.kind in ("signal", "any_signal", "update"):
+        until = f" (until {_at(row.wake_at)})" if row.wake_at else ""
+        return [Reason("signal", f"{what}: waits for a signal or update{until}")]
+    if row.kind == "child":
+        child = (row.input or {}).get("run_id")
+        return [Reason("child", f"{what}: waits for child run {child}")]
+    if row.kind == "event":
+        return [Reason("event", f"{what}: waits for event {row.name!r}")]
+    return [Reason("wait", f"{what}: pending")]
+
+
+def _step(row: Checkpoint, what: str, now: datetime, db: str) -> Reason:
+    what = f"{what} attempt {row.attempt}"
+    if row.flow == FlowState.WAITING and row.flow_key:
+        held = in_flight(db, row.flow_key, now).count()
+        ahead = in_line(db, row.flow_key).filter(flow_seq__lt=row.flow_seq or 0).count()
+        return Reason(
+            "flow_slot",
+            f"{what}: waits for a slot of concurrency limit {row.flow_key!r} "
+            f"({held} held by other attempts, {ahead} ahead in line)",
+            stuck=True,
+        )
+    if row.flow == FlowState.RATE and row.flow_key:
+        return Reason(
+            "rate_token",
+            f"{what}: waits for a token of rate limit {row.flow_key!r} until {_at(row.wake_at)}",
+            stuck=True,
+        )
+    if row.started_at is not None:
+        beat = f", last heartbeat {_at(row.last_heartbeat_at)}" if row.last_heartbeat_at else ""
+        holder = f" on {row.held_by}" if row.held_by else ""
+        return Reason("running", f"{what}: running since {_at(row.started_at)}{holder}{beat}")
+    if row.enqueued_at is not None:
+        return Reason(
+            "queued", f"{what}: sent to queue {row.queue!r} at {_at(row.enqueued_at)}, not taken yet"
+        )
+    if row.error and row.wake_at:
+        return Reason("backoff", f"{what}: retries at {_at(row.wake_at)} after: {row.error.get('message')}")
+    return Reason("step", f"{what}: not sent yet")
+
+
+def _queues_needed(run: Run, pending: list[Checkpoint], now: datetime) -> set[str]:
+    """The queues a worker must consume for this run to move now."""
+    queues = set()
+    due = run.wake_at is not None and run.wake_at <= now
+    if run.status == RunStatus.PENDING or due:
+        queues.add(run.queue)
+    for row in pending:
+        if row.kind == "step" and row.enqueued_at is not None and row.started_at is None and not row.flow:
+            queues.add(row.queue or run.queue)
+    return queues
+
+
+def _serving(queue: str, workers: list[Presence]) -> list[Presence]:
+    return [w for w in workers if queue in (w.queues or [])]
+
+
+def _missing_workers(queues: set[str], known: list[Presence]) -> list[Reason]:
+    reasons = []
+    for queue in sorted(queues):
+        last = next((w.last_seen for w in known if queue in (w.queues or [])), None)
+        seen = f"last seen {_at(last)}" if last else "none seen lately"
+        reasons.append(
+            Reason(
+                "no_worker",
+                f"no worker has consumed queue {queue!r} lately ({seen}): start one with `-Q {queue}` "
+                "or add the queue to a running worker's -Q",
+                stuck=True,
+            )
+        )
+    return reasons
+
+
+def _unregistered(run: Run, workers: list[Presence]) -> list[Reason]:
+    serving = _serving(run.queue, workers)
+    wanted = f"{run.workflow}@{run.version}"
+    if not serving or any(wanted in (w.workflows or []) for w in serving):
+        return []
+    return [
+        Reason(
+            "not_registered",
+            f"no worker of queue {run.queue!r} has workflow {run.workflow!r} version {run.version!r} "
+            f"registered ({len(serving)} worker(s) seen): import the module that defines it in the "
+            "worker (an app's workflows.py in INSTALLED_APPS) and restart it",
+            stuck=True,
+        )
+    ]
+
+
+def _beat_silent(
+    run: Run, pending: list[Checkpoint], now: datetime, settings: conf.Settings, db: str
+) -> list[Reason]:
+    """A wake-up past due by more than the timer sweep allows, and no timer sweep since it."""
+    late = settings.TIMER_SWEEP_INTERVAL * SWEEPS_LATE
+    due = [run.wake_at] if run.status == RunStatus.SUSPENDED and run.wake_at else []
+    due += [row.wake_at for row in pending if row.kind == "sleep" and row.wake_at]
+    overdue = [at for at in due if at < now - max(late, timedelta(seconds=1))]
+    if not overdue:
+        return []
+    swept = _last_sweep(SWEEP_TIMERS, run.namespace, db)
+    if swept is not None and swept >= min(overdue):
+        return []
+    last = f"last timer sweep {_at(swept)}" if swept else "no timer sweep recorded"
+    return [
+        Reason(
+            "no_beat",
+            f"due at {_at(min(overdue))} but beat has not swept since ({last}): run `celery beat` "
+            "(one per deployment), which sends durable's sweeps",
+            stuck=True,
+        )
+    ]
+
+
+def _last_sweep(task: str, namespace: str | None, db: str) -> datetime | None:
+    """The last pass of ``task`` that covered ``namespace``: a beat without NAMESPACE sweeps all."""
+    names = [task, f"{task}@{namespace}"] if namespace else [task]
+    passes = Presence.objects.using(db).filter(kind=Presence.SWEEP, who__in=names)
+    return max(passes.values_list("last_seen", flat=True), default=None)
+
+
+def _at(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "never"

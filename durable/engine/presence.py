@@ -1,0 +1,71 @@
+"""Heartbeats of workers and sweeps in the Presence table: a worker notes its queues and
+workflows at start-up and then every PRESENCE_INTERVAL (from the lease keeper thread); each
+sweep pass notes when it ran and what it did."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+
+from .. import clock, conf
+from ..definitions import registry
+from ..models import Presence
+
+log = logging.getLogger("durable.engine")
+
+#: Rows not seen for this long are deleted by the retention sweep.
+FORGET_AFTER = timedelta(days=1)
+
+#: This worker as announced: (pid of the announcing process, node name, queues); None elsewhere.
+_me: tuple[int, str, list[str]] | None = None
+_last_beat = 0.0
+
+
+def registered_workflows() -> list[str]:
+    return sorted(
+        f"{name}@{version}" for name, versions in registry.workflows.items() for version in versions
+    )
+
+
+def announce(node: str, queues: list[str]) -> None:
+    """Note this worker process as alive, serving ``queues``; the keeper thread keeps it so."""
+    global _me, _last_beat
+    _me = (os.getpid(), f"{node} (pid {os.getpid()})", sorted(queues))
+    _last_beat = time.monotonic()
+    _write()
+
+
+def tick() -> None:
+    """Called often by the keeper thread: renew this worker's row once per PRESENCE_INTERVAL."""
+    global _last_beat
+    if _me is None or _me[0] != os.getpid():
+        return  # not a worker's main process (a pool child, a web process)
+    if time.monotonic() - _last_beat < conf.get().PRESENCE_INTERVAL.total_seconds():
+        return
+    _last_beat = time.monotonic()
+    try:
+        _write()
+    except Exception:  # noqa: BLE001 - a missed beat only makes the worker look late
+        log.warning("durable: could not note this worker as alive", exc_info=True)
+
+
+def _write() -> None:
+    assert _me is not None
+    settings = conf.get()
+    Presence.objects.using(settings.DATABASE).seen(
+        Presence.WORKER, _me[1], clock.now(), queues=_me[2], workflows=registered_workflows()
+    )
+
+
+def sweep_ran(task: str, did: int) -> None:
+    """Note a sweep's pass (one UPDATE): the health page and stuck runs read when beat last swept."""
+    settings = conf.get()
+    who = f"{task}@{settings.NAMESPACE}" if settings.NAMESPACE else task
+    Presence.objects.using(settings.DATABASE).seen(Presence.SWEEP, who, clock.now(), detail={"did": did})
+
+
+def prune() -> int:
+    settings = conf.get()
+    return Presence.objects.using(settings.DATABASE).prune(clock.now() - FORGET_AFTER)
