@@ -19,7 +19,7 @@ from django.utils.http import urlencode
 
 from durable import clock, conf, guards
 from durable.definitions import registry
-from durable.models import Checkpoint, Run, Signal
+from durable.models import AttemptError, Checkpoint, Run, Signal
 from durable.statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
 
 #: Members of a fan shown per page (``?fan=<seq>&page=N``).
@@ -71,6 +71,8 @@ class Position:
     queue_wait: timedelta | None
     run_time: timedelta | None
     child: dict[str, Any] | None = None
+    #: The traceback of its last failed attempt, when one was kept (``AttemptError``).
+    traceback: str = ""
     #: Its bar on the run's time axis (see ``bar``), set once the page's time span is known.
     axis: dict[str, str] = field(default_factory=dict)
 
@@ -321,8 +323,10 @@ def context(request: HttpRequest, run: Run) -> dict[str, Any]:
         members = fan_members(run, db, opened, page)
     origin = run.created_at
     span = (run.finished_at or clock.now()) - origin
-    for position in [*positions, *members]:
+    shown = [*positions, *members]
+    for position in shown:
         position.axis = position.bar(origin, span)
+    _attach_tracebacks(run, db, shown)
     return {
         "positions": positions,
         "timeline_from": start,
@@ -338,7 +342,26 @@ def context(request: HttpRequest, run: Run) -> dict[str, Any]:
         "recent_signals": recent_signals(run, db),
         "relatives": relatives(run, db),
         "run_error": run.error if isinstance(run.error, dict) else None,
+        "run_failure": _last_failure(run, db) if run.status == RunStatus.FAILED else None,
     }
+
+
+def _attach_tracebacks(run: Run, db: str, shown: list[Position]) -> None:
+    """Give each failed position on the page the traceback of its last failed attempt, in one
+    query for the page (none when no position on it failed)."""
+    errored = [p.row.seq for p in shown if p.error is not None]
+    if not errored:
+        return
+    failures = AttemptError.objects.using(db).of(run.pk).filter(seq__in=errored).exclude(traceback="")
+    latest = {row.seq: row.traceback for row in failures.only("seq", "traceback")}  # oldest first
+    for position in shown:
+        position.traceback = latest.get(position.row.seq, "")
+
+
+def _last_failure(run: Run, db: str) -> AttemptError | None:
+    """A failed run's last failed attempt that kept a traceback (its position named with it)."""
+    failures = AttemptError.objects.using(db).filter(run_id=run.pk).exclude(traceback="")
+    return failures.order_by("-id").only("seq", "name", "traceback").first()
 
 
 #: Runs named one by one on the delete confirmation page; the rest are counted.

@@ -397,3 +397,20 @@ def test_delete_with_subtree_names_the_runs_counts_their_rows_and_deletes_them_a
     assert parent in confirm and child in confirm
     assert re.search(r"Runs:\s*2", confirm) and re.search(r"Checkpoints:\s*2", confirm), confirm
     assert not Run.objects.filter(id__in=[parent, child]).exists()
+
+
+def test_a_failed_run_shows_the_traceback_of_its_failed_attempt_in_the_timeline_and_its_error(
+    admin_client: Client, durable_env: Any
+) -> None:
+    flows.OUTAGE["on"] = True
+    run_id = durable.start(flows.charge_flow, 5).id
+    durable_env.run_until_idle()
+    assert durable.get_run(run_id).status == "failed"
+
+    page = page_of(admin_client, run_id)
+
+    assert "Traceback of the last failed attempt (position 0, tests.console_charge)" in section(
+        page, "run-error"
+    )
+    assert "ConnectionError: payment provider is down" in section(page, "run-error")
+    assert "ConnectionError: payment provider is down" in section(page, "timeline").split("traceback", 1)[1]
