@@ -53,6 +53,7 @@ def limits(settings: conf.Settings) -> Limits:
         default_queue=settings.DEFAULT_QUEUE,
         event_ttl=settings.EVENT_BUFFER_TTL,
         max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
+        remote_queues=frozenset(settings.REMOTE_QUEUES),
     )
 
 
@@ -467,16 +468,20 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     outbox.send(run_id, state.outgoing)
     state.outgoing.clear()
     for rec in state.dispatch:
-        if (rec.input or {}).get("task"):
+        payload = rec.input or {}
+        if payload.get("task") or payload.get("remote"):
+            remote = registry.steps.get(rec.name) if payload.get("remote") else None
             dispatch.celery_task(
                 run_id,
                 rec.seq,
                 rec.attempt,
                 rec.token,
                 rec.name,
-                rec.input,
+                payload,
                 rec.queue,
                 settings.DEFAULT_QUEUE,
+                timeout=remote.timeout if remote is not None else None,
+                grace=settings.STEP_TIMEOUT_GRACE,
             )
             continue
         step = registry.step(rec.name)

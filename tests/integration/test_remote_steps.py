@@ -1,0 +1,239 @@
+"""Steps run by workers without durable: plain Celery tasks and remote steps, reported by messages."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery import shared_task
+from django.test import override_settings
+
+import durable
+from durable import tasks
+from durable.engine import steps
+from durable.errors import InvalidInput
+from durable.models import Checkpoint
+
+pytestmark = pytest.mark.django_db
+
+
+@shared_task(name="tests.remote_plain_add")
+def plain_add(a, b=0):
+    return a + b
+
+
+@durable.workflow(name="tests.remote_plain_flow")
+def plain_flow(ctx, n):
+    try:
+        return ctx.step(plain_add, n, b=1)
+    except durable.StepFailed as exc:
+        return {"failed": exc.code, "message": exc.message}
+
+
+@durable.step(
+    name="tests.remote_double",
+    remote=True,
+    queue="gpu",
+    retry=durable.Retry(max_attempts=3, initial="1s", non_retryable=["Refused"]),
+)
+def remote_double(x):
+    if x == "boom":
+        raise ValueError("the remote side failed")
+    if x == "refuse":
+        raise type("Refused", (Exception,), {})("no")
+    durable.heartbeat(progress={"x": x})
+    return x * 2
+
+
+@durable.step(name="tests.pooled_triple", queue="gpu-pool", heartbeat_timeout="1m")
+def pooled_triple(x):
+    return x * 3
+
+
+@durable.workflow(name="tests.remote_flow")
+def remote_flow(ctx, x):
+    try:
+        return ctx.step(remote_double, x)
+    except durable.StepFailed as exc:
+        return {"failed": exc.code, "type": exc.details, "message": exc.message}
+
+
+@durable.workflow(name="tests.remote_pool_flow")
+def remote_pool_flow(ctx, x):
+    return ctx.step(pooled_triple, x)
+
+
+def _sent(durable_env, task):
+    (message,) = [m for m in durable_env.pending() if m.task == task]
+    return message
+
+
+def _first_turn(durable_env, workflow, arg):
+    run = durable.start(workflow, arg)
+    durable_env.run_next()
+    return run, Checkpoint.objects.get(run_id=run.id, seq=0)
+
+
+# -- plain Celery tasks on a worker without durable --------------------------------------------
+
+
+def test_a_failure_reported_with_only_the_task_id_is_recorded(durable_env):
+    # Celery 5.7 calls an errback it has not registered as errback(task_id, **kwargs).
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    durable_env.drop()
+    where = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
+    assert tasks.step_failed.apply(args=("the-task-id",), kwargs=where).get() == "failed"
+    durable_env.run_until_idle()
+    result = durable.result(run.id)
+    assert result["failed"] == "task_failed" and "the-task-id" in result["message"]
+
+
+def test_a_failure_reported_in_place_keeps_the_exception(durable_env):
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    durable_env.drop()
+    where = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
+    tasks.step_failed(None, ValueError("bad input"), None, **where)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {"failed": None, "message": "bad input"}
+
+
+def test_a_forged_failure_changes_nothing(durable_env):
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    durable_env.drop()
+    forged = {"run_id": run.id, "seq": 0, "attempt": 1, "token": "guessed"}
+    assert tasks.step_failed.apply(args=("x",), kwargs=forged).get() == "stale"
+    assert Checkpoint.objects.get(pk=row.pk).status == "pending"
+
+
+def test_a_heartbeat_message_marks_the_task_started_so_it_is_never_sent_again(durable_env):
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    durable_env.drop()
+    beat = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
+    for _ in range(4):  # 12 minutes of a step that beats every 3, past STEP_REDISPATCH_AFTER (5m)
+        assert steps.heartbeat(progress={"done": 1}, **beat) is True
+        durable_env.advance_time("3m")
+        assert not [m for m in durable_env.pending() if m.task == plain_add.name]
+    now = Checkpoint.objects.get(pk=row.pk)
+    assert now.started_at is not None and now.token == row.token and now.progress == {"done": 1}
+    assert steps.step_result(output=5, **beat) == "completed"
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 5
+
+
+def test_heartbeats_that_stop_count_the_attempt_lost(durable_env):
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    durable_env.drop()
+    steps.heartbeat(run.id, 0, 1, token=row.token)
+    durable_env.advance_time("6m")  # past the beat's window (STEP_REDISPATCH_AFTER)
+    assert durable.result(run.id)["failed"] == "worker_lost"
+
+
+# -- remote steps ---------------------------------------------------------------------------------
+
+
+def test_a_remote_step_is_sent_under_its_name_with_its_input_and_where_to_reply(durable_env):
+    run, row = _first_turn(durable_env, remote_flow, 21)
+    message = _sent(durable_env, "tests.remote_double")
+    assert message.queue == "gpu" and message.args == (21,)
+    header = message.options["headers"]["durable_attempt"]
+    assert header == {
+        "protocol": 1,
+        "run_id": run.id,
+        "seq": 0,
+        "attempt": 1,
+        "token": row.token,
+        "reply_to": "durable",
+        "timeout": None,
+    }
+    assert message.options["link"]["task"] == "durable.step_result"
+    assert message.options["link_error"]["task"] == "durable.step_failed"
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 42
+    assert Checkpoint.objects.get(pk=row.pk).progress == {"x": 21}
+
+
+def test_a_remote_step_failure_is_retried_by_the_step_policy(durable_env):
+    run, row = _first_turn(durable_env, remote_flow, "boom")
+    durable_env.run_next()  # the remote attempt fails
+    assert Checkpoint.objects.get(pk=row.pk).attempt == 2
+    durable_env.advance_time("10s")
+    durable_env.advance_time("10s")
+    result = durable.result(run.id)
+    assert result["message"] == "the remote side failed"
+    assert Checkpoint.objects.get(pk=row.pk).attempt == 3
+
+
+def test_a_remote_failure_of_a_non_retryable_type_fails_at_once(durable_env):
+    run, row = _first_turn(durable_env, remote_flow, "refuse")
+    durable_env.run_until_idle()
+    assert durable.result(run.id)["message"] == "no"
+    assert Checkpoint.objects.get(pk=row.pk).attempt == 1
+
+
+def test_a_duplicated_or_forged_remote_result_changes_nothing(durable_env):
+    run, row = _first_turn(durable_env, remote_flow, 2)
+    durable_env.drop()
+    where = {"run_id": run.id, "seq": 0, "attempt": 1}
+    assert steps.step_result(output=666, token="guessed", **where) == "stale"
+    assert steps.step_result(output=666, **where) == "stale"
+    assert steps.step_result(output=4, token=row.token, **where) == "completed"
+    assert steps.step_result(output=999, token=row.token, **where) == "stale"
+    assert steps.step_result(error={"message": "late"}, token=row.token, **where) == "stale"
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 4
+
+
+def test_a_remote_attempt_whose_beats_stop_is_retried(durable_env):
+    run, row = _first_turn(durable_env, remote_flow, 3)
+    durable_env.drop()
+    steps.heartbeat(run.id, 0, 1, token=row.token)
+    durable_env.advance_time("6m")
+    lost = Checkpoint.objects.get(pk=row.pk)
+    assert lost.attempt == 2 and lost.error["code"] == "worker_lost"
+    durable_env.advance_time("2s")  # past the backoff: attempt 2 is sent, and runs
+    assert durable.result(run.id) == 6
+
+
+@override_settings(DURABLE={"REMOTE_QUEUES": ["gpu-pool"]})
+def test_a_step_on_a_remote_queue_is_a_remote_step(durable_env):
+    run, row = _first_turn(durable_env, remote_pool_flow, 5)
+    assert row.input.get("remote") is True
+    message = _sent(durable_env, "tests.pooled_triple")
+    assert message.queue == "gpu-pool" and message.options["headers"]["durable_attempt"]["seq"] == 0
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 15
+
+
+def test_a_durable_step_result_sent_as_a_message_is_refused(durable_env):
+    run, row = _first_turn(durable_env, remote_pool_flow, 5)  # not remote: REMOTE_QUEUES unset
+    assert not row.input.get("remote")
+    assert steps.step_result(run.id, 0, 1, output=1, token=row.token) == "stale"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"local": True}, "pick one"),
+        ({"concurrency": 2}, "concurrency="),
+        ({"rate_limit": "1/s"}, "rate_limit="),
+        ({"queue": None}, "name the queue"),
+    ],
+)
+def test_remote_options_that_cannot_be_kept_are_refused(options, says):
+    with pytest.raises(InvalidInput, match=says):
+        durable.step(remote=True, **{"queue": "gpu", **options})(lambda x: x)
+
+
+def test_remote_queues_must_be_a_list_of_names():
+    from durable import conf
+
+    assert conf.problems({"REMOTE_QUEUES": "gpu"})[0][0] == "REMOTE_QUEUES"
+    assert conf.problems({"REMOTE_QUEUES": ["gpu"]}) == []
+
+
+def test_a_beat_window_covers_a_long_heartbeat_timeout():
+    from durable import conf
+
+    settings = conf.get()
+    assert steps._beat_window(pooled_triple.name, settings) == timedelta(minutes=5)
+    assert steps._beat_window("unknown", settings) == settings.STEP_REDISPATCH_AFTER
