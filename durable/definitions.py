@@ -293,6 +293,13 @@ class Registry:
                 "by the worker (an app's workflows.py)?"
             ) from None
 
+    def known_step(self, name: str) -> Step | None:
+        """The step (or compensation) registered as ``name``; None when there is none."""
+        try:
+            return self.step(name)
+        except WorkflowNotRegistered:
+            return None
+
 
 COMPENSATE_PREFIX = "compensate:"
 

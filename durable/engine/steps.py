@@ -227,7 +227,7 @@ def step_result(
     # A Celery task retries by its own settings: what reaches durable is its final result. A
     # remote step's failed attempt is retried by the step's policy, as a durable step's is.
     remote = bool((row.input or {}).get("remote"))
-    step = registry.steps.get(row.name) if remote else None
+    step = registry.known_step(row.name) if remote else None
     retryable = remote
     if error is not None:
         error = _error_shape(error)
@@ -335,7 +335,7 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
 def _beat_window(name: str, settings: conf.Settings) -> timedelta:
     """How long one beat message keeps an attempt alive: STEP_REDISPATCH_AFTER, the time an
     unstarted attempt is given, or the step's heartbeat_timeout with its grace when longer."""
-    step = registry.steps.get(name)
+    step = registry.known_step(name)
     window = settings.STEP_REDISPATCH_AFTER
     if step is not None and step.heartbeat_timeout is not None:
         grace = beat_grace(step.heartbeat_timeout, settings.HEARTBEAT_PERSIST_THROTTLE)

@@ -470,7 +470,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     for rec in state.dispatch:
         payload = rec.input or {}
         if payload.get("task") or payload.get("remote"):
-            remote = registry.steps.get(rec.name) if payload.get("remote") else None
+            remote = registry.known_step(rec.name) if payload.get("remote") else None
             dispatch.celery_task(
                 run_id,
                 rec.seq,

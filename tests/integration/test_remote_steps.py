@@ -237,3 +237,50 @@ def test_a_beat_window_covers_a_long_heartbeat_timeout():
     settings = conf.get()
     assert steps._beat_window(pooled_triple.name, settings) == timedelta(minutes=5)
     assert steps._beat_window("unknown", settings) == settings.STEP_REDISPATCH_AFTER
+
+
+@durable.step(name="tests.remote_pool_limited", queue="gpu-limited", concurrency=2)
+def remote_pool_limited(x):
+    return x
+
+
+def test_a_limited_step_on_a_remote_queue_is_reported_by_the_checks():
+    from durable.checks import check_remote_queues
+
+    assert check_remote_queues() == []
+    with override_settings(DURABLE={"REMOTE_QUEUES": ["gpu-limited"]}):
+        (error,) = check_remote_queues()
+    assert error.id == "durable.E004" and "concurrency" in error.msg
+
+
+UNDONE = []
+
+
+@durable.step(name="tests.remote_reserve", remote=True, queue="gpu")
+def remote_reserve(item):
+    return f"reservation-{item}"
+
+
+@remote_reserve.compensation
+def release(reservation, item):
+    UNDONE.append(reservation)
+
+
+@durable.workflow(name="tests.remote_saga")
+def remote_saga(ctx, item):
+    ctx.step(remote_reserve, item)
+    raise durable.ApplicationError("declined", code="declined")
+
+
+def test_the_compensation_of_a_remote_step_is_sent_to_its_remote_worker(durable_env):
+    UNDONE.clear()
+    run = durable.start(remote_saga, "a")
+    durable_env.run_next()
+    durable_env.run_next()  # the remote step runs, the next turn fails the body: its undo is sent
+    message = _sent(durable_env, "compensate:tests.remote_reserve")
+    assert message.queue == "gpu" and message.args == ("reservation-a", "a")
+    assert "durable_attempt" in message.options["headers"]
+    durable_env.run_until_idle()
+    assert UNDONE == ["reservation-a"]
+    with pytest.raises(durable.RunFailed):
+        durable.result(run.id)
