@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import current_app, shared_task
+from celery import current_app
 from django.conf import settings
 from django.test import override_settings
 
@@ -27,8 +27,6 @@ from durable.testing import _purge, wait_for
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
-    # The stand-ins name their queue as a task attribute, the shortest way to route them.
-    pytest.mark.filterwarnings("ignore::celery.exceptions.CDeprecationWarning"),
 ]
 
 SETTINGS = {"STEP_REDISPATCH_AFTER": "2s", "TIMER_SWEEP_INTERVAL": "0.5s", "ORPHAN_SWEEP_INTERVAL": "1s"}
@@ -50,32 +48,21 @@ def remote_stuck(x):
     raise AssertionError("runs on the plain worker only")
 
 
-# How durable's side names the plain worker's tasks: by their names and their queue (their code
-# lives on the plain worker only; these bodies never run).
-@shared_task(name="plain.add", queue="plain")
-def plain_add(a, b=0):
-    raise AssertionError("runs on the plain worker only")
-
-
-@shared_task(name="plain.boom", queue="plain")
-def plain_boom(why):
-    raise AssertionError("runs on the plain worker only")
-
-
-@shared_task(name="plain.long", queue="plain")
-def plain_long(seconds):
-    raise AssertionError("runs on the plain worker only")
+# The plain worker's tasks are known here by name only (their code lives there); Celery routes
+# them to its queue, as a project would with task_routes. Set on import, so the durable worker,
+# which imports this module, routes them too.
+current_app.conf.task_routes = {"plain.*": {"queue": "plain"}}
 
 
 @durable.workflow(name="tests.e2e_plain_tasks")
 def plain_tasks(ctx, n):
-    total = ctx.step(plain_add, n, b=1)
+    total = ctx.step("plain.add", n, b=1)
     try:
-        ctx.step(plain_boom, "no luck")
+        ctx.step("plain.boom", "no luck")
         failure = None
     except durable.StepFailed as exc:
         failure = {"code": exc.code, "message": exc.message}
-    return {"total": total, "failure": failure, "long": ctx.step(plain_long, 5)}
+    return {"total": total, "failure": failure, "long": ctx.step("plain.long", 5)}
 
 
 @durable.workflow(name="tests.e2e_remote_steps")
