@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, dispatch, routing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import Checkpoint, Run, Signal, Status
@@ -219,7 +219,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             with transaction.atomic(using=db):
                 if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
                     raise LeaseLost()
-                _write(run.id, current, settings, fenced_by=owner)
+                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
                 runs.start_children(run, current.children)
                 current.children.clear()
         elif (
@@ -229,9 +229,9 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             or entities.new_ops(current.unsaved())
         ):
             with transaction.atomic(using=db):
-                _write(run.id, current, settings, fenced_by=owner)
+                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         else:
-            _write(run.id, current, settings, fenced_by=owner)
+            _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         _hand_off(current)
         _mark_saved(current)
 
@@ -252,7 +252,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         _settle(run, owner, outcome, settings, state)
     else:
         with transaction.atomic(using=db):
-            _write(run.id, state, settings)
+            _write(run.id, state, settings, namespace=run.namespace)
             runs.start_children(run, state.children)
             state.children.clear()
             if outcome.status == "continued":
@@ -416,7 +416,14 @@ _WRITTEN = (
 )
 
 
-def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by: str | None = None) -> None:
+def _write(
+    run_id: str,
+    state: TurnState,
+    settings: conf.Settings,
+    *,
+    fenced_by: str | None = None,
+    namespace: str | None = None,
+) -> None:
     """Persist what the turn changed; raise _Stale if a guarded write lost a race.
 
     With ``fenced_by``, each write is itself conditional on that lease (a flush mid-turn);
@@ -479,7 +486,8 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 rec.name,
                 payload,
                 rec.queue,
-                settings.DEFAULT_QUEUE,
+                # Reports go to the run's own namespace, whose workers may be the only ones.
+                routing.queue_in(settings.DEFAULT_QUEUE, namespace),
                 timeout=remote.timeout if remote is not None else None,
                 grace=settings.STEP_TIMEOUT_GRACE,
             )

@@ -284,3 +284,14 @@ def test_the_compensation_of_a_remote_step_is_sent_to_its_remote_worker(durable_
     assert UNDONE == ["reservation-a"]
     with pytest.raises(durable.RunFailed):
         durable.result(run.id)
+
+
+def test_a_namespaced_run_asks_for_reports_on_its_namespace_queue(durable_env):
+    run = durable.start(remote_flow, 4, namespace="tenant-a")
+    durable_env.run_next()
+    message = _sent(durable_env, "tests.remote_double")
+    assert message.queue == "gpu.tenant-a"
+    assert message.options["headers"]["durable_attempt"]["reply_to"] == "durable.tenant-a"
+    assert message.options["link"]["options"]["queue"] == "durable.tenant-a"
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 8
