@@ -8,6 +8,7 @@ from typing import Any
 from celery import signals
 
 from . import clock, conf, dispatch, routing
+from .replay import stepscope
 
 log = logging.getLogger("durable.celery")
 
@@ -121,6 +122,22 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
     Checkpoint.objects.using(conf.get().DATABASE).begin(
         run_id, seq, attempt, token[0] if token else None, clock.now()
     )
+
+
+def _beat_by_message(progress: Any) -> None:
+    """``durable.heartbeat()`` inside a Celery task durable sent as a step: a message."""
+    from celery import current_task
+
+    request = getattr(current_task, "request", None)
+    # A worker puts a message's headers on the request; an eager apply() keeps them apart.
+    where = getattr(request, "durable_attempt", None) or (getattr(request, "headers", None) or {}).get(
+        "durable_attempt"
+    )
+    if isinstance(where, dict):
+        dispatch.heartbeat_from(where, progress)
+
+
+stepscope.beat_elsewhere = _beat_by_message
 
 
 @signals.worker_process_init.connect

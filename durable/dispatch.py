@@ -252,6 +252,25 @@ def attempt_header(
     }
 
 
+HEARTBEAT = "durable.heartbeat"
+
+
+def heartbeat_from(attempt: dict[str, Any], progress: Any) -> None:
+    """Send ``durable.heartbeat`` for the attempt a ``durable_attempt`` header names, now (a
+    beat belongs to no transaction), to the queue it names (protocol v1, ``heartbeat.json``)."""
+    report = {key: attempt.get(key) for key in ("run_id", "seq", "attempt", "token")}
+    _publish(
+        Message(HEARTBEAT, (), attempt.get("reply_to") or "", {"kwargs": {**report, "progress": progress}})
+    )
+
+
+def step_result_from(attempt: dict[str, Any], error: dict[str, Any]) -> None:
+    """Send ``durable.step_result`` with ``error`` for the attempt a ``durable_attempt`` header
+    names, now, to the queue it names (protocol v1, ``step_result.json``)."""
+    report = {key: attempt.get(key) for key in ("run_id", "seq", "attempt", "token")}
+    _publish(Message(STEP_RESULT, (), attempt["reply_to"], {"kwargs": {**report, "error": error}}))
+
+
 def reported_failure(task_id: str) -> dict[str, Any] | None:
     """The error a failed Celery task left in this app's result backend, if it shares one with
     the worker that ran it; None otherwise (no backend, not there, or unreadable)."""

@@ -111,6 +111,8 @@ class DurableEnv:
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
+                dispatch.HEARTBEAT: steps.heartbeat,
+                dispatch.STEP_RESULT: steps.step_result,
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
                 dispatch.APPLY_ENTITY: entities.apply,
@@ -148,7 +150,7 @@ class DurableEnv:
             return None
         message = self.messages.pop(0)
         if message.task.startswith("durable."):
-            self._handler(message.task)(*message.args)
+            self._handler(message.task)(*message.args, **message.options.get("kwargs", {}))
         else:
             self._run_celery_task(message)
         return message

@@ -245,9 +245,17 @@ def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], t
     """Record the failure of a Celery task used as a step, as its ``link_error`` reports it:
     ``(request, exc, traceback)`` from a worker that has durable installed, or only the task's
     id from one that has not (its exception is then read from the result backend, if this
-    process shares it, else the error says where to look)."""
+    process shares it, else the error says where to look).
+
+    Called in place, it forwards the failure as a ``durable.step_result`` message to the queue
+    the task's ``durable_attempt`` header names: the failing worker may have durable installed
+    and still no database (a remote box)."""
     if len(failure) >= 2 and isinstance(failure[1], BaseException):
         error = error_dict(failure[1])
+        where = _attempt_header(failure[0])
+        if where is not None:
+            dispatch.step_result_from(where, error)
+            return "forwarded"
     else:
         task_id = failure[0] if failure and isinstance(failure[0], str) else None
         error = dispatch.reported_failure(task_id) if task_id else None
@@ -260,6 +268,14 @@ def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], t
                 "details": {"task_id": task_id},
             }
     return step_result(run_id, seq, attempt, error=error, token=token)
+
+
+def _attempt_header(request: Any) -> dict[str, Any] | None:
+    """The ``durable_attempt`` header of a failed task's request (a worker's or an eager one's)."""
+    where = getattr(request, "durable_attempt", None) or (getattr(request, "headers", None) or {}).get(
+        "durable_attempt"
+    )
+    return where if isinstance(where, dict) and where.get("reply_to") else None
 
 
 def _retryable(step: Step, error: dict[str, Any]) -> bool:

@@ -9,13 +9,14 @@ messages the plain tasks send by name.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import current_app
+from celery import current_app, shared_task
 from django.conf import settings
 from django.test import override_settings
 
@@ -63,6 +64,19 @@ def plain_tasks(ctx, n):
     except durable.StepFailed as exc:
         failure = {"code": exc.code, "message": exc.message}
     return {"total": total, "failure": failure, "long": ctx.step("plain.long", 5)}
+
+
+@shared_task(name="tests.e2e_durable_side_boom")
+def durable_side_boom():
+    raise ValueError("failed where durable is installed")
+
+
+@durable.workflow(name="tests.e2e_durable_side_failure")
+def durable_side_failure(ctx, _):
+    try:
+        ctx.step(durable_side_boom)
+    except durable.StepFailed as exc:
+        return exc.message
 
 
 @durable.workflow(name="tests.e2e_remote_steps")
@@ -184,3 +198,13 @@ def test_a_remote_worker_killed_mid_step_is_recovered_by_a_new_attempt(durable_w
     ]
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert row.attempt == 2 and row.status == "completed"
+
+
+def test_a_task_failing_where_durable_is_installed_is_recorded_through_a_message(durable_worker):
+    # The errback runs in place there and forwards the failure to durable's queue: that worker
+    # might have no database.
+    run = durable.start(durable_side_failure)
+    assert durable.result(run.id, timeout=60) == "failed where durable is installed"
+    assert re.search(
+        r"Task durable\.step_result\[[^]]+\] succeeded in [^:]+: 'failed'", durable_worker.logs()
+    )

@@ -295,3 +295,52 @@ def test_a_namespaced_run_asks_for_reports_on_its_namespace_queue(durable_env):
     assert message.options["link"]["options"]["queue"] == "durable.tenant-a"
     durable_env.run_until_idle()
     assert durable.result(run.id) == 8
+
+
+@shared_task(name="tests.remote_beating_task")
+def beating_task(n):
+    durable.heartbeat({"n": n})
+    return n
+
+
+@durable.workflow(name="tests.remote_beating_flow")
+def beating_flow(ctx, n):
+    return ctx.step(beating_task, n)
+
+
+def test_durable_heartbeat_in_a_celery_task_sent_as_a_step_goes_as_a_message(durable_env):
+    run, row = _first_turn(durable_env, beating_flow, 3)
+    (message,) = durable_env.drop("tests.remote_beating_task")
+    # As a worker with durable installed but no database runs it: the beat leaves as a message.
+    beating_task.apply(args=message.args, headers=message.options["headers"])
+    (beat,) = durable_env.pending()
+    assert beat.task == "durable.heartbeat" and beat.queue == "durable"
+    assert beat.options["kwargs"] == {
+        "run_id": run.id,
+        "seq": 0,
+        "attempt": 1,
+        "token": row.token,
+        "progress": {"n": 3},
+    }
+    durable_env.run_next()
+    assert Checkpoint.objects.get(pk=row.pk).started_at is not None
+
+
+def test_durable_heartbeat_outside_any_step_does_nothing(durable_env):
+    durable.heartbeat({"n": 1})
+    beating_task(2)  # a plain call: no attempt, no message
+    assert durable_env.pending() == []
+
+
+def test_a_failure_reported_in_place_with_the_attempt_header_is_forwarded_as_a_message(durable_env):
+    # A worker that has durable installed but maybe no database: the failure travels by message.
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    (message,) = durable_env.drop("tests.remote_plain_add")
+    request = type("Request", (), {"durable_attempt": message.options["headers"]["durable_attempt"]})()
+    where = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
+    assert tasks.step_failed(request, ValueError("bad input"), None, **where) == "forwarded"
+    assert Checkpoint.objects.get(pk=row.pk).status == "pending"
+    (report,) = durable_env.pending()
+    assert report.task == "durable.step_result" and report.queue == "durable"
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {"failed": None, "message": "bad input"}
