@@ -255,6 +255,15 @@ def attempt_header(
 HEARTBEAT = "durable.heartbeat"
 
 
+def attempt_of(request: Any) -> dict[str, Any] | None:
+    """The ``durable_attempt`` header of a Celery task's request, if durable sent it as a step
+    (a worker puts a message's headers on the request; an eager ``apply()`` keeps them apart)."""
+    where = getattr(request, "durable_attempt", None) or (getattr(request, "headers", None) or {}).get(
+        "durable_attempt"
+    )
+    return where if isinstance(where, dict) and where.get("reply_to") else None
+
+
 def heartbeat_from(attempt: dict[str, Any], progress: Any) -> None:
     """Send ``durable.heartbeat`` for the attempt a ``durable_attempt`` header names, now (a
     beat belongs to no transaction), to the queue it names (protocol v1, ``heartbeat.json``)."""

@@ -251,8 +251,9 @@ def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], t
     the task's ``durable_attempt`` header names: the failing worker may have durable installed
     and still no database (a remote box)."""
     if len(failure) >= 2 and isinstance(failure[1], BaseException):
-        error = error_dict(failure[1])
-        where = _attempt_header(failure[0])
+        # A remote step run by durable's runner (durable.remote) raises its error as stored.
+        error = getattr(failure[1], "durable_error", None) or error_dict(failure[1])
+        where = dispatch.attempt_of(failure[0])
         if where is not None:
             dispatch.step_result_from(where, error)
             return "forwarded"
@@ -268,14 +269,6 @@ def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], t
                 "details": {"task_id": task_id},
             }
     return step_result(run_id, seq, attempt, error=error, token=token)
-
-
-def _attempt_header(request: Any) -> dict[str, Any] | None:
-    """The ``durable_attempt`` header of a failed task's request (a worker's or an eager one's)."""
-    where = getattr(request, "durable_attempt", None) or (getattr(request, "headers", None) or {}).get(
-        "durable_attempt"
-    )
-    return where if isinstance(where, dict) and where.get("reply_to") else None
 
 
 def _retryable(step: Step, error: dict[str, Any]) -> bool:

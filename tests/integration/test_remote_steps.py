@@ -344,3 +344,24 @@ def test_a_failure_reported_in_place_with_the_attempt_header_is_forwarded_as_a_m
     assert report.task == "durable.step_result" and report.queue == "durable"
     durable_env.run_until_idle()
     assert durable.result(run.id) == {"failed": None, "message": "bad input"}
+
+
+def test_a_python_worker_serves_its_remote_steps_as_celery_tasks(durable_env):
+    import pickle
+
+    from celery import Celery
+
+    from durable import remote
+
+    app = Celery("remote-side", set_as_current=False)
+    assert "tests.remote_double" in remote.serve(app)
+    run, row = _first_turn(durable_env, remote_flow, 5)
+    (message,) = durable_env.drop("tests.remote_double")
+    headers = message.options["headers"]
+    assert app.tasks["tests.remote_double"].apply(args=(5,), headers=headers).get() == 10
+    assert durable_env.pending()[0].options["kwargs"]["progress"] == {"x": 5}  # its beat, as a message
+    failed = app.tasks["tests.remote_double"].apply(args=("refuse",), headers=headers)
+    error = pickle.loads(pickle.dumps(failed.result)).durable_error
+    assert (error["type"], error["message"], error["non_retryable"]) == ("Refused", "no", True)
+    unsent = app.tasks["tests.remote_double"].apply(args=(5,))
+    assert unsent.result.durable_error["code"] == "invalid_input"
