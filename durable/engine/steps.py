@@ -323,6 +323,10 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         return False
     row = _task_attempt(run_id, seq, attempt, token, db)
     if row is None:
+        if progress is not None and token:
+            # Sent before the result but delivered after it (two workers, or no order between
+            # queues): the attempt's last progress is still kept, as for any step.
+            Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress)
         return False
     if Run.objects.using(db).interrupted(run_id, seq):
         return False

@@ -313,6 +313,13 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             fields["progress"] = progress
         return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(**fields))
 
+    def late_progress(self, run_id: str, seq: int, attempt: int, token: str, progress: Any) -> bool:
+        """Keep ``progress`` from a beat of this attempt that arrived after its result was recorded
+        (only with the attempt's token; a later attempt's row no longer matches)."""
+        ended = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
+        rows = self.filter(run_id=run_id, seq=seq, attempt=attempt, token=token, status__in=ended)
+        return bool(rows.update(progress=progress))
+
 
 class Checkpoint(models.Model):
     """One position of a run's history: a step, timer, signal wait or recorded value."""

@@ -176,7 +176,8 @@ def test_remote_steps_run_to_completion_and_a_duplicated_result_changes_nothing(
     run = durable.start(remote_steps, 21)
     assert durable.result(run.id, timeout=60) == 42
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
-    assert row.progress == {"x": 21}
+    # The beat and the result are two messages: the beat may be applied after the result.
+    wait_for(lambda: Checkpoint.objects.get(pk=row.pk).progress == {"x": 21}, timeout=10, what="the beat")
     duplicate = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token, "output": 666}
     current_app.send_task("durable.step_result", kwargs=duplicate, queue="durable", serializer="json")
     wait_for(lambda: "'stale'" in durable_worker.logs(), timeout=30, what="the duplicate to be refused")

@@ -365,3 +365,13 @@ def test_a_python_worker_serves_its_remote_steps_as_celery_tasks(durable_env):
     assert (error["type"], error["message"], error["non_retryable"]) == ("Refused", "no", True)
     unsent = app.tasks["tests.remote_double"].apply(args=(5,))
     assert unsent.result.durable_error["code"] == "invalid_input"
+
+
+def test_progress_that_arrives_after_the_result_is_kept(durable_env):
+    run, row = _first_turn(durable_env, remote_flow, 2)
+    durable_env.drop()
+    where = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
+    assert steps.step_result(output=4, **where) == "completed"
+    assert steps.heartbeat(progress={"done": "all"}, **where) is False  # too late to keep it alive
+    assert steps.heartbeat(progress={"forged": 1}, **{**where, "token": "guessed"}) is False
+    assert Checkpoint.objects.get(pk=row.pk).progress == {"done": "all"}
