@@ -187,6 +187,8 @@ _DURABLE_FROM_ENV = {
     "TURN_TIME_LIMIT": str,
     "INSTANCE_ID": str,
     "NAMESPACE": str,
+    "ENTITY_SWEEP_INTERVAL": str,
+    "ENTITY_OPS_KEPT": int,
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])
