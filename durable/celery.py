@@ -8,6 +8,7 @@ from typing import Any
 from celery import signals
 
 from . import clock, conf, dispatch, routing, tracing
+from .replay import stepscope
 
 log = logging.getLogger("durable.celery")
 
@@ -186,12 +187,40 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
     where = getattr(getattr(task, "request", None), "durable", None)
     if not where:
         return
+    from django.db import DatabaseError
+
     from .models import Checkpoint
 
     run_id, seq, attempt, *token = where
-    Checkpoint.objects.using(conf.get().DATABASE).begin(
-        run_id, seq, attempt, token[0] if token else None, clock.now()
-    )
+    try:
+        Checkpoint.objects.using(conf.get().DATABASE).begin(
+            run_id, seq, attempt, token[0] if token else None, clock.now()
+        )
+    except DatabaseError:
+        # A remote worker with durable installed may have no database: its beats say it started.
+        log.info("durable: could not mark %s#%s attempt %s started here", run_id, seq, attempt)
+
+
+@signals.worker_init.connect
+def _serve_remote_steps(sender: Any = None, **_: Any) -> None:
+    """Run the remote steps this worker knows as Celery tasks (for the queues it consumes)."""
+    from . import remote
+
+    served = remote.serve(sender.app)
+    if served:
+        log.info("durable: remote steps served as Celery tasks: %s", ", ".join(served))
+
+
+def _beat_by_message(progress: Any) -> None:
+    """``durable.heartbeat()`` inside a Celery task durable sent as a step: a message."""
+    from celery import current_task
+
+    where = dispatch.attempt_of(getattr(current_task, "request", None))
+    if where is not None:
+        dispatch.heartbeat_from(where, progress)
+
+
+stepscope.beat_elsewhere = _beat_by_message
 
 
 @signals.worker_process_init.connect

@@ -69,6 +69,31 @@ def check_name_lengths(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 
 @checks.register("durable")
+def check_remote_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Refuse a step on a queue of REMOTE_QUEUES that declares what a remote worker cannot keep
+    (``@durable.step(remote=True)`` refuses the same options at declaration)."""
+    from .definitions import registry
+
+    remote = set(conf.get().REMOTE_QUEUES)
+    found = []
+    for step in registry.steps.values():
+        if step.remote or step.queue not in remote:
+            continue
+        options = ("local", "concurrency", "rate_limit", "input_schema", "output_schema")
+        given = [option for option in options if getattr(step, option) not in (None, False)]
+        if given:
+            found.append(
+                checks.Error(
+                    f"step {step.name!r} is on queue {step.queue!r}, listed in REMOTE_QUEUES, but declares "
+                    f"{', '.join(given)}, which a remote worker cannot keep.",
+                    hint="Drop the option, or move the step to a queue durable's own workers consume.",
+                    id="durable.E004",
+                )
+            )
+    return found
+
+
+@checks.register("durable")
 def check_connection_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn when Celery keeps connections across tasks but Django never pings them: after a
     database restart, each worker process's first durable task would fail on a dead connection."""

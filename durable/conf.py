@@ -86,6 +86,9 @@ class Settings:
     #: How often a worker notes in the database that it is alive (its queues and workflows);
     #: one missed for three intervals counts as gone on the health page and in a run's diagnosis.
     PRESENCE_INTERVAL: timedelta = timedelta(seconds=15)
+    #: Queues served by workers without database access (any language): every step sent to one
+    #: is a remote step (see ``@durable.step(remote=True)``).
+    REMOTE_QUEUES: tuple[str, ...] = ()
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how
@@ -134,6 +137,13 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("INLINE_NEXT_TURN", "EAGER_STEPS"):
         if key in raw and not isinstance(raw[key], bool):
             found.append((key, f"must be True or False, got {raw[key]!r}"))
+    queues = raw.get("REMOTE_QUEUES", ())
+    if (
+        isinstance(queues, str)
+        or not isinstance(queues, (list, tuple))
+        or not all(isinstance(q, str) and q for q in queues)
+    ):
+        found.append(("REMOTE_QUEUES", f'must be a list of queue names, e.g. ["gpu"], got {queues!r}'))
     if "RETENTION" in raw:
         found.extend(("RETENTION", message) for message in _retention_problems(raw["RETENTION"]))
     if isinstance(raw.get("DATABASE"), str) and raw["DATABASE"] not in django_settings.DATABASES:
@@ -210,6 +220,8 @@ def load() -> Settings:
             values[key] = parse_duration(values[key])
     if "RETENTION" in values:
         values["RETENTION"] = _policies(values["RETENTION"])
+    if "REMOTE_QUEUES" in values:
+        values["REMOTE_QUEUES"] = tuple(values["REMOTE_QUEUES"])
     values["INSTANCE_ID"] = values.get("INSTANCE_ID") or default_instance_id()
     return Settings(**values)
 

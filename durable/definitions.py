@@ -78,6 +78,9 @@ class Step:
     compensate: Callable[..., Any] | None = None
     #: An existing Celery task used as a step: sent with ``send_task`` under its own name.
     celery_task: bool = False
+    #: Run by a worker that may have no database: sent under the step's name with its input, its
+    #: result and heartbeats come back as ``durable.step_result`` / ``durable.heartbeat``.
+    remote: bool = False
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
@@ -290,6 +293,13 @@ class Registry:
                 "by the worker (an app's workflows.py)?"
             ) from None
 
+    def known_step(self, name: str) -> Step | None:
+        """The step (or compensation) registered as ``name``; None when there is none."""
+        try:
+            return self.step(name)
+        except WorkflowNotRegistered:
+            return None
+
 
 COMPENSATE_PREFIX = "compensate:"
 
@@ -323,6 +333,7 @@ def compensation_of(step: Step) -> Step:
         retry=step.retry,
         timeout=step.timeout,
         heartbeat_timeout=step.heartbeat_timeout,
+        remote=step.remote,
     )
 
 
@@ -387,12 +398,25 @@ def step(
     rate_limit: str | None = None,
     input_schema: Any = None,
     output_schema: Any = None,
+    remote: bool = False,
 ) -> Any:
     """Declare a step; works with or without parentheses."""
 
     def wrap(func: Callable[..., Any]) -> Step:
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInput(f"step retry= must be a durable.Retry, got {retry!r}")
+        if not isinstance(remote, bool):
+            raise InvalidInput(f"step remote= must be True or False, got {remote!r}")
+        if remote:
+            _remote_options(
+                name or _default_name(func),
+                local,
+                queue,
+                concurrency,
+                rate_limit,
+                input_schema,
+                output_schema,
+            )
         if local and (timeout is not None or heartbeat_timeout is not None):
             # A local step runs inside the turn, where nothing could stop it at the timeout.
             raise InvalidInput(
@@ -427,10 +451,37 @@ def step(
                 rate_limit=rate,
                 input_schema=input_schema,
                 output_schema=output_schema,
+                remote=remote,
             )
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _remote_options(name: str, local: bool, queue: str | None, *unenforced: Any) -> None:
+    """Refuse what a remote step cannot keep: it runs where durable does not, so nothing there
+    could hold it to a fleet-wide limit or check its schemas, and a local step never leaves the turn."""
+    if local:
+        raise InvalidInput(
+            f"step {name!r}: remote=True runs it on another worker and local=True inside the turn; pick one"
+        )
+    if not queue:
+        # On durable's own queue, durable's workers would take a message only a remote one can run.
+        raise InvalidInput(
+            f'step {name!r} is remote=True: name the queue its remote workers consume, e.g. queue="gpu"'
+        )
+    given = [
+        option
+        for option, value in zip(
+            ("concurrency", "rate_limit", "input_schema", "output_schema"), unenforced, strict=True
+        )
+        if value is not None
+    ]
+    if given:
+        raise InvalidInput(
+            f"step {name!r} is remote=True: its worker runs without durable, so {', '.join(given)}= "
+            "cannot be enforced there; drop the option or make the step a durable one (remote=False)"
+        )
 
 
 def workflow(

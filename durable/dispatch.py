@@ -220,9 +220,15 @@ def celery_task(
     payload: dict[str, Any],
     queue: str,
     result_queue: str,
+    *,
+    timeout: timedelta | None = None,
+    grace: timedelta = timedelta(0),
 ) -> None:
-    """Send an existing Celery task as a step; its result comes back through ``durable.step_result``,
-    which records it only with the attempt's token."""
+    """Send an existing Celery task, or a remote step, under its own name with its arguments; its
+    result comes back through ``durable.step_result``, which records it only with the attempt's
+    token. The worker that runs it needs nothing of durable: Celery itself sends the ``link`` on
+    success and the ``link_error`` on failure (see ``durable.step_failed``); a worker that is not
+    a Celery one reads the ``durable_attempt`` header (protocol v1) and replies itself."""
     from celery import signature
 
     where = {"run_id": run_id, "seq": seq, "attempt": attempt, "token": token}
@@ -230,10 +236,88 @@ def celery_task(
         "kwargs": payload.get("kwargs", {}),
         "link": signature(STEP_RESULT, kwargs=where, queue=result_queue),
         "link_error": signature(STEP_FAILED, kwargs=where, queue=result_queue),
-        # Lets a worker that has durable installed mark the attempt started (see durable.celery).
-        "headers": {"durable": [run_id, seq, attempt, token]},
+        "headers": {
+            # Lets a worker that has durable installed mark the attempt started (see durable.celery).
+            "durable": [run_id, seq, attempt, token],
+            "durable_attempt": attempt_header(run_id, seq, attempt, token, result_queue, timeout),
+        },
     }
+    if timeout is not None:
+        options["soft_time_limit"] = timeout.total_seconds()
+        options["time_limit"] = (timeout + grace).total_seconds()
     send_after_commit(Message(name, tuple(payload.get("args", [])), queue, options))
+
+
+#: The version of the messages exchanged with workers that may not run durable (durable/protocol/).
+PROTOCOL = 1
+
+
+def attempt_header(
+    run_id: str, seq: int, attempt: int, token: str | None, reply_to: str, timeout: timedelta | None
+) -> dict[str, Any]:
+    """What a worker needs to report on an attempt: whom to send ``durable.step_result`` and
+    ``durable.heartbeat`` to, with which arguments (protocol v1, ``attempt.json``)."""
+    return {
+        "protocol": PROTOCOL,
+        "run_id": run_id,
+        "seq": seq,
+        "attempt": attempt,
+        "token": token,
+        "reply_to": reply_to,
+        "timeout": timeout.total_seconds() if timeout is not None else None,
+    }
+
+
+HEARTBEAT = "durable.heartbeat"
+
+
+def attempt_of(request: Any) -> dict[str, Any] | None:
+    """The ``durable_attempt`` header of a Celery task's request, if durable sent it as a step
+    (a worker puts a message's headers on the request; an eager ``apply()`` keeps them apart)."""
+    where = getattr(request, "durable_attempt", None) or (getattr(request, "headers", None) or {}).get(
+        "durable_attempt"
+    )
+    return where if isinstance(where, dict) and where.get("reply_to") else None
+
+
+def heartbeat_from(attempt: dict[str, Any], progress: Any) -> None:
+    """Send ``durable.heartbeat`` for the attempt a ``durable_attempt`` header names, now (a
+    beat belongs to no transaction), to the queue it names (protocol v1, ``heartbeat.json``)."""
+    report = {key: attempt.get(key) for key in ("run_id", "seq", "attempt", "token")}
+    _publish(
+        Message(HEARTBEAT, (), attempt.get("reply_to") or "", {"kwargs": {**report, "progress": progress}})
+    )
+
+
+def step_result_from(attempt: dict[str, Any], error: dict[str, Any]) -> None:
+    """Send ``durable.step_result`` with ``error`` for the attempt a ``durable_attempt`` header
+    names, now, to the queue it names (protocol v1, ``step_result.json``)."""
+    report = {key: attempt.get(key) for key in ("run_id", "seq", "attempt", "token")}
+    _publish(Message(STEP_RESULT, (), attempt["reply_to"], {"kwargs": {**report, "error": error}}))
+
+
+def reported_failure(task_id: str) -> dict[str, Any] | None:
+    """The error a failed Celery task left in this app's result backend, if it shares one with
+    the worker that ran it; None otherwise (no backend, not there, or unreadable)."""
+    from celery import current_app
+    from celery.backends.base import DisabledBackend
+
+    from .errors import error_dict
+
+    backend = current_app.backend
+    if isinstance(backend, DisabledBackend):
+        return None
+    try:
+        meta = backend.get_task_meta(task_id)
+    except Exception:  # noqa: BLE001 - a backend that cannot answer: the generic error stands
+        log.info(
+            "durable: could not read the failure of task %s from the result backend", task_id, exc_info=True
+        )
+        return None
+    exc = meta.get("result") if meta.get("status") == "FAILURE" else None
+    if not isinstance(exc, BaseException):
+        return None
+    return {**error_dict(exc), "details": {"task_id": task_id}}
 
 
 def apply_entity(

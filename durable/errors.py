@@ -40,6 +40,11 @@ Control flow: never an error of the run, and never caught by a body's ``except E
     └── CompleteLater                  durable.errors: raised by a step that another system
                                        completes later with durable.complete_step(token)
 
+Transport: how a remote step's failure leaves the Celery task that ran it (never user-facing)::
+
+    Exception
+    └── AttemptFailed                  durable.remote: carries the attempt's error as stored
+
 Stored error types with no class of their own (the ``type`` of an error dict): ``StepTimeout``
 (an attempt overran its timeout or went silent, ``step_timeout_error``),
 ``WorkflowTimeout`` (the run passed its deadline) and ``Cancelled`` (a cancelled run).

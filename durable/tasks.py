@@ -7,7 +7,6 @@ from typing import Any
 from celery import shared_task
 
 from .engine import entities, lifecycle, steps, sweeps, turn
-from .errors import TRACEBACK, error_dict
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -80,17 +79,17 @@ def step_result(
 
 @shared_task(name="durable.step_failed", ignore_result=True)
 def step_failed(
-    request: Any,
-    exc: BaseException,
-    traceback: Any,
+    *failure: Any,
     run_id: str = "",
     seq: int = 0,
     attempt: int = 1,
     token: str | None = None,
 ) -> str:
-    """The ``link_error`` of a task used as a step: Celery calls it where the task failed for good."""
-    error = {**error_dict(exc), TRACEBACK: traceback} if isinstance(traceback, str) else error_dict(exc)
-    return steps.step_result(run_id, seq, attempt, error=error, token=token)
+    """The ``link_error`` of a task used as a step. Where the task failed, a worker that has
+    durable installed calls it in place with ``(request, exc, traceback)``; one that has not (a
+    plain Celery worker) sends it as a message with only the failed task's id, the way Celery
+    calls an errback it does not know. Either way the attempt is recorded as failed."""
+    return steps.task_failed(run_id, seq, attempt, failure, token)
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)

@@ -77,6 +77,9 @@ class DurableEnv:
         from .errors import error_dict
 
         run_id, seq, attempt, token = message.options["headers"]["durable"]
+        if message.task not in current_app.tasks:
+            self._run_remote_step(message, run_id, seq, attempt, token)
+            return
         result = current_app.tasks[message.task].apply(
             args=message.args, kwargs=message.options.get("kwargs")
         )
@@ -85,12 +88,36 @@ class DurableEnv:
         else:
             steps.step_result(run_id, seq, attempt, error=error_dict(result.result), token=token)
 
+    def _run_remote_step(
+        self, message: dispatch.Message, run_id: str, seq: int, attempt: int, token: str
+    ) -> None:
+        """Run a remote step here as its worker would: from the message alone, reporting its
+        heartbeats and its result as messages (durable.heartbeat, durable.step_result)."""
+        from .definitions import registry
+        from .engine import steps
+        from .replay.attempt import run_attempt
+        from .replay.stepscope import StepInfo
+
+        step = registry.step(message.task)
+        payload = {"args": list(message.args), "kwargs": message.options.get("kwargs", {})}
+
+        def beat(progress: Any = None) -> None:
+            steps.heartbeat(run_id, seq, attempt, progress, token)
+
+        info = StepInfo(run_id, seq, attempt, step.name, secret=token)
+        output, error, retryable = run_attempt(step, info, payload, beat)
+        if error is not None and not retryable:
+            error = {**error, "non_retryable": True}
+        steps.step_result(run_id, seq, attempt, output=output, error=error, token=token)
+
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from .engine import entities, steps, turn
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
+                dispatch.HEARTBEAT: steps.heartbeat,
+                dispatch.STEP_RESULT: steps.step_result,
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
                 dispatch.APPLY_ENTITY: entities.apply,
@@ -128,7 +155,7 @@ class DurableEnv:
             return None
         message = self.messages.pop(0)
         if message.task.startswith("durable."):
-            self._handler(message.task)(*message.args)
+            self._handler(message.task)(*message.args, **message.options.get("kwargs", {}))
         else:
             self._run_celery_task(message)
         return message

@@ -9,7 +9,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
@@ -18,7 +18,7 @@ from .. import clock, conf, dispatch, tracing
 from ..definitions import Step, registry
 from ..errors import TRACEBACK, DurableError, InvalidInput, WorkflowNotRegistered, error_dict
 from ..models import HELD, AttemptError, Checkpoint, Run
-from ..replay.attempt import LATER, split_traceback
+from ..replay.attempt import LATER, beat_grace, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
 from . import attempts, flow, leases, observe, turn
@@ -60,16 +60,21 @@ def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: st
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
         return None
     # Results of durable's own steps are recorded by the worker that ran them, never by a message.
-    if not (row.input or {}).get("task") or not _same_token(row.token, token):
+    if not reported_by_message(row.input) or not _same_token(row.token, token):
         log.warning(
-            "durable: refused a result for %s#%s attempt %s: not a Celery task step, or not "
-            "the token durable sent with it",
+            "durable: refused a result for %s#%s attempt %s: not a Celery task or remote step, "
+            "or not the token durable sent with it",
             run_id,
             seq,
             attempt,
         )
         return None
     return row
+
+
+def reported_by_message(payload: Any) -> bool:
+    """Whether an attempt's result and heartbeats come as messages: a Celery task or a remote step."""
+    return bool(payload) and bool(payload.get("task") or payload.get("remote"))
 
 
 def _same_token(expected: str | None, given: str | None) -> bool:
@@ -228,16 +233,71 @@ def step_result(
     row = _task_attempt(run_id, seq, attempt, token, settings.DATABASE)
     if row is None:
         return "stale"
+    # A Celery task retries by its own settings: what reaches durable is its final result. A
+    # remote step's failed attempt is retried by the step's policy, as a durable step's is.
+    remote = bool((row.input or {}).get("remote"))
+    step = registry.known_step(row.name) if remote else None
+    retryable = remote
     if error is not None:
         error = _error_shape(error)
+        retryable = remote and (step is None or _retryable(step, error))
     else:
         try:
             output = roundtrip(output, what=f"the result of task {row.name!r}")
             check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the result of task {row.name!r}")
         except InvalidInput as exc:
-            error = {**exc.to_dict(), "code": "invalid_output"}
-    # A Celery task retries by its own settings: what reaches durable is its final result.
-    return record(row, None, output, error, False, None)
+            error, retryable = {**exc.to_dict(), "code": "invalid_output"}, False
+    return record(row, step, output, error, retryable, None)
+
+
+def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], token: str | None) -> str:
+    """Record the failure of a Celery task used as a step, as its ``link_error`` reports it:
+    ``(request, exc, traceback)`` from a worker that has durable installed, or only the task's
+    id from one that has not (its exception is then read from the result backend, if this
+    process shares it, else the error says where to look).
+
+    Called in place, it forwards the failure as a ``durable.step_result`` message to the queue
+    the task's ``durable_attempt`` header names: the failing worker may have durable installed
+    and still no database (a remote box)."""
+    if len(failure) >= 2 and isinstance(failure[1], BaseException):
+        # A remote step run by durable's runner (durable.remote) raises its error as stored.
+        error = getattr(failure[1], "durable_error", None) or error_dict(failure[1])
+        if len(failure) >= 3 and isinstance(failure[2], str):
+            error = {**error, TRACEBACK: failure[2]}  # filed with the attempt's history
+        where = dispatch.attempt_of(failure[0])
+        if where is not None:
+            dispatch.step_result_from(where, error)
+            return "forwarded"
+    else:
+        task_id = failure[0] if failure and isinstance(failure[0], str) else None
+        error = dispatch.reported_failure(task_id) if task_id else None
+        if error is None:
+            error = {
+                "message": f"the Celery task failed on a worker without durable installed (task id "
+                f"{task_id}); its exception is in that worker's log and result backend",
+                "type": "TaskFailed",
+                "code": "task_failed",
+                "details": {"task_id": task_id},
+            }
+    return step_result(run_id, seq, attempt, error=error, token=token)
+
+
+def _retryable(step: Step, error: dict[str, Any]) -> bool:
+    """Whether the step's retry policy retries a failure reported as ``error``: not when the
+    worker marked it ``non_retryable``, nor when its type is listed in ``Retry(non_retryable=)``
+    (compared by name: the exception class lives in the worker's process)."""
+    if error.get("non_retryable") is True:
+        return False
+    kind = error.get("type")
+    for entry in step.retry.non_retryable:
+        names = (
+            {entry}
+            if isinstance(entry, str)
+            else {entry.__name__, f"{entry.__module__}.{entry.__qualname__}"}
+        )
+        if kind in names or (isinstance(entry, str) and entry.rpartition(".")[2] == kind):
+            return False
+    return True
 
 
 def _error_shape(error: Any) -> dict[str, Any]:
@@ -252,6 +312,8 @@ def _error_shape(error: Any) -> dict[str, Any]:
     }
     if isinstance(error.get(TRACEBACK), str):
         shaped[TRACEBACK] = error[TRACEBACK]  # filed with the attempt's history, not the error
+    if error.get("non_retryable") is True:
+        shaped["non_retryable"] = True
     try:
         return roundtrip(shaped, what="the error")
     except InvalidInput:
@@ -272,13 +334,39 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
     except InvalidInput as exc:
         log.warning("durable: heartbeat for %s#%s dropped: %s", run_id, seq, exc)
         return False
-    if _task_attempt(run_id, seq, attempt, token, db) is None:
+    row = _task_attempt(run_id, seq, attempt, token, db)
+    if row is None:
+        if progress is not None and token:
+            # Sent before the result but delivered after it (two workers, or no order between
+            # queues): the attempt's last progress is still kept, as for any step.
+            Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress)
         return False
     if Run.objects.using(db).interrupted(run_id, seq):
         return False
-    return Checkpoint.objects.using(db).beat(
-        run_id, seq, attempt, clock.now(), progress, progress is not None
+    # The beat proves the attempt started and its worker alive: it is held until the beat's
+    # window ends, so it is neither sent again nor, once the beats stop, waited on forever.
+    now = clock.now()
+    return Checkpoint.objects.using(db).beat_from_message(
+        run_id,
+        seq,
+        attempt,
+        token,
+        now,
+        now + _beat_window(row.name, settings),
+        progress,
+        progress is not None,
     )
+
+
+def _beat_window(name: str, settings: conf.Settings) -> timedelta:
+    """How long one beat message keeps an attempt alive: STEP_REDISPATCH_AFTER, the time an
+    unstarted attempt is given, or the step's heartbeat_timeout with its grace when longer."""
+    step = registry.known_step(name)
+    window = settings.STEP_REDISPATCH_AFTER
+    if step is not None and step.heartbeat_timeout is not None:
+        grace = beat_grace(step.heartbeat_timeout, settings.HEARTBEAT_PERSIST_THROTTLE)
+        window = max(window, step.heartbeat_timeout + grace)
+    return window
 
 
 def record(

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch, tracing
+from .. import clock, conf, dispatch, routing, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import AttemptError, Checkpoint, Run, Signal, Status
@@ -53,6 +53,7 @@ def limits(settings: conf.Settings) -> Limits:
         default_queue=settings.DEFAULT_QUEUE,
         event_ttl=settings.EVENT_BUFFER_TTL,
         max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
+        remote_queues=frozenset(settings.REMOTE_QUEUES),
     )
 
 
@@ -231,7 +232,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
             with transaction.atomic(using=db):
                 if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
                     raise LeaseLost()
-                _write(run.id, current, settings, fenced_by=owner)
+                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
                 runs.start_children(run, current.children)
                 current.children.clear()
         elif (
@@ -241,9 +242,9 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
             or entities.new_ops(current.unsaved())
         ):
             with transaction.atomic(using=db):
-                _write(run.id, current, settings, fenced_by=owner)
+                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         else:
-            _write(run.id, current, settings, fenced_by=owner)
+            _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         _hand_off(current)
         _mark_saved(current)
 
@@ -264,7 +265,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         _settle(run, owner, outcome, settings, state)
     else:
         with transaction.atomic(using=db):
-            _write(run.id, state, settings)
+            _write(run.id, state, settings, namespace=run.namespace)
             runs.start_children(run, state.children)
             state.children.clear()
             if outcome.status == "continued":
@@ -417,7 +418,14 @@ _WRITTEN = (
 )
 
 
-def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by: str | None = None) -> None:
+def _write(
+    run_id: str,
+    state: TurnState,
+    settings: conf.Settings,
+    *,
+    fenced_by: str | None = None,
+    namespace: str | None = None,
+) -> None:
     """Persist what the turn changed; raise _Stale if a guarded write lost a race.
 
     With ``fenced_by``, each write is itself conditional on that lease (a flush mid-turn);
@@ -471,16 +479,21 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     outbox.send(run_id, state.outgoing)
     state.outgoing.clear()
     for rec in state.dispatch:
-        if (rec.input or {}).get("task"):
+        payload = rec.input or {}
+        if payload.get("task") or payload.get("remote"):
+            remote = registry.known_step(rec.name) if payload.get("remote") else None
             dispatch.celery_task(
                 run_id,
                 rec.seq,
                 rec.attempt,
                 rec.token,
                 rec.name,
-                rec.input,
+                payload,
                 rec.queue,
-                settings.DEFAULT_QUEUE,
+                # Reports go to the run's own namespace, whose workers may be the only ones.
+                routing.queue_in(settings.DEFAULT_QUEUE, namespace),
+                timeout=remote.timeout if remote is not None else None,
+                grace=settings.STEP_TIMEOUT_GRACE,
             )
             continue
         step = registry.step(rec.name)

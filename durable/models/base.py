@@ -14,6 +14,8 @@ Status = models.TextChoices("Status", [(status.name, status.value) for status in
 
 #: The ends a retry may undo.
 RETRYABLE = (Status.FAILED, Status.DEAD, Status.CANCELLED)
+#: Who holds an attempt kept alive by heartbeat messages: its worker is no process of this fleet.
+BEAT_HOLDER = "heartbeat-message"
 
 
 def skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:

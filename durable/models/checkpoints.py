@@ -6,10 +6,11 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, models
-from django.db.models import Exists
+from django.db.models import Exists, Value
+from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
-from .base import RETRYABLE, skip_locked
+from .base import BEAT_HOLDER, RETRYABLE, skip_locked
 from .runs import Run
 
 HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
@@ -288,6 +289,36 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         if with_progress:
             fields["progress"] = progress
         return bool(self._attempt(run_id, seq, attempt).update(**fields))
+
+    def beat_from_message(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        token: str | None,
+        now: datetime,
+        until: datetime,
+        progress: Any,
+        with_progress: bool,
+    ) -> bool:
+        """A beat sent as a message for this attempt: it started (if not marked yet), is alive,
+        and is held by no process here but by its beats, until ``until``."""
+        fields: dict[str, Any] = {
+            "started_at": Coalesce("started_at", Value(now, output_field=models.DateTimeField())),
+            "last_heartbeat_at": now,
+            "held_by": BEAT_HOLDER,
+            "held_until": until,
+        }
+        if with_progress:
+            fields["progress"] = progress
+        return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(**fields))
+
+    def late_progress(self, run_id: str, seq: int, attempt: int, token: str, progress: Any) -> bool:
+        """Keep ``progress`` from a beat of this attempt that arrived after its result was recorded
+        (only with the attempt's token; a later attempt's row no longer matches)."""
+        ended = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
+        rows = self.filter(run_id=run_id, seq=seq, attempt=attempt, token=token, status__in=ended)
+        return bool(rows.update(progress=progress))
 
 
 class Checkpoint(models.Model):

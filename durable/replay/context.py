@@ -181,6 +181,8 @@ class Context(
             )
             if step.celery_task:
                 payload["task"] = True  # sent as the task itself, routed by Celery unless it names a queue
+            elif self._is_remote(step):
+                payload["remote"] = True  # sent under its name; its result comes back as a message
             rec = self._new(
                 "step",
                 step.name,
@@ -405,6 +407,14 @@ class Context(
             rec.finished_at = now
         rec.changed()
 
+    def _is_remote(self, step: Step) -> bool:
+        """Whether ``step`` runs on a worker that may have no database (declared, or by its queue)."""
+        if step.remote:
+            return True
+        queue = step.queue or self._limits.default_queue
+        remote = self._limits.remote_queues
+        return not step.local and (queue in remote or self._queue_of(step) in remote)
+
     def _runs_here(self, step: Step) -> bool:
         """Whether a dispatched step awaited on its own may run inside this turn: its timeouts
         are Celery's to enforce on a worker of its queue, so a step with one always goes there."""
@@ -412,6 +422,7 @@ class Context(
             self._in_place is not None
             and not step.local
             and not step.celery_task
+            and not self._is_remote(step)
             and not step.limited  # a limited attempt may have to wait: durably, not in a turn
             and step.timeout is None
             and step.heartbeat_timeout is None

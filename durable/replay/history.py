@@ -79,6 +79,8 @@ class Limits:
     event_ttl: timedelta = timedelta(days=7)
     #: The largest payload a run may send, reply or expose (MAX_PAYLOAD_BYTES).
     max_payload_bytes: int = 1024 * 1024
+    #: Queues whose steps are remote (REMOTE_QUEUES).
+    remote_queues: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -56,7 +56,12 @@ def unwind(ctx: Positions, final: Decision) -> Decision:
                 seq=position,
                 kind="compensation",
                 name=step.name,
-                input={"args": [rec.output, *args.get("args", [])], "kwargs": args.get("kwargs", {})},
+                input={
+                    "args": [rec.output, *args.get("args", [])],
+                    "kwargs": args.get("kwargs", {}),
+                    # The undo of a remote step runs where the step did, reported the same way.
+                    **({"remote": True} if ctx._is_remote(step) else {}),
+                },
                 queue=ctx._queue_of(step),
             )
             records[position] = comp

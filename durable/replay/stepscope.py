@@ -78,13 +78,22 @@ def step_info() -> StepInfo:
     return scope.info
 
 
+#: Called by ``heartbeat()`` outside a step durable runs in this process: the Celery wiring sets
+#: one that reports the beat as a ``durable.heartbeat`` message when the running Celery task is a
+#: step attempt durable sent (a remote step, or a Celery task used as a step).
+beat_elsewhere: Callable[[Any], None] | None = None
+
+
 def heartbeat(progress: Any = None) -> None:
     """Tell durable this step is alive and, optionally, how far it got (JSON).
 
     Raises ``durable.StepCancelled`` once the step's run was cancelled with ``interrupt=True``
-    (let it escape: the attempt fails with code ``cancelled``, not retried). Outside a step run
-    by durable (a plain call in a test) it does nothing.
+    (let it escape: the attempt fails with code ``cancelled``, not retried). Inside a Celery task
+    that durable sent as a step (a remote step, or a task used as a step) it sends the beat as a
+    ``durable.heartbeat`` message. Anywhere else (a plain call in a test) it does nothing.
     """
     scope = _current.get()
     if scope is not None:
         scope.beat(progress)
+    elif beat_elsewhere is not None:
+        beat_elsewhere(progress)
