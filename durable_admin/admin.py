@@ -25,6 +25,7 @@ from django.utils.translation import ngettext
 
 import durable
 from durable import conf
+from durable.engine.diagnosis import explain
 from durable.models import Checkpoint, CronSchedule, Event, Run
 from durable.statuses import CheckpointStatus
 
@@ -204,7 +205,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
                 )
             },
         ),
-        ("Diagnosis", {"fields": ("waiting_for", "attempt_errors")}),
+        ("Failed attempts", {"fields": ("attempt_errors",)}),
         (
             "Data",
             {"fields": ("input_json", "output_json", "error_json", "search_attributes_json", "exposed_json")},
@@ -263,7 +264,11 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         obj: Run | None = None,
     ) -> Any:
         if obj is not None:
-            context.update(run_page.context(request, obj), buttons=buttons_for(request, obj))
+            context.update(
+                run_page.context(request, obj),
+                buttons=buttons_for(request, obj),
+                stuck=[reason.message for reason in explain(obj) if reason.stuck],
+            )
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_search_results(
@@ -296,7 +301,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
 
     # -- change page -------------------------------------------------------------------------
 
-    waiting_for, attempt_errors = diagnosis.waiting_for, diagnosis.attempt_errors
+    attempt_errors = diagnosis.attempt_errors
     input_json = json_display("input")
     output_json = json_display("output")
     error_json = json_display("error")

@@ -14,10 +14,9 @@ from django.db.models import Min
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
 
 from durable import clock, conf, routing
-from durable.engine.diagnosis import WORKER_SILENT_AFTER, explain
+from durable.engine.diagnosis import WORKER_SILENT_AFTER
 from durable.engine.sweeps import SWEEPS
 from durable.models import AttemptError, Checkpoint, Presence, Run
 from durable.statuses import CheckpointStatus, RunStatus
@@ -28,28 +27,6 @@ log = logging.getLogger("durable.admin")
 MAX_ATTEMPT_ERRORS = 50
 #: Seconds the health page waits for the broker and for workers to answer a ping.
 BROKER_TIMEOUT = 1.0
-
-
-@admin.display(description="waiting for")
-def waiting_for(model_admin: Any, obj: Run) -> str:
-    reasons = explain(obj)
-    if not reasons:
-        return "-"
-    return format_html(
-        "<ul style='margin-left:0'>{}</ul>",
-        format_html_join(
-            "",
-            "<li{}>{}{}</li>",
-            (
-                (
-                    mark_safe(" style='color:var(--error-fg, #ba2121)'") if r.stuck else "",
-                    mark_safe("<strong>Stuck: </strong>") if r.stuck else "",
-                    r.message,
-                )
-                for r in reasons
-            ),
-        ),
-    )
 
 
 @admin.display(description="failed attempts")

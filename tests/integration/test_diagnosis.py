@@ -173,7 +173,7 @@ def test_the_run_page_says_what_the_run_waits_for(admin_client: Client, durable_
 
     html = admin_client.get(reverse("admin:durable_run_change", args=[run.id])).content.decode()
 
-    assert "Waiting for" in html
+    assert "Cannot progress" in html
     assert "Stuck: </strong>no worker has consumed queue &#x27;durable&#x27; lately" in html
 
 
