@@ -130,6 +130,8 @@ class Workflow:
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     #: ``concurrency=`` as declared; enforced through ``singleton`` (the same line of runs).
     concurrency: Concurrency | None = None
+    #: Its turns run on a worker of ``queue`` that may have no database (see ``durable.remote``).
+    remote: bool = False
 
     def __post_init__(self) -> None:
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
@@ -292,6 +294,15 @@ class Registry:
                 f"no step is registered as {name!r}; is the module that defines it imported "
                 "by the worker (an app's workflows.py)?"
             ) from None
+
+    def remote_turn_queues(self) -> set[str]:
+        """The queues of the workflows declared ``remote=True``: their turns go to remote workers."""
+        return {
+            wf.queue
+            for versions in self.workflows.values()
+            for wf in versions.values()
+            if wf.remote and wf.queue
+        }
 
     def known_step(self, name: str) -> Step | None:
         """The step (or compensation) registered as ``name``; None when there is none."""
@@ -500,10 +511,18 @@ def workflow(
     search_attributes_schema: Any = None,
     schedule: Any = None,
     concurrency: Any = None,
+    remote: bool = False,
 ) -> Any:
     """Declare a workflow; works with or without parentheses."""
     if not isinstance(version, str) or not _VERSION.match(version):
         raise InvalidInput(f'workflow version must be dotted integers like "1" or "2.1", got {version!r}')
+    if not isinstance(remote, bool):
+        raise InvalidInput(f"workflow remote= must be True or False, got {remote!r}")
+    if remote and not (isinstance(queue, str) and queue):
+        # durable's own workers consume the default queue: they would take turns meant for remote ones.
+        raise InvalidInput(
+            'a remote=True workflow runs its turns on remote workers: name the queue they consume, e.g. queue="edge"'
+        )
 
     def wrap(func: Callable[..., Any]) -> Workflow:
         return registry.add_workflow(
@@ -522,6 +541,7 @@ def workflow(
                 search_attributes_schema=search_schema,
                 schedule=declared,
                 concurrency=quota,
+                remote=remote,
             )
         )
 

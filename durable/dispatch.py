@@ -16,7 +16,8 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 
-from . import conf, tracing
+from . import conf, routing, tracing
+from .definitions import registry
 
 log = logging.getLogger("durable.dispatch")
 
@@ -174,21 +175,52 @@ def traced(message: Message) -> Message:
     return Message(message.task, message.args, message.queue, options)
 
 
+def _claims(queue: str) -> str:
+    """The queue whose workers claim the turns of a run on ``queue``: for a remote workflow's,
+    durable's own (a remote worker has no database to claim with; it gets ``durable.remote_turn``)."""
+    settings = conf.get()
+    remote = set(settings.REMOTE_QUEUES) | registry.remote_turn_queues()
+    return routing.turn_queue(queue, remote, settings.DEFAULT_QUEUE) if remote else queue
+
+
 def advance(run_id: str, queue: str) -> None:
     """Ask a worker on ``queue`` to run the next turn of ``run_id``."""
-    send_after_commit(Message(ADVANCE, (run_id,), queue))
+    send_after_commit(Message(ADVANCE, (run_id,), _claims(queue)))
+
+
+REMOTE_TURN = "durable.remote_turn"
+
+
+def remote_turn(message: dict[str, Any], queue: str) -> None:
+    """Send one turn to the remote workers of ``queue`` (protocol v1, ``turn.json``), as the
+    keyword argument ``turn``."""
+    send_after_commit(Message(REMOTE_TURN, (), queue, {"kwargs": {"turn": message}}))
+
+
+DECISION = "durable.decision"
+TURN_HEARTBEAT = "durable.turn_heartbeat"
+
+
+def decision(message: dict[str, Any], reply_to: str) -> None:
+    """Send a remote turn's decision (``decision.json``) now, as keyword arguments."""
+    _publish(Message(DECISION, (), reply_to, {"kwargs": message}))
+
+
+def turn_heartbeat(run_id: str, turn: str, reply_to: str) -> None:
+    """Send a remote turn's heartbeat now: it keeps the turn's lease (``turn_heartbeat.json``)."""
+    _publish(Message(TURN_HEARTBEAT, (), reply_to, {"kwargs": {"run_id": run_id, "turn": turn}}))
 
 
 def advance_later(run_id: str, queue: str, seconds: float) -> None:
     """A hint: a turn of ``run_id`` in ``seconds``, sooner than the timer sweep's next pass
     would send it. A countdown lives in worker memory: the run's ``wake_at`` is the real timer."""
-    send_after_commit(Message(ADVANCE, (run_id,), queue, {"countdown": seconds}))
+    send_after_commit(Message(ADVANCE, (run_id,), _claims(queue), {"countdown": seconds}))
 
 
 def advance_many(runs: Iterable[tuple[str, str]]) -> None:
     """Ask for the next turn of each ``(run_id, queue)``: the same messages as ``advance``,
     published together after the commit (a sweep wakes hundreds of runs at once)."""
-    messages = [Message(ADVANCE, (run_id,), queue) for run_id, queue in runs]
+    messages = [Message(ADVANCE, (run_id,), _claims(queue)) for run_id, queue in runs]
     if messages:
         transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
 

@@ -9,12 +9,21 @@ goes back the way any Celery task used as a step reports: the message's ``link``
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
-from . import conf, dispatch
-from .definitions import Step, registry
+from . import clock, conf, dispatch
+from .definitions import Step, Workflow, registry
+from .errors import InvalidInput, WorkflowNotRegistered
+from .replay import wire
 from .replay.attempt import run_attempt
+from .replay.context import replay
+from .replay.history import Decision
 from .replay.stepscope import StepInfo
+from .statuses import Decided
+
+log = logging.getLogger("durable.remote")
 
 # As durable's own tasks: a message is acknowledged after the work, redelivered if the worker dies.
 _RELIABLE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
@@ -78,3 +87,86 @@ def _runner(step: Step) -> Any:
     run.__name__ = step.fn.__name__
     run.__doc__ = f"Run remote step {step.name} from its message (see durable.remote)."
     return run
+
+
+def run_turn(message: dict[str, Any]) -> str:
+    """Replay one remote turn (``turn.json``) and send its ``durable.decision`` to ``reply_to``;
+    say what it decided. Nothing here touches the database: the messages carry it all."""
+    facts = wire.facts_in(message)
+    try:
+        workflow = registry.workflow(facts.workflow, facts.version)
+    except WorkflowNotRegistered:
+        # A rolling deploy: no decision, so the lease lapses and a worker that has it replays.
+        log.warning(
+            "durable: %s@%s is not registered here; turn of run %s dropped",
+            facts.workflow,
+            facts.version,
+            facts.id,
+        )
+        return "unknown"
+    state = wire.state_in(message)
+    state.find_event = _not_in_remote_turn("ctx.wait_for_event()")
+    state.find_run = _not_in_remote_turn("ctx.signal() and ctx.cancel_run() to a run")
+    beats = _TurnHeartbeats(message)
+    beats.start()
+    try:
+        outcome = _replay(workflow, facts, state, message)
+    finally:
+        beats.stop()
+    decision = wire.decision_message(message, state, outcome)
+    dispatch.decision(decision, message["reply_to"])
+    return str(outcome.status)
+
+
+def _replay(workflow: Workflow, facts: Any, state: Any, message: dict[str, Any]) -> Decision:
+    if workflow.input_schema is not None:
+        try:
+            parsed = workflow.input_schema.model_validate(facts.input)
+        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
+            error = InvalidInput(f"the input of run no longer fits {workflow.name}'s input_schema: {exc}")
+            return Decision(Decided.FAILED, error=error.to_dict())
+        facts = type(facts)(**{**facts.__dict__, "input": parsed})
+    # Positions are written by the worker that applies the decision: nothing to flush mid-turn,
+    # and the turn's lease is kept by the heartbeat thread.
+    return replay(
+        workflow,
+        facts,
+        state,
+        clock=clock.now,
+        limits=wire.limits_in(message["limits"]),
+        flush=lambda _state: None,
+        renew=lambda: None,
+    )
+
+
+def _not_in_remote_turn(what: str) -> Any:
+    def refuse(*_: Any) -> Any:
+        raise InvalidInput(
+            f"{what} needs the database, which a remote turn does not have; "
+            "make the workflow a local one (remote=False) or move it into a child run"
+        )
+
+    return refuse
+
+
+class _TurnHeartbeats:
+    """Sends ``durable.turn_heartbeat`` every third of the lease while a remote turn replays."""
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        self._message = message
+        self._every = max(float(message.get("lease_seconds") or 30) / 3, 0.2)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="durable-turn-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        while not self._done.wait(self._every):
+            dispatch.turn_heartbeat(
+                self._message["run"]["id"], self._message["turn"], self._message["reply_to"]
+            )

@@ -17,3 +17,20 @@ def queue_in(queue: str, namespace: str | None) -> str:
     """The queue ``queue`` of namespace ``namespace`` (unchanged without one, or when ``queue`` is
     empty: Celery's own routing places the message)."""
     return f"{queue}.{namespace}" if namespace and queue else queue
+
+
+def remote_base(queue: str, remote: set[str] | frozenset[str]) -> str | None:
+    """The remote queue ``queue`` is, itself or in a namespace (``<remote>.<namespace>``); None
+    when it is not one."""
+    if queue in remote:
+        return queue
+    return next((base for base in remote if queue.startswith(f"{base}.")), None)
+
+
+def turn_queue(queue: str, remote: set[str] | frozenset[str], default: str) -> str:
+    """Where the ``durable.advance`` of a run whose turns are on ``queue`` goes: a remote queue's
+    turns are claimed and sent by durable's own workers (the default queue, in the namespace)."""
+    base = remote_base(queue, remote)
+    if base is None:
+        return queue
+    return queue_in(default, queue[len(base) + 1 :] or None)

@@ -6,7 +6,8 @@ from typing import Any
 
 from celery import shared_task
 
-from .engine import entities, lifecycle, steps, sweeps, turn
+from . import remote
+from .engine import entities, lifecycle, remote_turns, steps, sweeps, turn
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -96,3 +97,22 @@ def step_failed(
 def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
     """A step's heartbeat sent as a message, for workers that only speak Celery."""
     return steps.heartbeat(run_id, seq, attempt, progress, token)
+
+
+@shared_task(name="durable.remote_turn", **_RELIABLE)
+def remote_turn(turn: dict[str, Any]) -> str:
+    """Replay one turn of a remote workflow on a worker that may have no database; its decision
+    goes back as ``durable.decision``. Only remote workers consume the queues it is sent to."""
+    return remote.run_turn(turn)
+
+
+@shared_task(name="durable.decision", **_RELIABLE)
+def decision(**message: Any) -> str:
+    """Apply what a remote turn decided, at most once, only while its turn holds the lease."""
+    return remote_turns.apply(message)
+
+
+@shared_task(name="durable.turn_heartbeat", ignore_result=True)
+def turn_heartbeat(run_id: str = "", turn: str = "") -> bool:
+    """A remote turn is alive: renew its lease, if it still holds it."""
+    return remote_turns.heartbeat(run_id, turn)

@@ -112,10 +112,15 @@ class DurableEnv:
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
-            from .engine import entities, steps, turn
+            from . import remote
+            from .engine import entities, remote_turns, steps, turn
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
+                # A remote turn runs here as its database-less worker would: from the message alone.
+                dispatch.REMOTE_TURN: lambda turn: remote.run_turn(turn),
+                dispatch.DECISION: lambda **decision: remote_turns.apply(decision),
+                dispatch.TURN_HEARTBEAT: remote_turns.heartbeat,
                 dispatch.HEARTBEAT: steps.heartbeat,
                 dispatch.STEP_RESULT: steps.step_result,
                 dispatch.ADVANCE: turn.advance,

@@ -24,7 +24,19 @@ from ..replay.context import replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
-from . import attempts, entities, events, flow, histories, leases, lifecycle, observe, outbox, runs
+from . import (
+    attempts,
+    entities,
+    events,
+    flow,
+    histories,
+    leases,
+    lifecycle,
+    observe,
+    outbox,
+    remote_turns,
+    runs,
+)
 
 log = logging.getLogger("durable.engine")
 
@@ -77,6 +89,9 @@ def _advance(run_id: str, settings: conf.Settings) -> str:
     run = runs.claim(run_id, owner, now, settings.LEASE)
     if run is None:
         return "busy"
+    if remote_turns.is_remote(run, settings):
+        # Not held here: the remote worker's turn heartbeats keep the lease, or it lapses.
+        return remote_turns.send(run, owner, settings, first=run.started_at == now)
     leases.hold(run_id, owner)
     attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
     try:
@@ -110,7 +125,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) ->
         if run is None:
             return "lost"
         if run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS:
-            _die(run, settings)
+            die(run, settings)
             return Status.DEAD
         try:
             outcome = _turn(run, owner, settings, first)
@@ -131,7 +146,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) ->
     return "busy"
 
 
-def _die(run: Run, settings: conf.Settings) -> None:
+def die(run: Run, settings: conf.Settings) -> None:
     error = recovery_exhausted(run.recovery_attempts - 1)
     with transaction.atomic(using=settings.DATABASE):
         if Run.objects.using(settings.DATABASE).end(run.id, Status.DEAD, error, clock.now()):
@@ -205,8 +220,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
     state = TurnState(
-        records=_load_records(run.id, db),
-        load_signals=lambda: _load_signals(run.id, db),
+        records=load_records(run.id, db),
+        load_signals=lambda: load_signals(run.id, db),
         find_event=events.find,
         find_run=lambda run_id: _find_run(run_id, db),
         exposed=dict(run.exposed or {}),
@@ -260,23 +275,44 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         outcome = _replay(run, workflow, body_input, state, settings, flush, renew)
     finally:
         leases.unwatch(run.id)
+    finish(run, owner, workflow, state, outcome, settings)
+    return outcome
+
+
+def finish(
+    run: Run,
+    owner: str,
+    workflow: Workflow | None,
+    state: TurnState,
+    outcome: Decision,
+    settings: conf.Settings,
+) -> None:
+    """Persist what a turn changed and its outcome, fenced by ``owner``'s lease and the run's wake
+    counter as the turn read it (``run.wakes``); raise _Stale if a wake landed since.
+
+    The same writes whether the body was replayed here or on a remote worker (``remote_turns``);
+    ``workflow`` is needed only to continue as new (looked up when None)."""
     if _settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
     else:
-        with transaction.atomic(using=db):
+        with transaction.atomic(using=settings.DATABASE):
             _write(run.id, state, settings, namespace=run.namespace)
             runs.start_children(run, state.children)
             state.children.clear()
             if outcome.status == "continued":
-                successor = runs.continue_as_new(run, workflow, outcome.next_input, exposed=state.exposed)
+                successor = runs.continue_as_new(
+                    run,
+                    workflow or registry.workflow(run.workflow, run.version),
+                    outcome.next_input,
+                    exposed=state.exposed,
+                )
                 outcome.output = {"continued_as": successor}
             _settle(run, owner, outcome, settings, state)
             # After the settle: a gate is locked after the run's row, as a recorded result does.
             _hand_off(state)
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
-    return outcome
 
 
 def _replay(
@@ -380,7 +416,7 @@ def _run_fields(outcome: Decision) -> dict[str, Any]:
     return {"status": Status.SUSPENDED, "wake_at": outcome.wake_at}
 
 
-def _load_records(run_id: str, db: str) -> dict[int, Record]:
+def load_records(run_id: str, db: str) -> dict[int, Record]:
     return {
         row.seq: histories.record_of(row)
         for row in Checkpoint.objects.using(db).filter(run_id=run_id).order_by("seq")
@@ -392,7 +428,7 @@ def _find_run(run_id: str, db: str) -> tuple[str, str] | None:
     return (found[0], found[1]) if found is not None else None
 
 
-def _load_signals(run_id: str, db: str) -> list[BufferedSignal]:
+def load_signals(run_id: str, db: str) -> list[BufferedSignal]:
     rows = Signal.objects.using(db).filter(run_id=run_id, consumed_seq__isnull=True).order_by("id")
     return [BufferedSignal(s.id, s.name, s.payload, update=s.is_update) for s in rows]
 
