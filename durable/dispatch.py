@@ -175,12 +175,18 @@ def traced(message: Message) -> Message:
     return Message(message.task, message.args, message.queue, options)
 
 
-def _claims(queue: str) -> str:
+def _claims(queue: str, remote: set[str] | None = None) -> str:
     """The queue whose workers claim the turns of a run on ``queue``: for a remote workflow's,
-    durable's own (a remote worker has no database to claim with; it gets ``durable.remote_turn``)."""
+    durable's own (a remote worker has no database to claim with; it gets ``durable.remote_turn``).
+    ``remote``: the remote queues, when the caller already has them."""
     settings = conf.get()
-    remote = set(settings.REMOTE_QUEUES) | registry.remote_turn_queues()
+    if remote is None:
+        remote = _remote_queues()
     return routing.turn_queue(queue, remote, settings.DEFAULT_QUEUE) if remote else queue
+
+
+def _remote_queues() -> set[str]:
+    return set(conf.get().REMOTE_QUEUES) | registry.remote_turn_queues()
 
 
 def advance(run_id: str, queue: str) -> None:
@@ -220,7 +226,8 @@ def advance_later(run_id: str, queue: str, seconds: float) -> None:
 def advance_many(runs: Iterable[tuple[str, str]]) -> None:
     """Ask for the next turn of each ``(run_id, queue)``: the same messages as ``advance``,
     published together after the commit (a sweep wakes hundreds of runs at once)."""
-    messages = [Message(ADVANCE, (run_id,), _claims(queue)) for run_id, queue in runs]
+    remote = _remote_queues()  # once for the batch
+    messages = [Message(ADVANCE, (run_id,), _claims(queue, remote)) for run_id, queue in runs]
     if messages:
         transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
 

@@ -106,7 +106,7 @@ def run_turn(message: dict[str, Any]) -> str:
         return "unknown"
     state = wire.state_in(message)
     state.find_event = _not_in_remote_turn("ctx.wait_for_event()")
-    state.find_run = _not_in_remote_turn("ctx.signal() and ctx.cancel_run() to a run")
+    state.find_run = _not_in_remote_turn("ctx.signal() and ctx.start()")
     beats = _TurnHeartbeats(message)
     beats.start()
     try:
