@@ -195,3 +195,37 @@ def test_a_remote_workflow_names_its_queue():
         durable.workflow(name="tests.rt_no_queue", remote=True)(lambda ctx, _: None)
     with pytest.raises(InvalidInput, match="remote="):
         durable.workflow(name="tests.rt_bad", remote="yes", queue="q")(lambda ctx, _: None)
+
+
+@durable.workflow(name="tests.rt_child")
+def rt_child(ctx, x):
+    return ctx.step(rt_double, x)
+
+
+@durable.workflow(name="tests.rt_parent", remote=True, queue=TURNS)
+def rt_parent(ctx, n):
+    got = ctx.child(rt_child, n)
+    if n < 3:
+        ctx.continue_as_new(n + 1)
+    return {"n": n, "child": got}
+
+
+def test_children_and_continue_as_new_go_through_decisions(durable_env):
+    run = durable.start(rt_parent, 1)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {"n": 3, "child": 6}
+    assert Run.objects.filter(workflow="tests.rt_parent").count() == 3
+    assert Run.objects.filter(workflow="tests.rt_child", status="completed").count() == 3
+
+
+def test_a_forged_decision_is_refused(durable_env):
+    run, turn = _turn_sent(durable_env)
+    decision = _decided(durable_env, turn)
+    for forged in (
+        {**decision, "turn": "forged/1"},
+        {**decision, "turn": ""},
+        {**decision, "run_id": "nope"},
+    ):
+        assert remote_turns.apply(forged) == "refused"
+    assert not Checkpoint.objects.filter(run_id=run.id).exists()
+    assert remote_turns.apply(decision) == "suspended"
