@@ -10,7 +10,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -183,16 +182,11 @@ def run_step(
     attempt: int,
     token: str | None,
     queue: str,
-    timeout: timedelta | None,
-    grace: timedelta,
 ) -> None:
-    """Ask a worker on ``queue`` to run one step attempt, within Celery's time limits; only a
-    message with the attempt's token may start it."""
-    options: dict[str, Any] = {}
-    if timeout is not None:
-        options["soft_time_limit"] = timeout.total_seconds()
-        options["time_limit"] = (timeout + grace).total_seconds()
-    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt, token), queue, options))
+    """Ask a worker on ``queue`` to run one step attempt; only a message with the attempt's token
+    may start it. The step's ``timeout`` is enforced by the worker's durable (``timelimits``), not
+    sent as a Celery time limit, which would also cut short the next turn run after it."""
+    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt, token), queue))
 
 
 def celery_task(

@@ -187,6 +187,7 @@ _DURABLE_FROM_ENV = {
     "TURN_TIME_LIMIT": str,
     "INSTANCE_ID": str,
     "NAMESPACE": str,
+    "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

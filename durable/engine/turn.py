@@ -243,7 +243,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         return outcome
     leases.watch(run.id, owner, settings.TURN_TIME_LIMIT, lambda: give_back(run, owner, settings))
     try:
-        outcome = _replay(run, workflow, body_input, state, settings, flush, renew)
+        outcome = _replay(run, owner, workflow, body_input, state, settings, flush, renew)
     finally:
         leases.unwatch(run.id)
     if _settles_alone(run, state, outcome):
@@ -267,6 +267,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
 
 def _replay(
     run: Run,
+    owner: str,
     workflow: Workflow,
     body_input: Any,
     state: TurnState,
@@ -290,7 +291,7 @@ def _replay(
         limits=limits(settings),
         flush=flush,
         renew=renew,
-        in_place=attempts.InPlace.offered(run.id, settings),
+        in_place=attempts.InPlace.offered(run.id, owner, run.queue or settings.DEFAULT_QUEUE, settings),
         # Lease gone or time limit passed: in memory, so every primitive may ask.
         stopped=lambda: leases.stopping(run.id),
     )
@@ -479,10 +480,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
                 settings.DEFAULT_QUEUE,
             )
             continue
-        step = registry.step(rec.name)
-        dispatch.run_step(
-            run_id, rec.seq, rec.attempt, rec.token, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE
-        )
+        dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
     state.dispatch.clear()
 
 

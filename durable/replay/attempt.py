@@ -6,13 +6,23 @@ One implementation, so the same step ends with the same error code on every path
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
 from ..definitions import Step
-from ..errors import CompleteLater, InvalidInput, StepCancelled, _ControlFlow, error_dict, step_timeout_error
+from ..errors import (
+    CompleteLater,
+    InvalidInput,
+    StepCancelled,
+    StepTimeout,
+    _ControlFlow,
+    error_dict,
+    step_timeout_error,
+)
 from .history import check_size, roundtrip
 from .stepscope import StepInfo, step_scope
 
@@ -44,12 +54,14 @@ def run_attempt(
     *,
     timed_out: tuple[type[BaseException], ...] = (),
     max_bytes: int | None = None,
+    guard: AbstractContextManager[Any] | None = None,
 ) -> Result:
     """Call the step with ``payload`` (``{"args": [...], "kwargs": {...}}``) inside its step scope.
 
     Error codes: an output that is not JSON is ``invalid_output`` and an ``InvalidInput`` the body
     raises keeps its own code, neither retried; an exception of ``timed_out`` (the executor's time
-    limit, such as Celery's soft one) is a ``StepTimeout`` (``timeout``); any other exception,
+    limit: durable's own, raised by ``guard``, which encloses the step's code, or Celery's soft one)
+    is a ``StepTimeout`` (``timeout``); any other exception,
     KeyboardInterrupt and SystemExit included, is a failed attempt of its type. durable's control
     flow (the turn stops: lease lost, time limit) passes through: the attempt is not over.
     ``CompleteLater`` returns ``LATER`` as the output: the attempt stays open for
@@ -63,7 +75,7 @@ def run_attempt(
         except InvalidInput as exc:
             return None, exc.to_dict(), False
     try:
-        with step_scope(info, beat):
+        with step_scope(info, beat), guard or contextlib.nullcontext():
             output = step.fn(*positional, **named)
     except _ControlFlow:
         raise
@@ -75,8 +87,13 @@ def run_attempt(
             )
             return None, refused.to_dict(), False
         return LATER, None, True
-    except timed_out:
-        return None, step_timeout_error(f"step {step.name!r} ran past its timeout of {step.timeout}"), True
+    except timed_out as exc:
+        message = str(exc) if isinstance(exc, StepTimeout) and str(exc) != StepTimeout().message else ""
+        return (
+            None,
+            step_timeout_error(message or f"step {step.name!r} ran past its timeout of {step.timeout}"),
+            True,
+        )
     except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
         log.info(
             "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc

@@ -398,15 +398,13 @@ class Context(
         rec.changed()
 
     def _runs_here(self, step: Step) -> bool:
-        """Whether a dispatched step awaited on its own may run inside this turn: its timeouts
-        are Celery's to enforce on a worker of its queue, so a step with one always goes there."""
+        """Whether a dispatched step awaited on its own may run inside this turn (its time limits
+        are enforced wherever it runs; a Celery task keeps Celery's, on a worker of its queue)."""
         return (
             self._in_place is not None
             and not step.local
             and not step.celery_task
             and not step.limited  # a limited attempt may have to wait: durably, not in a turn
-            and step.timeout is None
-            and step.heartbeat_timeout is None
             and self._in_place.accepts(self._queue_of(step))
         )
 
