@@ -24,6 +24,7 @@ RUN_STEP = "durable.run_step"
 STEP_RESULT = "durable.step_result"
 STEP_FAILED = "durable.step_failed"
 APPLY_ENTITY = "durable.apply_entity"
+PROBE = "durable.probe"
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,12 @@ def celery_task(
 def apply_entity(name: str, key: str, queue: str) -> None:
     """Ask a worker on ``queue`` to apply the pending ops of entity (``name``, ``key``)."""
     send_after_commit(Message(APPLY_ENTITY, (name, key), queue))
+
+
+def probe(queue: str, sent_at: str) -> None:
+    """Send a probe down ``queue``: the worker that takes it has the step attempts sent down
+    ``queue`` before it and still not taken sent again (see ``engine.redispatch``)."""
+    _publish(Message(PROBE, (queue, sent_at), queue))
 
 
 def sweep(task: str, queue: str) -> None:

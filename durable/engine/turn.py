@@ -53,6 +53,7 @@ def limits(settings: conf.Settings) -> Limits:
         default_queue=settings.DEFAULT_QUEUE,
         event_ttl=settings.EVENT_BUFFER_TTL,
         max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
+        redispatch_limit=settings.STEP_REDISPATCH_LIMIT,
     )
 
 
@@ -380,6 +381,7 @@ def _load_records(run_id: str, db: str) -> dict[int, Record]:
             held_until=row.held_until,
             flow=row.flow,
             flow_key=row.flow_key,
+            redispatches=row.redispatches,
             stored_as=(row.status, row.attempt),
         )
     return records
@@ -413,6 +415,7 @@ _WRITTEN = (
     "token",
     "held_until",
     "flow",
+    "redispatches",
 )
 
 
