@@ -3,8 +3,9 @@ beside a plain ``SELECT ... FOR UPDATE`` + ``UPDATE`` loop on the same database 
 
     .venv-bench/bin/python bench/entities.py            # N = 2,000 ops, 3 repetitions, ~2 min
 
-Durable: N ops sent by SENDERS threads with ``durable.signal_entity`` (each its own INSERT and
-prompt, committed one by one, as views would), applied by a real prefork worker (concurrency 2);
+Durable: N ops sent by SENDERS threads with ``durable.signal_entity`` (each its own INSERT,
+committed one by one, as views would; a key's ops committed while its prompt waits share that
+prompt), applied by a real prefork worker (concurrency 2);
 the time runs from the first send until every op is settled. The loop: N transactions of
 ``SELECT n ... FOR UPDATE`` then ``UPDATE``, one counter row per key, spread over as many
 connections as the worker has processes. Writes bench/results/entities.json and entities.md,
@@ -49,7 +50,7 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE durable_entity, durable_entityop RESTART IDENTITY")
+        cur.execute("TRUNCATE durable_entity, durable_entityop, durable_entityprompt RESTART IDENTITY")
 
 
 def backlog_once(n: int, keys: int) -> float:

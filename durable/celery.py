@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import signals
 
-from . import clock, conf, dispatch, routing
+from . import clock, conf, dispatch, routing, tracing
 
 log = logging.getLogger("durable.celery")
 
@@ -68,6 +68,23 @@ def _close_old_connection(task: Any = None, **_: Any) -> None:
 
     if connections.concerns_durable(task):
         connections.close_if_unusable_or_obsolete(task)
+
+
+@signals.task_prerun.connect
+def _receive_trace(task: Any = None, **_: Any) -> None:
+    """A durable task continues the trace its message carries (see ``durable.tracing``)."""
+    if tracing.enabled() and task is not None and task.name.startswith("durable."):
+        request = task.request
+        task.request.durable_trace = tracing.received(
+            {name: request.get(name) for name in tracing.HEADER_NAMES}
+        )
+
+
+@signals.task_postrun.connect
+def _forget_trace(task: Any = None, **_: Any) -> None:
+    token = getattr(task.request, "durable_trace", None) if task is not None else None
+    if token is not None:
+        tracing.forget(token)
 
 
 @signals.worker_ready.connect

@@ -15,7 +15,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 
-from . import conf
+from . import conf, tracing
 
 log = logging.getLogger("durable.dispatch")
 
@@ -133,13 +133,16 @@ def using(new: Transport) -> Iterator[Transport]:
         install(previous)
 
 
-def _publish(message: Message) -> None:
+def _publish(message: Message) -> bool:
+    """Send ``message``; False (logged) when it could not leave."""
     try:
         transport.send(message)
     except Exception:  # noqa: BLE001 - the sweeps re-drive whatever a lost message left
         log.warning(
             "durable: could not send %s%s; a sweep will retry", message.task, message.args, exc_info=True
         )
+        return False
+    return True
 
 
 def _publish_many(messages: list[Message]) -> None:
@@ -155,7 +158,20 @@ def _publish_many(messages: list[Message]) -> None:
 
 
 def send_after_commit(message: Message) -> None:
+    # The trace context is the one current now: the commit may come after the span ended.
+    message = traced(message)
     transaction.on_commit(lambda: _publish(message), using=conf.get().DATABASE)
+
+
+def traced(message: Message) -> Message:
+    """``message`` carrying the current span's trace context in its headers (W3C traceparent),
+    so the worker that handles it continues the run's trace there."""
+    carried = tracing.headers()
+    if not carried:
+        return message
+    options = dict(message.options)
+    options["headers"] = {**options.get("headers", {}), **carried}
+    return Message(message.task, message.args, message.queue, options)
 
 
 def advance(run_id: str, queue: str) -> None:
@@ -215,9 +231,35 @@ def celery_task(
     send_after_commit(Message(name, tuple(payload.get("args", [])), queue, options))
 
 
-def apply_entity(name: str, key: str, queue: str) -> None:
-    """Ask a worker on ``queue`` to apply the pending ops of entity (``name``, ``key``)."""
-    send_after_commit(Message(APPLY_ENTITY, (name, key), queue))
+def apply_entity(
+    name: str,
+    key: str,
+    queue: str,
+    *,
+    claim: Callable[[], bool] | None = None,
+    unclaim: Callable[[], None] | None = None,
+) -> None:
+    """Ask a worker on ``queue`` to apply the pending ops of entity (``name``, ``key``).
+
+    With ``claim``, called after the commit: the message leaves only if it returns True (False:
+    a prompt already on its way covers this commit); ``unclaim`` undoes it if the send fails."""
+    message = Message(APPLY_ENTITY, (name, key), queue)
+    if claim is None:
+        send_after_commit(message)
+        return
+
+    def prompt() -> None:
+        try:
+            claimed = claim()
+        except Exception:  # noqa: BLE001 - unclaimed, the prompt leaves: one too many is harmless
+            log.warning("durable: could not note the prompt of entity %s:%s", name, key, exc_info=True)
+            claimed = True
+        if claimed and not _publish(message) and unclaim is not None:
+            # Lost claim or not, the entity sweep prompts the key's waiting ops and expires it.
+            with contextlib.suppress(Exception):
+                unclaim()
+
+    transaction.on_commit(prompt, using=conf.get().DATABASE)
 
 
 def probe(queue: str, sent_at: str) -> None:

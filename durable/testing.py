@@ -7,11 +7,15 @@
   database, for end-to-end tests (with ``start_beat()``, ``kill()`` and ``restart()``), and
   ``add_worker()`` for more workers, each killable and restartable on its own; a test module
   configures it by overriding the ``durable_worker_options`` fixture.
+- ``replay_history(history)``: replay an exported history (``manage.py durable show RUN --json``)
+  against the workflow code of the test, no database needed; raises ``NonDeterminismError``
+  when the code would break the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -27,6 +31,7 @@ from . import conf, dispatch
 from .durations import parse_duration
 from .errors import DurableError
 from .processes import CeleryProcess
+from .replay import check
 
 
 class DurableEnv:
@@ -486,3 +491,26 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def replay_history(history: Any, workflow: Any = None) -> check.Verdict:
+    """Replay an exported history against the workflow code installed now, as a deploy would.
+
+    ``history`` is the JSON of ``manage.py durable show RUN --json`` (a dict, a JSON string, or
+    a path to a file holding it); ``workflow`` (a ``@durable.workflow``) defaults to the
+    registered one the history names. Nothing runs, is sent or is written: the body is walked
+    over the recorded positions only. Raises the ``NonDeterminismError`` (or the
+    ``WorkflowNotRegistered`` / ``InvalidInput``) that would break the run; returns the verdict.
+    """
+    from .definitions import registry
+
+    if isinstance(history, Path) or (isinstance(history, str) and not history.lstrip().startswith("{")):
+        history = Path(history).read_text()
+    if isinstance(history, str):
+        history = json.loads(history)
+    facts, records, at = check.from_json(history)
+    definition = workflow if workflow is not None else registry.workflow(facts.workflow, facts.version)
+    verdict = check.check(definition, facts, records, at=at)
+    if verdict.error is not None:
+        raise verdict.error
+    return verdict

@@ -112,7 +112,7 @@ class EntityOpAdmin(DurableRows, admin.ModelAdmin):
     """Every op sent to an entity key, in arrival order (its id)."""
 
     list_display = ("id", "entity", "key", "op", "status", "created_time", "applied_time")
-    list_filter = ("status", "entity")
+    list_filter = ("status", "entity", "namespace")
     search_fields = ("key", "op_id")
     ordering = ("-id",)
     show_full_result_count = False
@@ -122,6 +122,7 @@ class EntityOpAdmin(DurableRows, admin.ModelAdmin):
         "key",
         "op",
         "op_id",
+        "namespace",
         "status",
         "caller_link",
         "arg_json",

@@ -187,6 +187,8 @@ _DURABLE_FROM_ENV = {
     "TURN_TIME_LIMIT": str,
     "INSTANCE_ID": str,
     "NAMESPACE": str,
+    "ENTITY_SWEEP_INTERVAL": str,
+    "ENTITY_OPS_KEPT": int,
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
 }
 DURABLE = {

@@ -15,11 +15,11 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Q
 
-from .. import clock, conf, dispatch, guards
+from .. import clock, conf, dispatch, guards, routing
 from ..entities import Entity as Definition
 from ..entities import registry, version_key
 from ..errors import InvalidInput, error_dict
-from ..models import Checkpoint, Entity, EntityOp
+from ..models import Checkpoint, Entity, EntityOp, EntityPrompt, OpStatus, Run
 from ..replay.history import Record
 from ..statuses import CheckpointStatus
 from . import lifecycle
@@ -42,21 +42,50 @@ def queue_of(name: str) -> str:
 
 
 def send(
-    name: str, key: str, op: str, arg: Any, op_id: str, *, caller: tuple[str, int] | None = None
+    name: str,
+    key: str,
+    op: str,
+    arg: Any,
+    op_id: str,
+    *,
+    caller: tuple[str, int] | None = None,
+    namespace: str | None = None,
 ) -> None:
     """Store an op in the caller's transaction; its key is prompted after the commit. The same
-    ``op_id`` again for this key is dropped."""
-    row = EntityOp(entity=name, key=key, op=op, op_id=op_id, arg=arg, created_at=clock.now())
+    ``op_id`` again for this key is dropped. ``namespace``: the sender's (``DURABLE["NAMESPACE"]``
+    when None)."""
+    settings = conf.get()
+    namespace = namespace if namespace is not None else (settings.NAMESPACE or "")
+    row = EntityOp(
+        entity=name, key=key, op=op, op_id=op_id, arg=arg, namespace=namespace, created_at=clock.now()
+    )
     if caller is not None:
         row.caller_run_id, row.caller_seq = caller
-    EntityOp.objects.using(conf.get().DATABASE).send([row])
-    dispatch.apply_entity(name, key, queue_of(name))
+    EntityOp.objects.using(settings.DATABASE).send(row)
+    prompt(name, key, namespace)
+
+
+def prompt(name: str, key: str, namespace: str) -> None:
+    """After the commit, prompt the key's applier, unless a prompt sent earlier and not yet taken
+    will see this commit's ops (``EntityPrompt``): a busy key gets a message per batch of ops."""
+    prompts = EntityPrompt.objects.using(conf.get().DATABASE)
+    dispatch.apply_entity(
+        name,
+        key,
+        routing.queue_in(queue_of(name), namespace),
+        claim=lambda: prompts.claim(name, key, clock.now()),
+        unclaim=lambda: prompts.take(name, key),
+    )
 
 
 def send_from_run(run_id: str, records: list[Record]) -> None:
     """Store the ops of a turn's new ``entity`` positions, in the turn's transaction (call before
     the positions are written: an op id it changes is stored with them). Their ids derive from the
     run and position, and a recorded position is never sent again, so replays send nothing twice."""
+    if not records:
+        return
+    runs = Run.objects.using(conf.get().DATABASE).filter(id=run_id)
+    namespace = next(iter(runs.values_list("namespace", flat=True)), "") or ""
     for rec in records:
         spec = rec.input
         taken = _attempts_sent(spec["entity"], spec["key"], spec["op_id"])
@@ -64,7 +93,15 @@ def send_from_run(run_id: str, records: list[Record]) -> None:
             # The position was forgotten by retry(): the op gets a fresh attempt, under a new id.
             spec["op_id"] = f"{spec['op_id']}#{taken}"
         caller = (run_id, rec.seq) if spec.get("call") else None
-        send(spec["entity"], spec["key"], spec["op"], spec["arg"], spec["op_id"], caller=caller)
+        send(
+            spec["entity"],
+            spec["key"],
+            spec["op"],
+            spec["arg"],
+            spec["op_id"],
+            caller=caller,
+            namespace=namespace,
+        )
 
 
 def _attempts_sent(name: str, key: str, op_id: str) -> int:
@@ -91,6 +128,8 @@ def apply(name: str, key: str) -> int:
         # A rolling deploy: this worker lacks the code. The sweep prompts again later.
         log.warning("durable: entity %r is not registered here; its ops are left for another worker", name)
         return 0
+    # Taken before the pending ops are read: an op committed after this sends a prompt of its own.
+    EntityPrompt.objects.using(settings.DATABASE).take(name, key)
     if not EntityOp.objects.using(settings.DATABASE).waiting(name, key):
         # Most prompts of a busy key find their op applied by an earlier batch: one indexed read,
         # no lock, no transaction. An op committed after this read sends a prompt of its own.
@@ -107,7 +146,9 @@ def apply(name: str, key: str) -> int:
         total += applied
         if not more:
             return total
-    dispatch.apply_entity(name, key, queue_of(name))  # the rest in a message of its own
+    # The rest in a message of its own, to the queue of the namespace this one came in.
+    namespace = next(iter(ops_namespaces(name, key)), settings.NAMESPACE or "")
+    prompt(name, key, namespace)
     return total
 
 
@@ -236,19 +277,29 @@ def state(name: str, key: str) -> Any:
     return _initial(definition, definition.instance(key), conf.get())
 
 
+def ops_namespaces(name: str, key: str) -> list[str]:
+    """The namespaces of the key's pending ops, oldest op first (one read, at most one row)."""
+    ops = EntityOp.objects.using(conf.get().DATABASE).filter(entity=name, key=key, status=OpStatus.PENDING)
+    return list(ops.order_by("id").values_list("namespace", flat=True)[:1])
+
+
 def sweep_entities() -> int:
     """Prompt again every key with an op pending for longer than ENTITY_SWEEP_INTERVAL (its
-    message was lost, or its worker died); return how many keys were prompted."""
+    message was lost, or its worker died); return how many keys were prompted. A process with a
+    ``NAMESPACE`` sweeps the ops sent in it only."""
     settings = conf.get()
     before = clock.now() - settings.ENTITY_SWEEP_INTERVAL
+    # A prompt this old and never taken was lost: the key's next op sends one again.
+    EntityPrompt.objects.using(settings.DATABASE).expire(before)
     prompted: set[tuple[str, str]] = set()
     after = 0
     for _ in range(MAX_BATCHES):
-        rows = EntityOp.objects.using(settings.DATABASE).stranded(before, after, settings.TIMER_BATCH_SIZE)
-        for _id, name, key in rows:
+        ops = EntityOp.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
+        rows = ops.stranded(before, after, settings.TIMER_BATCH_SIZE)
+        for _id, name, key, namespace in rows:
             if (name, key) not in prompted:
                 prompted.add((name, key))
-                dispatch.apply_entity(name, key, queue_of(name))
+                dispatch.apply_entity(name, key, routing.queue_in(queue_of(name), namespace))
         if len(rows) < settings.TIMER_BATCH_SIZE:
             break
         after = rows[-1][0]

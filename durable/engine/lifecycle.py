@@ -17,7 +17,7 @@ from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
 from ..statuses import CheckpointStatus
-from . import flow
+from . import flow, observe
 from .runs import get_run, hand_over
 
 
@@ -26,6 +26,7 @@ def finished(run: Run, *, may_hold_slots: bool = True) -> None:
 
     ``may_hold_slots=False``: the caller knows no attempt of the run can hold a step's limit
     slot (no pending limited step), which saves asking."""
+    observe.run_ended(run)
     if run.singleton_key:
         from . import singletons
 

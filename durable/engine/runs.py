@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import clock, conf, dispatch, guards, routing
+from .. import clock, conf, dispatch, guards, routing, tracing
 from ..definitions import Workflow, registry
 from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound
@@ -172,10 +172,13 @@ def create(
         **placed,
         **links,
     )
-    if placed:
-        singletons.admit(placed["singleton_key"], definition.name)
-    elif not delay:
-        dispatch.advance(run.id, queue)
+    attributes = {"durable.run_id": run.id, "durable.workflow": run.workflow, "durable.version": run.version}
+    with tracing.span(f"durable.start {run.workflow}", run.id, attributes, link_caller=True):
+        # Inside the span: the first turn's message carries its context.
+        if placed:
+            singletons.admit(placed["singleton_key"], definition.name)
+        elif not delay:
+            dispatch.advance(run.id, queue)
     return run.id
 
 

@@ -14,14 +14,14 @@ from typing import Any, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, dispatch, tracing
 from ..definitions import Step, registry
 from ..errors import DurableError, InvalidInput, WorkflowNotRegistered, error_dict, step_timeout_error
 from ..models import HELD, Checkpoint, Run
 from ..replay.attempt import LATER
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
-from . import attempts, flow, leases, turn
+from . import attempts, flow, leases, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -101,21 +101,30 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     if isinstance(held_back, flow.Refused):
         return record(row, registry.step(row.name), None, held_back.error, False, None, began)
     leases.hold_attempt(key, holder)
+    observe.step_started(row, row.started_at)
+    attributes = {
+        "durable.run_id": run_id,
+        "durable.seq": seq,
+        "durable.step": row.name,
+        "durable.attempt": attempt,
+    }
     try:
-        step: Step | None = None
-        try:
-            step = registry.step(row.name)
-        except WorkflowNotRegistered as exc:
-            output, error, retryable = None, exc.to_dict(), True
-        beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout if step else None)
-        if step is not None:
-            info = StepInfo(run_id, seq, attempt, row.name, secret=token)
-            output, error, retryable = attempts.execute(
-                step, info, row.input, beats, _on_hard_limit(row, step, beats, began)
-            )
-        if output is LATER:
-            return _await_completion(row, holder, beats)
-        return record(row, step, output, error, retryable, beats, began)
+        with tracing.span(f"durable.step {row.name}", run_id, attributes) as span:
+            step: Step | None = None
+            try:
+                step = registry.step(row.name)
+            except WorkflowNotRegistered as exc:
+                output, error, retryable = None, exc.to_dict(), True
+            beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout if step else None)
+            if step is not None:
+                info = StepInfo(run_id, seq, attempt, row.name, secret=token)
+                output, error, retryable = attempts.execute(
+                    step, info, row.input, beats, _on_hard_limit(row, step, beats, began)
+                )
+            tracing.fail(span, error)
+            if output is LATER:
+                return _await_completion(row, holder, beats)
+            return record(row, step, output, error, retryable, beats, began)
     finally:
         # Recorded, or it never will be from here: either way this process holds it no longer,
         # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.
@@ -379,6 +388,7 @@ def _write_result(
     now = clock.now()
     woken: str | None = None  # the run's queue, once a wake reached it
     joins_later = False
+    retry_at: datetime | None = None
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
@@ -386,11 +396,14 @@ def _write_result(
         elif recorded_retry(step, retryable, attempt):
             # A worker without the step's code retries after the reconcile interval.
             delay = step.retry.delay(attempt) if step is not None else settings.RECONCILE_INTERVAL
-            recorded = checkpoints.retry_at(run_id, seq, attempt, error, now + delay) and FAILED
+            retry_at = now + delay
+            recorded = checkpoints.retry_at(run_id, seq, attempt, error, retry_at) and FAILED
         else:
             recorded = checkpoints.fail(run_id, seq, attempt, error, now) and FAILED
         if recorded and beats is not None:
             beats.keep_last(checkpoints)
+        if recorded:
+            _observe(row, output, error, retry_at)
         if recorded:
             settled = error is None or not recorded_retry(step, retryable, attempt)
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
@@ -401,6 +414,25 @@ def _write_result(
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
     return recorded or None, woken, joins_later
+
+
+def _observe(row: Checkpoint, output: Any, error: dict[str, Any] | None, retry_at: datetime | None) -> None:
+    """Report the attempt just recorded, once its transaction commits."""
+    loaded = row.__dict__  # a row read with .only(): no query for the fields it left out
+    status = COMPLETED if error is None else (PENDING if retry_at is not None else FAILED)
+    observe.step_recorded(
+        row.run_id,
+        row.seq,
+        row.name,
+        row.attempt,
+        queue=loaded.get("queue"),
+        enqueued_at=loaded.get("enqueued_at"),
+        began=loaded.get("started_at"),
+        status=status,
+        output=output,
+        error=error,
+        retry_at=retry_at,
+    )
 
 
 def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:

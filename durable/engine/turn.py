@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, dispatch, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import Checkpoint, Run, Signal, Status
@@ -24,7 +24,7 @@ from ..replay.context import replay
 from ..replay.history import BufferedSignal, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
-from . import attempts, entities, events, flow, leases, lifecycle, outbox, runs
+from . import attempts, entities, events, flow, histories, leases, lifecycle, observe, outbox, runs
 
 log = logging.getLogger("durable.engine")
 
@@ -73,12 +73,18 @@ def advance(run_id: str) -> str:
 def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
     owner = f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
-    run = runs.claim(run_id, owner, clock.now(), settings.LEASE)
+    now = clock.now()
+    run = runs.claim(run_id, owner, now, settings.LEASE)
     if run is None:
         return "busy"
     leases.hold(run_id, owner)
+    attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
     try:
-        return _turns(run, owner, settings)
+        with tracing.span(f"durable.turn {run.workflow}", run_id, attributes) as span:
+            outcome = _turns(run, owner, settings, first=run.started_at == now)
+            if span is not None:
+                span.set_attribute("durable.outcome", str(outcome))
+            return outcome
     finally:
         leases.release(run_id)
 
@@ -95,7 +101,8 @@ def _when_the_database_answers(write: Callable[[], None], settings: conf.Setting
     log.warning("durable: the database did not answer; the sweeps will repair what this turn left")
 
 
-def _turns(claimed: Run, owner: str, settings: conf.Settings) -> str:
+def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
+    """Run turns until one settles; ``first``: the claim that began them was the run's first."""
     runs = Run.objects.using(settings.DATABASE)
     run_id = claimed.id
     run: Run | None = claimed
@@ -106,7 +113,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings) -> str:
             _die(run, settings)
             return Status.DEAD
         try:
-            outcome = _turn(run, owner, settings)
+            outcome = _turn(run, owner, settings, first)
         except LeaseLost:
             return "lost"
         except leases.Interrupted:
@@ -115,6 +122,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings) -> str:
         except _Stale:
             # A wake landed during the turn: read the run again and replay.
             run = runs.filter(id=run_id, locked_by=owner).first()
+            first = False
             continue
         if outcome is not None:
             return outcome.status
@@ -150,6 +158,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
         run.id,
         settings.TURN_TIME_LIMIT,
         became,
+        extra={"run_id": run.id, "workflow": run.workflow, "status": became},
     )
     return became
 
@@ -180,7 +189,7 @@ def recovery_exhausted(attempts: int) -> dict[str, Any]:
     }
 
 
-def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
+def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) -> Decision | None:
     db = settings.DATABASE
     try:
         workflow = registry.workflow(run.workflow, run.version)
@@ -191,6 +200,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
             run.workflow,
             run.version,
             run.id,
+            extra={"run_id": run.id, "workflow": run.workflow, "version": run.version},
         )
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
@@ -201,6 +211,9 @@ def _turn(run: Run, owner: str, settings: conf.Settings) -> Decision | None:
         find_run=lambda run_id: _find_run(run_id, db),
         exposed=dict(run.exposed or {}),
     )
+    if first and not state.records:
+        # Its claim set started_at (a frozen test clock may repeat it: the history tells).
+        observe.run_started(run)
 
     def renew() -> None:
         if leases.is_lost(run.id) or not Run.objects.using(db).renew(
@@ -325,9 +338,20 @@ def _settle(
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(
-            run.ended_as(fields["status"], output=fields.get("output"), error=fields.get("error")),
+            run.ended_as(
+                fields["status"],
+                output=fields.get("output"),
+                error=fields.get("error"),
+                finished_at=fields["finished_at"],
+            ),
             may_hold_slots=state is None or flow.may_hold_slots(state.records.values()),
         )
+    elif outcome.status == Decided.CONTINUED:
+        observe.run_ended(
+            run.ended_as(Status.COMPLETED, output=outcome.output, finished_at=fields["finished_at"])
+        )
+    else:
+        observe.run_suspended(run, outcome.wake_at)
 
 
 def _parse_input(workflow: Workflow, raw: Any) -> Any:
@@ -358,33 +382,10 @@ def _run_fields(outcome: Decision) -> dict[str, Any]:
 
 
 def _load_records(run_id: str, db: str) -> dict[int, Record]:
-    records = {}
-    for row in Checkpoint.objects.using(db).filter(run_id=run_id).order_by("seq"):
-        records[row.seq] = Record(
-            seq=row.seq,
-            kind=row.kind,
-            name=row.name,
-            status=row.status,
-            attempt=row.attempt,
-            input=row.input,
-            output=row.output,
-            error=row.error,
-            wake_at=row.wake_at,
-            enqueued_at=row.enqueued_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            last_heartbeat_at=row.last_heartbeat_at,
-            queue=row.queue,
-            fan=row.fan,
-            fail_fast=row.fail_fast,
-            token=row.token,
-            held_until=row.held_until,
-            flow=row.flow,
-            flow_key=row.flow_key,
-            redispatches=row.redispatches,
-            stored_as=(row.status, row.attempt),
-        )
-    return records
+    return {
+        row.seq: histories.record_of(row)
+        for row in Checkpoint.objects.using(db).filter(run_id=run_id).order_by("seq")
+    }
 
 
 def _find_run(run_id: str, db: str) -> tuple[str, str] | None:
@@ -429,6 +430,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
     checkpoints = Checkpoint.objects.using(db)
     new = []
     replies = _replies(state)
+    written = state.unsaved()
     entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
     for rec in state.unsaved():
         fields = {f: getattr(rec, f) for f in _WRITTEN}
@@ -485,6 +487,7 @@ def _write(run_id: str, state: TurnState, settings: conf.Settings, *, fenced_by:
             continue
         dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
     state.dispatch.clear()
+    observe.positions(run_id, written)
 
 
 def _hand_off(state: TurnState) -> None:

@@ -8,7 +8,7 @@ from ..statuses import TERMINAL, UNFINISHED
 from .base import RETRYABLE, Status, column_length
 from .checkpoints import HELD, RATE, WAITING, Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
-from .entities import Entity, EntityOp, EntityOpQuerySet, EntityQuerySet, OpStatus
+from .entities import Entity, EntityOp, EntityOpQuerySet, EntityPrompt, EntityQuerySet, OpStatus
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .runs import Run, RunQuerySet
@@ -27,6 +27,7 @@ __all__ = [
     "Entity",
     "EntityOp",
     "EntityOpQuerySet",
+    "EntityPrompt",
     "EntityQuerySet",
     "Event",
     "EventQuerySet",

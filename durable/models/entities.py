@@ -85,9 +85,25 @@ class Entity(models.Model):
 
 
 class EntityOpQuerySet(models.QuerySet["EntityOp"]):
-    def send(self, ops: list[EntityOp]) -> None:
-        """Store new ops; one whose (entity, key, op_id) is already stored is dropped."""
-        self.bulk_create(ops, ignore_conflicts=True)
+    def send(self, op: EntityOp) -> None:
+        """Store a new op; one whose (entity, key, op_id) is already stored is dropped.
+
+        One ``INSERT ... ON CONFLICT DO NOTHING``: outside a transaction it commits by itself, in
+        one round trip (``bulk_create`` wraps it in BEGIN and COMMIT of its own)."""
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        fields = [field for field in EntityOp._meta.concrete_fields if not field.primary_key]
+        values = [field.get_db_prep_save(getattr(op, field.attname), connection) for field in fields]
+        sql = (
+            f"INSERT INTO {quote(EntityOp._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values)
+
+    def serving(self, namespace: str | None) -> EntityOpQuerySet:
+        """The ops sent in ``namespace``; all of them when None (a process that serves them all)."""
+        return self if not namespace else self.filter(namespace=namespace)
 
     def waiting(self, name: str, key: str) -> bool:
         """Whether the key has an op pending."""
@@ -127,10 +143,11 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
             cursor.execute(sql, [*params, applied_at, *(op.id for op in ops), OpStatus.PENDING])
             return cursor.rowcount == len(ops)
 
-    def stranded(self, before: datetime, after: int, limit: int) -> list[tuple[int, str, str]]:
-        """(id, entity, key) of pending ops sent before ``before``, past id ``after``, oldest first."""
+    def stranded(self, before: datetime, after: int, limit: int) -> list[tuple[int, str, str, str]]:
+        """(id, entity, key, namespace) of pending ops sent before ``before``, past id ``after``,
+        oldest first."""
         rows = self.filter(status=OpStatus.PENDING, created_at__lte=before, id__gt=after).order_by("id")
-        return list(rows.values_list("id", "entity", "key")[:limit])
+        return list(rows.values_list("id", "entity", "key", "namespace")[:limit])
 
     def prune(self, name: str, key: str, keep: int) -> int:
         """Delete the key's settled ops but the newest ``keep``; return how many went."""
@@ -159,6 +176,9 @@ class EntityOp(models.Model):
     #: The run and position of a ``ctx.call_entity`` waiting for this op's result.
     caller_run_id = models.CharField(max_length=255, null=True, blank=True)
     caller_seq = models.PositiveIntegerField(null=True, blank=True)
+    #: The namespace it was sent in (its caller run's, else the sender's ``DURABLE["NAMESPACE"]``):
+    #: its prompts go to that namespace's queue, and that namespace's sweep repairs them.
+    namespace = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField()
     applied_at = models.DateTimeField(null=True, blank=True)
 
@@ -184,3 +204,56 @@ class EntityOp(models.Model):
 
     def __str__(self) -> str:
         return f"{self.entity}:{self.key} {self.op} ({self.status})"
+
+
+class EntityPromptQuerySet(models.QuerySet["EntityPrompt"]):
+    def claim(self, name: str, key: str, now: datetime) -> bool:
+        """Note that a prompt for the key is about to be sent; False when one sent earlier is not
+        yet taken by an applier (that one will see ops committed before this call).
+
+        ``ON CONFLICT DO NOTHING`` takes no lock and writes nothing when the row exists, so a
+        sender whose prompt is coalesced pays one read-only round trip."""
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        at = EntityPrompt._meta.get_field("sent_at").get_db_prep_save(now, connection)
+        sql = (
+            f"INSERT INTO {quote(EntityPrompt._meta.db_table)} ({quote('name')}, {quote('key')}, "
+            f"{quote('sent_at')}) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [name, key, at])
+            return cursor.rowcount == 1
+
+    def take(self, name: str, key: str) -> None:
+        """An applier starts on the key: later ops need a prompt of their own."""
+        self.filter(name=name, key=key).delete()
+
+    def expire(self, before: datetime) -> int:
+        """Forget the prompts sent before ``before`` and never taken (lost with the broker's
+        messages): the key's next op sends one again."""
+        deleted, _ = self.filter(sent_at__lt=before).delete()
+        return deleted
+
+
+class EntityPrompt(models.Model):
+    """A prompt for an entity key that was sent and not yet taken by an applier.
+
+    While it exists, the senders of the key's new ops send no message of their own: the applier
+    of that prompt deletes the row before it reads the pending ops, so it sees every op
+    committed before a sender found the row. One message per batch of ops, not one per op.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    key = models.CharField(max_length=255)
+    sent_at = models.DateTimeField()
+
+    objects = EntityPromptQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "key"], name="durable_entityprompt_key")]
+        indexes = [models.Index(fields=["sent_at"], name="durable_entityprompt_sent")]
+        verbose_name = "entity prompt"
+
+    def __str__(self) -> str:
+        return f"prompt {self.name}:{self.key}"

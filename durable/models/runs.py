@@ -354,6 +354,14 @@ class Run(models.Model):
     objects = RunQuerySet.as_manager()
 
     class Meta:
+        # What the admin lets an operator do to a run, one permission each (deleting a run and
+        # its subtree takes Django's own ``delete_run``).
+        permissions = [
+            ("retry_run", "Can retry a failed, dead or cancelled run"),
+            ("cancel_run", "Can cancel a run, with or without compensation"),
+            ("signal_run", "Can send a signal or an update to a run"),
+            ("resume_run", "Can wake a waiting run now"),
+        ]
         indexes = [
             models.Index(fields=["status", "wake_at"], name="durable_run_due"),
             models.Index(fields=["status", "locked_until"], name="durable_run_lease"),

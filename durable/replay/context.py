@@ -67,7 +67,13 @@ class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
         return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        extra = {"run_id": self._ctx.run_id, **(kwargs.get("extra") or {})}
+        ctx = self._ctx
+        extra = {
+            "run_id": ctx.run_id,
+            "workflow": ctx.workflow_name,
+            "seq": ctx._here,
+            **(kwargs.get("extra") or {}),
+        }
         return msg, {**kwargs, "extra": extra}
 
 

@@ -102,11 +102,14 @@ def act(client: Client, action: str, run_ids: list[str]) -> list[str]:
 
 
 def inline_rows(html: str) -> list[dict[str, str]]:
-    """The cells of the checkpoint inline's rows, by column name."""
-    section = html.split('id="checkpoints-group"', 1)[1].split("</fieldset>", 1)[0]
-    rows = re.findall(r'<tr class="form-row[^"]*"[^>]*>(.*?)</tr>', section, re.S)
-    cells = [re.findall(r'<td class="field-(\w+)">(.*?)</td>', row, re.S) for row in rows]
-    return [{name: re.sub(r"<[^>]+>", "", text).strip() for name, text in row} for row in cells]
+    """The cells of the run page's timeline rows, by column name."""
+    section = html.split('id="timeline"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r'<tr class="durable-position[^"]*"[^>]*>(.*?)</tr>', section, re.S)
+    cells = [re.findall(r'<td class="[^"]*col-(\w+)">(.*?)</td>', row, re.S) for row in rows]
+    return [
+        {name: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", text)).strip() for name, text in row}
+        for row in cells
+    ]
 
 
 def test_changelist_lists_runs_newest_first(admin_client: Client, durable_env: Any) -> None:
@@ -154,10 +157,10 @@ def test_change_page_shows_checkpoints_in_seq_order_with_status_and_attempts(
 
     assert response.status_code == 200
     rows = inline_rows(response.content.decode())
-    assert [(r["seq"], r["name"], r["status"], r["attempt"]) for r in rows] == [
-        ("0", add.name, "completed", "1"),
-        ("1", flaky_double.name, "completed", "2"),
-        ("2", add.name, "completed", "1"),
+    assert [(r["seq"], r["position"], r["status"], r["attempt"]) for r in rows] == [
+        ("0", f"step {add.name}", "completed", "1"),
+        ("1", f"step {flaky_double.name}", "completed", "2"),
+        ("2", f"step {add.name}", "completed", "1"),
     ]
 
 
@@ -183,7 +186,7 @@ def test_change_page_shows_a_failed_steps_short_error(
 
     rows = inline_rows(admin_client.get(change_url(run_id)).content.decode())
 
-    assert [(r["status"], r["error_message"]) for r in rows] == [
+    assert [(r["status"], r["error"]) for r in rows] == [
         ("failed", "ConnectionError: payment provider is down")
     ]
 
@@ -329,7 +332,10 @@ def test_change_page_links_a_continue_as_new_chain_both_ways_and_children(admin_
     back = admin_client.get(reverse("admin:durable_run_change", args=[quote(second.id)])).content.decode()
     assert first.id in back
     kids = admin_client.get(reverse("admin:durable_run_change", args=[quote(parent.id)])).content.decode()
-    assert "1 child run" in kids
+    (child,) = Run.objects.filter(parent_id=parent.id).values_list("id", flat=True)
+    assert child in kids.split('id="children"', 1)[1]
+    child_page = admin_client.get(reverse("admin:durable_run_change", args=[quote(child)])).content.decode()
+    assert parent.id in child_page.split('id="now"', 1)[1]
     listing = admin_client.get(reverse("admin:durable_run_changelist") + f"?parent={parent.id}")
     assert listing.status_code == 200
 
@@ -433,3 +439,15 @@ def test_entities_are_listed_with_pending_ops_and_shown_with_state_and_recent_op
     failed = EntityOp.objects.get(status="failed")
     page = admin_client.get(reverse("admin:durable_entityop_change", args=[failed.id])).content.decode()
     assert "ValueError" in page
+
+
+def test_entity_ops_are_filtered_by_namespace(admin_client: Client, durable_env: Any) -> None:
+    from django.test import override_settings
+
+    with override_settings(DURABLE={"NAMESPACE": "tenant-a"}):
+        durable.signal_entity("tests.admin_counter", "c1", "add", 1)
+    durable.signal_entity("tests.admin_counter", "c1", "add", 2)
+    ops = admin_client.get(reverse("admin:durable_entityop_changelist") + "?namespace=tenant-a")
+    assert ops.status_code == 200
+    assert [op.arg for op in ops.context["cl"].result_list] == [1]
+    assert "By namespace" in ops.content.decode()  # offered in the filters, not only by URL

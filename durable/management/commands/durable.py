@@ -1,4 +1,5 @@
-"""``manage.py durable sweep``: run the repair sweeps once, e.g. from cron where beat is not used."""
+"""``manage.py durable``: operate runs from a shell (list, show, start, signal, cancel, retry,
+purge), run the sweeps once, and ``replay`` stored histories against the code about to ship."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from durable.engine.sweeps import SWEEPS
+from .. import console
 
 
 class Command(BaseCommand):
-    help = "Run durable's sweeps once: wake due timers, recover orphaned runs, start due schedules, apply RETENTION."
+    help = (
+        "Operate durable runs: list, show RUN, start, signal, cancel, retry, purge; sweep (run the "
+        "sweeps once); replay (check that stored histories replay on the code installed now)."
+    )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("action", choices=["sweep"])
+        console.add_subcommands(parser, self)
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
-        self.stdout.write(", ".join(sweep.reports.format(sweep.run()) for sweep in SWEEPS))
+        console.run(action, options, self.stdout, self.style)

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable", "0017_lean_flow_indexes"),
+        ("durable", "0019_run_permissions"),
     ]
 
     operations = [

@@ -1,0 +1,142 @@
+"""Stored histories read back for a replay check or an export: in batches, never written.
+
+``check_stored`` replays the histories of stored runs against the workflow code installed now
+(``manage.py durable replay``), a batch of runs and their positions in two queries at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from .. import conf
+from ..definitions import registry
+from ..errors import WorkflowNotRegistered
+from ..models import Checkpoint, Run
+from ..replay import check
+from ..replay.history import Record
+from ..replay.turnstate import RunFacts
+
+#: Runs (with their positions) read per query.
+BATCH = 200
+_RUN_FIELDS = ("id", "workflow", "version", "namespace", "input", "status", "updated_at")
+
+
+def record_of(row: Checkpoint) -> Record:
+    """The replay core's record of a stored position."""
+    return Record(
+        seq=row.seq,
+        kind=row.kind,
+        name=row.name,
+        status=row.status,
+        attempt=row.attempt,
+        input=row.input,
+        output=row.output,
+        error=row.error,
+        wake_at=row.wake_at,
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        last_heartbeat_at=row.last_heartbeat_at,
+        queue=row.queue,
+        fan=row.fan,
+        fail_fast=row.fail_fast,
+        token=row.token,
+        held_until=row.held_until,
+        flow=row.flow,
+        flow_key=row.flow_key,
+        redispatches=row.redispatches,
+        stored_as=(row.status, row.attempt),
+    )
+
+
+def _facts(run: Run) -> RunFacts:
+    return RunFacts(run.id, run.workflow, run.version, run.namespace or None, run.input)
+
+
+#: What a record holds of a stored position (read as plain values: no model instances).
+_RECORD_FIELDS = (
+    "seq",
+    "kind",
+    "name",
+    "status",
+    "attempt",
+    "input",
+    "output",
+    "error",
+    "wake_at",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_heartbeat_at",
+    "queue",
+    "fan",
+    "fail_fast",
+    "token",
+    "held_until",
+    "flow",
+    "flow_key",
+)
+
+
+def _records(run_ids: list[str], db: str) -> dict[str, dict[int, Record]]:
+    found: dict[str, dict[int, Record]] = {run_id: {} for run_id in run_ids}
+    rows = Checkpoint.objects.using(db).filter(run_id__in=run_ids).order_by("run_id", "seq")
+    for run_id, *values in rows.values_list("run_id", *_RECORD_FIELDS):
+        rec = Record(**dict(zip(_RECORD_FIELDS, values, strict=True)))
+        rec.stored_as = (rec.status, rec.attempt)
+        found[run_id][rec.seq] = rec
+    return found
+
+
+def selected(
+    *, workflow: str | None = None, since: datetime | None = None, run_ids: list[str] | None = None
+) -> Any:
+    """The runs a check or a listing looks at, oldest first."""
+    runs = Run.objects.using(conf.get().DATABASE).all()
+    if workflow:
+        runs = runs.filter(workflow=workflow)
+    if since is not None:
+        runs = runs.filter(created_at__gte=since)
+    if run_ids:
+        runs = runs.filter(id__in=run_ids)
+    return runs
+
+
+def check_stored(
+    *, workflow: str | None = None, since: datetime | None = None, run_ids: list[str] | None = None
+) -> Iterator[check.Verdict]:
+    """Replay each selected run's history against the code installed now; yield a verdict per run."""
+    db = conf.get().DATABASE
+    runs = selected(workflow=workflow, since=since, run_ids=run_ids).only(*_RUN_FIELDS).order_by("id")
+    after = ""
+    while True:
+        batch = list(runs.filter(id__gt=after)[:BATCH])
+        if not batch:
+            return
+        after = batch[-1].id
+        histories = _records([run.id for run in batch], db)
+        for run in batch:
+            yield verdict(run, histories[run.id])
+
+
+def verdict(run: Run, records: dict[int, Record]) -> check.Verdict:
+    facts = _facts(run)
+    try:
+        definition = registry.workflow(run.workflow, run.version)
+    except WorkflowNotRegistered as exc:
+        return check.Verdict(run.id, run.workflow, run.version, len(records), exc)
+    return check.check(definition, facts, records, at=run.updated_at)
+
+
+def export(run: Run) -> dict[str, Any]:
+    """``run``'s history as JSON, for ``durable.testing.replay_history`` (see ``check.to_json``)."""
+    records = _records([run.id], conf.get().DATABASE)[run.id]
+    return check.to_json(
+        _facts(run),
+        records,
+        at=run.updated_at,
+        status=run.status,
+        created_at=run.created_at.isoformat() if run.created_at else None,
+    )

@@ -1,0 +1,249 @@
+"""The subcommands of ``manage.py durable``: each one parses its arguments, calls the public API
+(or the engine's read-only history check) once, and prints what happened."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import CommandError
+
+import durable
+
+from .. import clock, conf
+from ..durations import parse_duration
+from ..engine import histories, retention, sweeps
+from ..errors import DurableError
+from ..models import Run
+from ..statuses import TERMINAL
+
+
+def add_subcommands(parser: Any, command: Any) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    listing = sub.add_parser("list", help="the newest runs, filtered")
+    listing.add_argument("--status", action="append", help="only runs with this status (repeatable)")
+    listing.add_argument("--workflow", help="only runs of this workflow name")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+
+    show = sub.add_parser("show", help="one run and its history")
+    show.add_argument("run_id")
+    show.add_argument(
+        "--json", action="store_true", help="the history as JSON, for durable.testing.replay_history"
+    )
+
+    start = sub.add_parser("start", help="start a run, print its id")
+    start.add_argument("workflow", help="the workflow's name")
+    start.add_argument("input", nargs="?", default="null", help="the input as JSON (default null)")
+    start.add_argument("--run-id")
+    start.add_argument("--version")
+    start.add_argument("--namespace")
+
+    signal = sub.add_parser("signal", help="send a signal to a run")
+    signal.add_argument("run_id")
+    signal.add_argument("name")
+    signal.add_argument("payload", nargs="?", default="null", help="the payload as JSON (default null)")
+    signal.add_argument("--idempotency-key")
+
+    cancel = sub.add_parser("cancel", help="cancel an unfinished run")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--compensate", action="store_true", help="run the compensations first")
+    cancel.add_argument("--reason")
+
+    retry = sub.add_parser("retry", help="run a failed, dead or cancelled run again")
+    retry.add_argument("run_id")
+
+    sub.add_parser("sweep", help="run the sweeps once (from cron where beat is not used)")
+
+    purge = sub.add_parser("purge", help="delete finished run trees older than a duration")
+    purge.add_argument("--older-than", required=True, help='finished longer ago than this ("30d", "12h")')
+    purge.add_argument(
+        "--status", action="append", choices=list(TERMINAL), help="only this status (repeatable)"
+    )
+    purge.add_argument("--workflow", action="append", help="only this workflow (repeatable)")
+    purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+
+    replay = sub.add_parser(
+        "replay", help="replay stored histories on the code installed now; exit 1 if any would break"
+    )
+    replay.add_argument("--workflow", help="only runs of this workflow name")
+    replay.add_argument(
+        "--since", help='only runs created since then: an ISO date/time or a duration ago ("7d")'
+    )
+    replay.add_argument("--run", action="append", dest="runs", help="only this run (repeatable)")
+    replay.add_argument(
+        "--all", action="store_true", help="list every run replayed, not only those that break"
+    )
+
+
+def run(action: str, options: dict[str, Any], out: Any, style: Any) -> None:
+    handlers: dict[str, Callable[[dict[str, Any], Any, Any], None]] = {
+        "list": _list,
+        "show": _show,
+        "start": _start,
+        "signal": _signal,
+        "cancel": _cancel,
+        "retry": _retry,
+        "sweep": _sweep,
+        "purge": _purge,
+        "replay": _replay,
+    }
+    try:
+        handlers[action](options, out, style)
+    except DurableError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{what} is not JSON ({exc}); quote it, e.g. '{{\"order\": 1}}'") from None
+
+
+def _when(run: Run, field: str) -> str:
+    value = getattr(run, field)
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+def _list(options: dict[str, Any], out: Any, style: Any) -> None:
+    runs = Run.objects.using(conf.get().DATABASE).order_by("-created_at", "-id")
+    if options["status"]:
+        runs = runs.filter(status__in=options["status"])
+    if options["workflow"]:
+        runs = runs.filter(workflow=options["workflow"])
+    rows = runs.only("id", "workflow", "version", "status", "created_at", "updated_at")[
+        : max(options["limit"], 0)
+    ]
+    out.write(f"{'RUN':<34} {'WORKFLOW':<40} {'STATUS':<10} {'CREATED':<26} UPDATED")
+    for run in rows:
+        out.write(
+            f"{run.id:<34} {run.workflow + '@' + run.version:<40} {run.status:<10} "
+            f"{_when(run, 'created_at'):<26} {_when(run, 'updated_at')}"
+        )
+
+
+def _show(options: dict[str, Any], out: Any, style: Any) -> None:
+    run = durable.get_run(options["run_id"])
+    exported = histories.export(run)
+    if options["json"]:
+        exported["run"].update(output=run.output, error=run.error)
+        out.write(json.dumps(exported, indent=2, sort_keys=True))
+        return
+    out.write(f"run       {run.id}")
+    out.write(f"workflow  {run.workflow}@{run.version}  namespace {run.namespace or '-'}")
+    out.write(f"status    {run.status}")
+    out.write(f"created   {_when(run, 'created_at')}  started {_when(run, 'started_at')}")
+    out.write(f"finished  {_when(run, 'finished_at')}  wakes at {_when(run, 'wake_at')}")
+    out.write(f"input     {json.dumps(run.input)}")
+    if run.output is not None:
+        out.write(f"output    {json.dumps(run.output)}")
+    if run.error:
+        out.write(
+            style.ERROR(
+                f"error     {run.error.get('type')} [{run.error.get('code')}]: {run.error.get('message')}"
+            )
+        )
+    out.write(f"{'SEQ':>5} {'KIND':<12} {'NAME':<40} {'STATUS':<10} ATTEMPT")
+    for position in exported["positions"]:
+        out.write(
+            f"{position['seq']:>5} {position['kind']:<12} {position['name']:<40} "
+            f"{position['status']:<10} {position['attempt']}"
+        )
+
+
+def _start(options: dict[str, Any], out: Any, style: Any) -> None:
+    handle = durable.start(
+        options["workflow"],
+        _json_arg(options["input"], "the input"),
+        run_id=options["run_id"],
+        version=options["version"],
+        namespace=options["namespace"],
+    )
+    out.write(handle.id)
+
+
+def _signal(options: dict[str, Any], out: Any, style: Any) -> None:
+    payload = _json_arg(options["payload"], "the payload")
+    durable.signal(options["run_id"], options["name"], payload, idempotency_key=options["idempotency_key"])
+    out.write(f"signal {options['name']!r} sent to run {options['run_id']}")
+
+
+def _cancel(options: dict[str, Any], out: Any, style: Any) -> None:
+    done = durable.cancel(options["run_id"], compensate=options["compensate"], reason=options["reason"])
+    out.write(
+        f"run {options['run_id']} " + ("cancelled" if done else "had already finished; nothing changed")
+    )
+
+
+def _retry(options: dict[str, Any], out: Any, style: Any) -> None:
+    durable.retry(options["run_id"])
+    out.write(f"run {options['run_id']} retried")
+
+
+def _sweep(options: dict[str, Any], out: Any, style: Any) -> None:
+    out.write(", ".join(sweep.reports.format(sweep.run()) for sweep in sweeps.SWEEPS))
+
+
+def _purge(options: dict[str, Any], out: Any, style: Any) -> None:
+    age = _duration(options["older_than"], "--older-than")
+    policy = conf.RetentionPolicy(
+        statuses=tuple(options["status"] or TERMINAL), max_age=age, workflows=tuple(options["workflow"] or ())
+    )
+    if options["dry_run"]:
+        count = len(retention.expired(policy, clock.now(), 1_000_000))
+        out.write(f"{count} finished run tree(s) would be deleted (dry run)")
+        return
+    deleted = 0
+    while True:
+        batch = retention.expired(policy, clock.now(), retention.BATCH)
+        gone = retention.delete_trees(batch)
+        deleted += gone
+        if len(batch) < retention.BATCH or not gone:
+            break
+    out.write(f"deleted {deleted} run(s), children included")
+
+
+def _duration(text: str, what: str) -> Any:
+    try:
+        return parse_duration(text, what=what)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return clock.now() - parse_duration(text, what="--since")
+        except ValueError:
+            raise CommandError(
+                f"--since takes an ISO date or time (2026-12-01, 2026-12-01T09:00) or a duration "
+                f'ago ("7d", "12h"); got {text!r}'
+            ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _replay(options: dict[str, Any], out: Any, style: Any) -> None:
+    replayed = broken = 0
+    for verdict in histories.check_stored(
+        workflow=options["workflow"], since=_since(options["since"]), run_ids=options["runs"]
+    ):
+        replayed += 1
+        where = f"{verdict.run_id} {verdict.workflow}@{verdict.version} ({verdict.positions} positions)"
+        if verdict.ok:
+            if options["all"]:
+                out.write(f"ok     {where}")
+            continue
+        broken += 1
+        kind = type(verdict.error).__name__
+        out.write(style.ERROR(f"BREAKS {where}: {kind}: {verdict.error}"))
+    summary = f"replayed {replayed} stored histor{'y' if replayed == 1 else 'ies'}: {broken} would break"
+    if broken:
+        raise CommandError(summary, returncode=1)
+    out.write(style.SUCCESS(summary))

@@ -1,0 +1,220 @@
+"""The run page's buttons: retry, cancel (with compensation or not), resume now, send a signal or
+an update. Each is a POST behind its own permission, and each goes through durable's public API.
+
+A user without the permission sees no button, and a POST forged to the URL is refused with 403
+before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.views.decorators.http import require_POST
+
+import durable
+from durable import conf
+from durable.definitions import registry
+from durable.engine import lifecycle
+from durable.models import RETRYABLE, Checkpoint, Run
+from durable.statuses import UNFINISHED, CheckpointStatus
+
+#: Each button: the permission it needs (``durable.<codename>``) and the run statuses it applies to.
+BUTTONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "retry": ("retry_run", RETRYABLE),
+    "cancel": ("cancel_run", UNFINISHED),
+    "compensate": ("cancel_run", UNFINISHED),
+    "resume": ("resume_run", UNFINISHED),
+    "send": ("signal_run", UNFINISHED),
+}
+
+
+def allowed(request: HttpRequest, button: str) -> bool:
+    codename, _ = BUTTONS[button]
+    return request.user.has_perm(f"{Run._meta.app_label}.{codename}")
+
+
+def buttons_for(request: HttpRequest, run: Run) -> list[str]:
+    """The buttons this user may press on this run, in the order the page shows them."""
+    return [
+        name for name, (_, statuses) in BUTTONS.items() if run.status in statuses and allowed(request, name)
+    ]
+
+
+class SendForm(forms.Form):
+    """A signal or an update: its name, and its payload as JSON."""
+
+    kind = forms.ChoiceField(
+        choices=[("signal", "signal"), ("update", "update (vetted by the workflow's validator)")],
+        initial="signal",
+        widget=forms.RadioSelect,
+    )
+    name = forms.CharField(
+        max_length=255,
+        help_text="The name the workflow waits for.",
+        widget=forms.TextInput(attrs={"list": "awaited-names", "class": "vTextField"}),
+    )
+    payload = forms.CharField(
+        required=False,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "class": "vLargeTextField"}),
+        help_text='JSON, e.g. {"approved": true}; empty sends null.',
+    )
+    idempotency_key = forms.CharField(
+        max_length=255,
+        required=False,
+        help_text="Optional: the same key again for this run is dropped.",
+    )
+
+    def clean_payload(self) -> Any:
+        text = self.cleaned_data["payload"]
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(
+                f"The payload is not valid JSON ({exc}): fix it or leave it empty."
+            ) from None
+
+
+class RunActions:
+    """Mixed into RunAdmin: the URLs and views of the run page's buttons."""
+
+    admin_site: admin.AdminSite
+    message_user: Callable[..., None]
+    log_change: Callable[..., Any]
+
+    def action_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/retry/", wrap(require_POST(self.retry_view)), name="durable_run_retry"),
+            path("<path:object_id>/cancel/", wrap(require_POST(self.cancel_view)), name="durable_run_cancel"),
+            path(
+                "<path:object_id>/compensate/",
+                wrap(require_POST(self.compensate_view)),
+                name="durable_run_compensate",
+            ),
+            path("<path:object_id>/resume/", wrap(require_POST(self.resume_view)), name="durable_run_resume"),
+            path("<path:object_id>/send/", wrap(self.send_view), name="durable_run_send"),
+        ]
+
+    def _run(self, request: HttpRequest, object_id: str, button: str) -> Run:
+        if not allowed(request, button):
+            raise PermissionDenied(f"you lack the permission durable.{BUTTONS[button][0]}")
+        return get_object_or_404(Run.objects.using(conf.get().DATABASE), pk=unquote(object_id))
+
+    def _back(self, run: Run) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:durable_run_change", args=[quote(run.pk)]))
+
+    def _done(self, request: HttpRequest, run: Run, said: str, level: int = messages.SUCCESS) -> None:
+        self.message_user(request, said, level)
+        if level == messages.SUCCESS:
+            self.log_change(request, run, said)
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        run = self._run(request, object_id, "retry")
+        try:
+            durable.retry(run.pk)
+        except durable.DurableError as exc:
+            self._done(request, run, f"Not retried: {exc}", messages.ERROR)
+        else:
+            self._done(request, run, "Retried: the run is pending again.")
+        return self._back(run)
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._cancel(request, self._run(request, object_id, "cancel"), compensate=False)
+
+    def compensate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._cancel(request, self._run(request, object_id, "compensate"), compensate=True)
+
+    def _cancel(self, request: HttpRequest, run: Run, *, compensate: bool) -> HttpResponse:
+        # Stored as the run's error message: who cancelled it stays visible on the run.
+        reason = f"cancelled in the admin by {request.user.get_username() or 'an anonymous user'}"
+        try:
+            cancelled = durable.cancel(run.pk, compensate=compensate, reason=reason)
+        except durable.DurableError as exc:
+            self._done(request, run, f"Not cancelled: {exc}", messages.ERROR)
+            return self._back(run)
+        if not cancelled:
+            self._done(request, run, "The run had already finished; left as it was.", messages.WARNING)
+        elif compensate:
+            self._done(
+                request, run, "Cancel with compensation requested: its next turn undoes the done steps."
+            )
+        else:
+            self._done(request, run, "Cancelled.")
+        return self._back(run)
+
+    def resume_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        run = self._run(request, object_id, "resume")
+        if run.status not in UNFINISHED:
+            self._done(request, run, f"The run is {run.status}: there is nothing to wake.", messages.WARNING)
+            return self._back(run)
+        # A wake sends the run a turn now: a timer or backoff it waits on is looked at again.
+        lifecycle.wake(run.pk)
+        self._done(request, run, "Woken: a turn was sent to the run now.")
+        return self._back(run)
+
+    def send_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        run = self._run(request, object_id, "send")
+        awaited = _awaited_names(run)
+        form = SendForm(request.POST or None, initial={"name": awaited[0] if awaited else ""})
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                said = _send(run, data)
+            except durable.DurableError as exc:
+                form.add_error("payload" if isinstance(exc, durable.UpdateRejected) else None, str(exc))
+            else:
+                self._done(request, run, said)
+                return self._back(run)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Send a signal or an update to {run.pk}",
+            "opts": Run._meta,
+            "original": run,
+            "form": form,
+            "awaited": awaited,
+            "validated": sorted(_validators(run)),
+            "change_url": reverse("admin:durable_run_change", args=[quote(run.pk)]),
+        }
+        return TemplateResponse(request, "admin/durable/run/send.html", context)
+
+
+def _send(run: Run, data: dict[str, Any]) -> str:
+    payload, key = data["payload"], data["idempotency_key"] or None
+    shown = json.dumps(payload, ensure_ascii=False)
+    if data["kind"] == "update":
+        update_id = durable.update(run.pk, data["name"], payload, idempotency_key=key)
+        return f"Update {data['name']!r} sent ({update_id}) with {shown}."
+    durable.signal(run.pk, data["name"], payload, idempotency_key=key)
+    return f"Signal {data['name']!r} sent with {shown}."
+
+
+def _awaited_names(run: Run) -> list[str]:
+    """Names of the signals and updates the run waits for now."""
+    rows = Checkpoint.objects.using(conf.get().DATABASE).filter(
+        run=run, status=CheckpointStatus.PENDING, kind__in=("signal", "any_signal", "update")
+    )
+    names: list[str] = []
+    for name in rows.values_list("name", flat=True)[:20]:
+        # A wait for any of several signals keeps their names joined by "|".
+        names += [part for part in name.split("|") if part and part not in names]
+    return names
+
+
+def _validators(run: Run) -> set[str]:
+    try:
+        return set(registry.workflow(run.workflow, run.version).validators)
+    except durable.DurableError:
+        return set()
