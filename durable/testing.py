@@ -112,7 +112,7 @@ class DurableEnv:
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
-            from .engine import entities, steps, turn
+            from .engine import entities, redispatch, steps, turn
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
@@ -121,6 +121,7 @@ class DurableEnv:
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
                 dispatch.APPLY_ENTITY: entities.apply,
+                dispatch.PROBE: redispatch.probed,
                 **{sweep.task: sweep.run for sweep in SWEEPS},
             }
         return self._handlers[task]
