@@ -64,8 +64,12 @@ class Settings:
     TIMER_SWEEP_INTERVAL: timedelta = timedelta(seconds=1)
     #: How often beat looks for turns whose lease expired.
     ORPHAN_SWEEP_INTERVAL: timedelta = timedelta(seconds=5)
-    #: A dispatched step not picked up by a worker within this is sent again.
+    #: A dispatched step not picked up by a worker within this is sent again (sooner when a
+    #: later message of its queue was taken before it: its message was lost).
     STEP_REDISPATCH_AFTER: timedelta = timedelta(minutes=5)
+    #: An attempt sent again this many times and still not taken fails (code
+    #: ``redispatch_limit``): no worker consumes its queue.
+    STEP_REDISPATCH_LIMIT: int = 10
     #: Slack past a step's timeout before the engine declares the attempt lost.
     STEP_TIMEOUT_GRACE: timedelta = timedelta(seconds=5)
     #: How often beat runs the retention sweep.
@@ -73,7 +77,7 @@ class Settings:
     #: A worker that records a step result runs the next turn itself when it serves that queue.
     INLINE_NEXT_TURN: bool = True
     #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
-    #: the step's queue and the step has no timeout (see README, "Eager steps").
+    #: the step's queue (see README, "Eager steps").
     EAGER_STEPS: bool = True
     #: A turn still running after this is stopped, its run handed back and counted as crashed
     #: (towards MAX_RECOVERY_ATTEMPTS): a body that never reaches a primitive cannot hold a

@@ -26,6 +26,7 @@ RUN_STEP = "durable.run_step"
 STEP_RESULT = "durable.step_result"
 STEP_FAILED = "durable.step_failed"
 APPLY_ENTITY = "durable.apply_entity"
+PROBE = "durable.probe"
 
 
 @dataclass(frozen=True)
@@ -238,16 +239,11 @@ def run_step(
     attempt: int,
     token: str | None,
     queue: str,
-    timeout: timedelta | None,
-    grace: timedelta,
 ) -> None:
-    """Ask a worker on ``queue`` to run one step attempt, within Celery's time limits; only a
-    message with the attempt's token may start it."""
-    options: dict[str, Any] = {}
-    if timeout is not None:
-        options["soft_time_limit"] = timeout.total_seconds()
-        options["time_limit"] = (timeout + grace).total_seconds()
-    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt, token), queue, options))
+    """Ask a worker on ``queue`` to run one step attempt; only a message with the attempt's token
+    may start it. The step's ``timeout`` is enforced by the worker's durable (``timelimits``), not
+    sent as a Celery time limit, which would also cut short the next turn run after it."""
+    send_after_commit(Message(RUN_STEP, (run_id, seq, attempt, token), queue))
 
 
 def celery_task(
@@ -388,6 +384,12 @@ def apply_entity(
                 unclaim()
 
     transaction.on_commit(prompt, using=conf.get().DATABASE)
+
+
+def probe(queue: str, sent_at: str) -> None:
+    """Send a probe down ``queue``: the worker that takes it has the step attempts sent down
+    ``queue`` before it and still not taken sent again (see ``engine.redispatch``)."""
+    _publish(Message(PROBE, (queue, sent_at), queue))
 
 
 def sweep(task: str, queue: str) -> None:

@@ -13,6 +13,7 @@ Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs an
         │   └── RunCancelled           durable.result(): the run was cancelled
         ├── WorkerLost                 a step attempt's process died before its result was recorded
         ├── WaitTimeout (TimeoutError) a wait or durable.result() timed out
+        ├── StepTimeout (TimeoutError) raised inside a step at its timeout (or heartbeat_timeout)
         ├── NonDeterminismError        the body asked for other than its history holds
         ├── WorkflowNotRegistered      no workflow or step under that name (and version)
         ├── InvalidInput               refused input (code invalid_input; invalid_output for results)
@@ -45,9 +46,10 @@ Transport: how a remote step's failure leaves the Celery task that ran it (never
     Exception
     └── AttemptFailed                  durable.remote: carries the attempt's error as stored
 
-Stored error types with no class of their own (the ``type`` of an error dict): ``StepTimeout``
-(an attempt overran its timeout or went silent, ``step_timeout_error``),
-``WorkflowTimeout`` (the run passed its deadline) and ``Cancelled`` (a cancelled run).
+Stored error types with no class of their own (the ``type`` of an error dict):
+``WorkflowTimeout`` (the run passed its deadline) and ``Cancelled`` (a cancelled run). A step
+attempt that overran its timeout or went silent is stored as ``StepTimeout``
+(``step_timeout_error``) however it ended: raised in the step, or judged from outside.
 """
 
 from __future__ import annotations
@@ -153,6 +155,12 @@ class GatherError(_CausedFailure):
 
 class WaitTimeout(DurableError, TimeoutError):
     """The wait timed out."""
+
+    default_code = "timeout"
+
+
+class StepTimeout(DurableError, TimeoutError):
+    """The step ran past its timeout, or gave no heartbeat within its heartbeat_timeout."""
 
     default_code = "timeout"
 

@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from . import remote
-from .engine import entities, lifecycle, remote_turns, steps, sweeps, turn
+from .engine import entities, lifecycle, redispatch, remote_turns, steps, sweeps, turn
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -31,6 +31,12 @@ def advance(self: Any, run_id: str) -> str:
 def run_step(self: Any, run_id: str, seq: int, attempt: int, token: str | None = None) -> str:
     _redelivered(self, run_id)
     return steps.run_step(run_id, seq, attempt, token)
+
+
+@shared_task(name="durable.probe", ignore_result=True)
+def probe(queue: str, sent_at: str) -> int:
+    """Taken from ``queue``: the step messages sent down it before ``sent_at`` were taken too."""
+    return redispatch.probed(queue, sent_at)
 
 
 @shared_task(name="durable.apply_entity", **_RELIABLE)

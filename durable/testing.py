@@ -113,7 +113,7 @@ class DurableEnv:
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from . import remote
-            from .engine import entities, remote_turns, steps, turn
+            from .engine import entities, redispatch, remote_turns, steps, turn
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
@@ -126,6 +126,7 @@ class DurableEnv:
                 dispatch.ADVANCE: turn.advance,
                 dispatch.RUN_STEP: steps.run_step,
                 dispatch.APPLY_ENTITY: entities.apply,
+                dispatch.PROBE: redispatch.probed,
                 **{sweep.task: sweep.run for sweep in SWEEPS},
             }
         return self._handlers[task]

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_POST
 import durable
 from durable import conf
 from durable.definitions import registry
-from durable.engine import lifecycle
+from durable.engine import redispatch
 from durable.models import RETRYABLE, Checkpoint, Run
 from durable.statuses import UNFINISHED, CheckpointStatus
 
@@ -160,9 +160,13 @@ class RunActions:
         if run.status not in UNFINISHED:
             self._done(request, run, f"The run is {run.status}: there is nothing to wake.", messages.WARNING)
             return self._back(run)
-        # A wake sends the run a turn now: a timer or backoff it waits on is looked at again.
-        lifecycle.wake(run.pk)
-        self._done(request, run, "Woken: a turn was sent to the run now.")
+        # A wake sends the run a turn now: a timer or backoff it waits on is looked at again, and
+        # a step attempt sent and never taken (its message lost) goes out again.
+        resent = redispatch.redispatch([run.pk])
+        again = (
+            f"; {resent} step attempt{'s' if resent != 1 else ''} never taken sent again" if resent else ""
+        )
+        self._done(request, run, f"Woken: a turn was sent to the run now{again}.")
         return self._back(run)
 
     def send_view(self, request: HttpRequest, object_id: str) -> HttpResponse:

@@ -190,6 +190,7 @@ _DURABLE_FROM_ENV = {
     "ENTITY_SWEEP_INTERVAL": str,
     "ENTITY_OPS_KEPT": int,
     "PRESENCE_INTERVAL": str,
+    "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

@@ -5,17 +5,20 @@ dispatched step may run here, inside the turn that reached it, instead of crossi
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import transaction
+
 from .. import clock, conf, dispatch
 from ..definitions import Step
-from ..errors import StepCancelled
+from ..errors import StepCancelled, StepTimeout, step_timeout_error
 from ..models import Checkpoint, Run
 from ..replay.attempt import Result, beat_grace, run_attempt
 from ..replay.history import Record, check_size, roundtrip
 from ..replay.stepscope import StepInfo
-from . import leases
+from . import leases, timelimits
 
 log = logging.getLogger("durable.engine")
 
@@ -30,21 +33,26 @@ class InPlace:
 
     Offered only on a worker that consumes the step's queue (never under the test harness, whose
     messages stay visible), when EAGER_STEPS is on and no Celery time limit would cut the turn.
+    A step's own time limits are enforced here as on a worker of its queue (``timelimits``); at
+    the hard one the attempt is recorded as timed out and the run handed back before the process
+    ends, so another worker goes on at once.
     """
 
-    def __init__(self, run_id: str, settings: conf.Settings) -> None:
+    def __init__(self, run_id: str, owner: str, queue: str, settings: conf.Settings) -> None:
         self.run_id = run_id
+        self.owner = owner
+        self.queue = queue
         self.settings = settings
 
     @classmethod
-    def offered(cls, run_id: str, settings: conf.Settings) -> InPlace | None:
+    def offered(cls, run_id: str, owner: str, queue: str, settings: conf.Settings) -> InPlace | None:
         if (
             not settings.EAGER_STEPS
             or not dispatch.transport.served_queues
             or dispatch.time_limit() is not None
         ):
             return None
-        return cls(run_id, settings)
+        return cls(run_id, owner, queue, settings)
 
     def accepts(self, queue: str) -> bool:
         return queue in (dispatch.transport.served_queues or ())
@@ -53,21 +61,68 @@ class InPlace:
         beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings, step.heartbeat_timeout)
         with leases.unwatched(self.run_id):
             info = StepInfo(self.run_id, rec.seq, rec.attempt, step.name, secret=rec.token)
-            result = execute(step, info, rec.input, beats)
+            result = execute(step, info, rec.input, beats, self._timed_out(rec, step))
         beats.keep_last(Checkpoint.objects.using(self.settings.DATABASE))
         return result
 
+    def _timed_out(self, rec: Record, step: Step) -> Callable[[str], bool]:
+        """What the watchdog does at the step's hard limit: record the attempt as timed out and
+        hand the run back (its turn, stuck in the step, could write nothing more anyway)."""
+        run_id, seq, attempt = self.run_id, rec.seq, rec.attempt
+        db = self.settings.DATABASE
 
-def execute(step: Step, info: StepInfo, payload: Any, beats: Beats) -> Result:
-    """Run the attempt's body in this process; a Celery soft time limit is its timeout."""
+        def record(why: str) -> bool:
+            now = clock.now()
+            error = step_timeout_error(why)
+            checkpoints = Checkpoint.objects.using(db)
+            with transaction.atomic(using=db):
+                if step.retry.allows_after(attempt):
+                    done = checkpoints.retry_at(run_id, seq, attempt, error, now + step.retry.delay(attempt))
+                else:
+                    done = checkpoints.fail(run_id, seq, attempt, error, now)
+                if done and Run.objects.using(db).release(run_id, self.owner, now, now):
+                    dispatch.advance(run_id, self.queue)
+            return done
+
+        return record
+
+
+def execute(
+    step: Step,
+    info: StepInfo,
+    payload: Any,
+    beats: Beats,
+    on_hard_limit: Callable[[str], bool] | None = None,
+) -> Result:
+    """Run the attempt's body in this process under the step's time limits: at the soft one
+    ``StepTimeout`` is raised inside it (as is Celery's soft limit, for a project that sets one),
+    at the hard one ``on_hard_limit`` records the timeout and the process ends."""
+    settings = conf.get()
+    guard = timelimits.Guard(
+        f"step {step.name!r} attempt {info.attempt} of run {info.run_id}",
+        step.timeout,
+        step.heartbeat_timeout,
+        settings.STEP_TIMEOUT_GRACE,
+        on_hard_limit or _not_recorded,
+    )
+
+    def beat(progress: Any) -> None:
+        guard.beat()
+        beats(progress)
+
     return run_attempt(
         step,
         info,
         payload,
-        beats,
-        timed_out=dispatch.SOFT_TIME_LIMIT_ERRORS,
-        max_bytes=conf.get().MAX_PAYLOAD_BYTES,
+        beat,
+        timed_out=(StepTimeout, *dispatch.SOFT_TIME_LIMIT_ERRORS),
+        max_bytes=settings.MAX_PAYLOAD_BYTES,
+        guard=guard,
     )
+
+
+def _not_recorded(why: str) -> bool:
+    return False
 
 
 #: How often a heartbeating step asks whether its run was cancelled with interrupt=True.

@@ -189,8 +189,6 @@ def hand_off(key: str) -> list[int]:
                     row.attempt,
                     row.token,
                     row.queue or settings.DEFAULT_QUEUE,
-                    step.timeout,
-                    settings.STEP_TIMEOUT_GRACE,
                 )
                 admitted.append(row.pk)
         gates.note_waiting(gate, waiting - len(admitted))

@@ -46,6 +46,7 @@ def record_of(row: Checkpoint) -> Record:
         held_until=row.held_until,
         flow=row.flow,
         flow_key=row.flow_key,
+        redispatches=row.redispatches,
         stored_as=(row.status, row.attempt),
     )
 

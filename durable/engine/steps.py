@@ -16,7 +16,14 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 
 from .. import clock, conf, dispatch, tracing
 from ..definitions import Step, registry
-from ..errors import TRACEBACK, DurableError, InvalidInput, WorkflowNotRegistered, error_dict
+from ..errors import (
+    TRACEBACK,
+    DurableError,
+    InvalidInput,
+    WorkflowNotRegistered,
+    error_dict,
+    step_timeout_error,
+)
 from ..models import HELD, AttemptError, Checkpoint, Run
 from ..replay.attempt import LATER, beat_grace, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
@@ -123,7 +130,9 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
             beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout if step else None)
             if step is not None:
                 info = StepInfo(run_id, seq, attempt, row.name, secret=token)
-                output, error, retryable = attempts.execute(step, info, row.input, beats)
+                output, error, retryable = attempts.execute(
+                    step, info, row.input, beats, _on_hard_limit(row, step, beats, began)
+                )
             tracing.fail(span, error)
             if output is LATER:
                 return _await_completion(row, holder, beats)
@@ -132,6 +141,17 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         # Recorded, or it never will be from here: either way this process holds it no longer,
         # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.
         leases.let_go_attempt(key)
+
+
+def _on_hard_limit(row: Checkpoint, step: Step, beats: Beats, began: float) -> Callable[[str], bool]:
+    """Record the attempt as timed out, from the watchdog thread, before the process ends; the
+    next turn goes to a worker (this process is about to end)."""
+
+    def timed_out(why: str) -> bool:
+        recorded = record(row, step, None, step_timeout_error(why), True, beats, began, inline=False)
+        return recorded in ("completed", "failed")
+
+    return timed_out
 
 
 def _start(
@@ -377,8 +397,11 @@ def record(
     retryable: bool,
     beats: Beats | None,
     began: float | None = None,
+    *,
+    inline: bool = True,
 ) -> str:
-    """Record one attempt's result exactly once, then wake the run when it should be woken.
+    """Record one attempt's result exactly once, then wake the run when it should be woken
+    (its next turn runs here when ``inline`` and this worker serves the run's queue).
 
     A transient database error is retried (a restart or a cut connection heals in seconds); a
     result the database refuses (say a NUL character) fails the attempt with that reason."""
@@ -396,7 +419,7 @@ def record(
     if joins_later:
         woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), key)
     if woken:
-        next_turn(run_id, woken, settings, began)
+        next_turn(run_id, woken, settings, began, inline=inline)
     return "completed" if recorded == COMPLETED else "failed"
 
 
@@ -527,11 +550,17 @@ def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:
     return retryable and (step is None or step.retry.allows_after(attempt))
 
 
-def next_turn(run_id: str, queue: str, settings: conf.Settings, began: float | None = None) -> None:
+def next_turn(
+    run_id: str, queue: str, settings: conf.Settings, began: float | None = None, *, inline: bool = True
+) -> None:
     """Run the next turn here when this worker serves the run's queue, else send it there.
 
-    A Celery time limit set for the step just recorded (its ``timeout``) goes on ticking: the turn
-    runs here only with at least a LEASE of it left, the time a turn is given anyway."""
+    A step's own timeout ends with the step (durable enforces it, see ``timelimits``); a Celery
+    time limit the project set on the task goes on ticking: the turn runs here only with at least
+    a LEASE of it left, the time a turn is given anyway."""
+    if not inline:
+        dispatch.advance(run_id, queue)
+        return
     limit = dispatch.time_limit()
     if limit is not None:
         left = limit - (time.monotonic() - began) if began is not None else 0.0

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch
 from ..models import Checkpoint, Run, Status
-from . import entities, flow, lifecycle, presence, retention, schedules, singletons
+from . import entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
 from .turn import recovery_exhausted
 
 log = logging.getLogger("durable.engine")
@@ -45,8 +45,10 @@ def sweep_timers() -> int:
 
 def sweep_orphans() -> int:
     """Re-drive runs whose turn died holding its lease (past the budget they go ``dead``), and
-    runs with a step attempt whose process stopped holding it (the turn counts it as lost)."""
+    runs with a step attempt whose process stopped holding it (the turn counts it as lost);
+    probe the queues holding step messages not taken for a while (``redispatch``)."""
     settings = conf.get()
+    redispatch.probe_queues()
     recovered = lapsed_attempts()
     for _ in range(MAX_BATCHES):
         taken = recover(clock.now(), settings.TIMER_BATCH_SIZE)

@@ -66,6 +66,7 @@ def limits(settings: conf.Settings) -> Limits:
         event_ttl=settings.EVENT_BUFFER_TTL,
         max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
         remote_queues=frozenset(settings.REMOTE_QUEUES),
+        redispatch_limit=settings.STEP_REDISPATCH_LIMIT,
     )
 
 
@@ -272,7 +273,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         return outcome
     leases.watch(run.id, owner, settings.TURN_TIME_LIMIT, lambda: give_back(run, owner, settings))
     try:
-        outcome = _replay(run, workflow, body_input, state, settings, flush, renew)
+        outcome = _replay(run, owner, workflow, body_input, state, settings, flush, renew)
     finally:
         leases.unwatch(run.id)
     finish(run, owner, workflow, state, outcome, settings)
@@ -317,6 +318,7 @@ def finish(
 
 def _replay(
     run: Run,
+    owner: str,
     workflow: Workflow,
     body_input: Any,
     state: TurnState,
@@ -340,7 +342,7 @@ def _replay(
         limits=limits(settings),
         flush=flush,
         renew=renew,
-        in_place=attempts.InPlace.offered(run.id, settings),
+        in_place=attempts.InPlace.offered(run.id, owner, run.queue or settings.DEFAULT_QUEUE, settings),
         # Lease gone or time limit passed: in memory, so every primitive may ask.
         stopped=lambda: leases.stopping(run.id),
     )
@@ -451,6 +453,7 @@ _WRITTEN = (
     "token",
     "held_until",
     "flow",
+    "redispatches",
 )
 
 
@@ -532,10 +535,7 @@ def _write(
                 grace=settings.STEP_TIMEOUT_GRACE,
             )
             continue
-        step = registry.step(rec.name)
-        dispatch.run_step(
-            run_id, rec.seq, rec.attempt, rec.token, rec.queue, step.timeout, settings.STEP_TIMEOUT_GRACE
-        )
+        dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
     state.dispatch.clear()
     observe.positions(run_id, written)
 

@@ -14,7 +14,7 @@ import durable
 
 from .. import clock, conf
 from ..durations import parse_duration
-from ..engine import histories, retention, sweeps
+from ..engine import histories, redispatch, retention, sweeps
 from ..errors import DurableError
 from ..models import Run
 from ..statuses import TERMINAL
@@ -55,6 +55,13 @@ def add_subcommands(parser: Any, command: Any) -> None:
     retry = sub.add_parser("retry", help="run a failed, dead or cancelled run again")
     retry.add_argument("run_id")
 
+    resend = sub.add_parser(
+        "redispatch",
+        help="send again the step attempts of runs that were sent and never taken (a fresh "
+        "STEP_REDISPATCH_LIMIT), e.g. once a worker for their queue runs",
+    )
+    resend.add_argument("run_ids", nargs="+", metavar="RUN")
+
     sub.add_parser("sweep", help="run the sweeps once (from cron where beat is not used)")
 
     purge = sub.add_parser("purge", help="delete finished run trees older than a duration")
@@ -86,6 +93,7 @@ def run(action: str, options: dict[str, Any], out: Any, style: Any) -> None:
         "signal": _signal,
         "cancel": _cancel,
         "retry": _retry,
+        "redispatch": _redispatch,
         "sweep": _sweep,
         "purge": _purge,
         "replay": _replay,
@@ -181,6 +189,11 @@ def _cancel(options: dict[str, Any], out: Any, style: Any) -> None:
 def _retry(options: dict[str, Any], out: Any, style: Any) -> None:
     durable.retry(options["run_id"])
     out.write(f"run {options['run_id']} retried")
+
+
+def _redispatch(options: dict[str, Any], out: Any, style: Any) -> None:
+    sent = redispatch.redispatch(options["run_ids"])
+    out.write(f"{sent} step attempt{'s' if sent != 1 else ''} sent again")
 
 
 def _sweep(options: dict[str, Any], out: Any, style: Any) -> None:

@@ -202,9 +202,50 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 started_at=None,
                 last_heartbeat_at=None,
                 token=None,
+                redispatches=0,
                 **_ENDED,
             )
         )
+
+    def untaken_queues(self, sent_before: datetime) -> list[str]:
+        """The queues holding durable step attempts sent before ``sent_before`` and not taken."""
+        return sorted(set(self._untaken(sent_before).values_list("queue", flat=True).distinct()))
+
+    def _untaken(self, sent_before: datetime) -> CheckpointQuerySet:
+        # Celery tasks used as steps are left out: their workers may not run durable's probe.
+        return (
+            self.filter(
+                status=CheckpointStatus.PENDING,
+                started_at__isnull=True,
+                enqueued_at__isnull=False,
+                enqueued_at__lt=sent_before,
+                kind="step",
+            )
+            .filter(models.Q(flow__isnull=True) | models.Q(flow=HELD))
+            .exclude(input__has_key="task")
+        )
+
+    def overtaken(self, queue: str, sent_before: datetime, limit: int) -> list[str]:
+        """Forget that the attempts of ``queue`` sent before ``sent_before`` and still not taken
+        were sent (a later message of that queue was taken: theirs were lost), counting it, a
+        batch at a time; return their runs, whose next turn sends them again."""
+        rows = self._untaken(sent_before).filter(queue=queue)
+        found = list(skip_locked(rows.order_by("enqueued_at")).values_list("id", "run_id")[:limit])
+        self.filter(id__in=[pk for pk, _ in found], started_at__isnull=True).update(
+            enqueued_at=None, wake_at=None, token=None, redispatches=models.F("redispatches") + 1
+        )
+        return sorted({run_id for _, run_id in found})
+
+    def resend(self, run_ids: list[str]) -> int:
+        """Forget that the untaken attempts of these runs were sent, with a fresh redispatch
+        budget (an operator's call, say once a worker for their queue runs)."""
+        return self.filter(
+            run_id__in=run_ids,
+            kind="step",
+            status=CheckpointStatus.PENDING,
+            enqueued_at__isnull=False,
+            started_at__isnull=True,
+        ).update(enqueued_at=None, wake_at=None, token=None, redispatches=0)
 
     def rewrite(
         self, run_id: str, seq: int, expected: tuple[str, int], *, owner: str | None = None, **fields: Any
@@ -356,6 +397,8 @@ class Checkpoint(models.Model):
     flow = models.CharField(max_length=16, null=True, blank=True)
     flow_key = models.CharField(max_length=255, null=True, blank=True)
     flow_seq = models.BigIntegerField(null=True, blank=True)
+    #: How many times this attempt was sent again because its message was lost or never taken.
+    redispatches = models.PositiveIntegerField(default=0)
 
     objects = CheckpointQuerySet.as_manager()
 
@@ -378,6 +421,12 @@ class Checkpoint(models.Model):
                 fields=["flow_key", "flow", "flow_seq"],
                 name="durable_checkpoint_flow",
                 condition=models.Q(flow__isnull=False),
+            ),
+            # Attempts sent and not taken yet, per queue: the orphan sweep's probes look for them.
+            models.Index(
+                fields=["queue", "enqueued_at"],
+                name="durable_checkpoint_untaken",
+                condition=models.Q(status="pending", started_at__isnull=True, enqueued_at__isnull=False),
             ),
             # Held attempts whose holder stopped renewing, found by the orphan sweep.
             models.Index(

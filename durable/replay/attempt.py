@@ -6,9 +6,11 @@ One implementation, so the same step ends with the same error code on every path
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +20,7 @@ from ..errors import (
     CompleteLater,
     InvalidInput,
     StepCancelled,
+    StepTimeout,
     _ControlFlow,
     bounded_traceback,
     error_dict,
@@ -62,12 +65,14 @@ def run_attempt(
     *,
     timed_out: tuple[type[BaseException], ...] = (),
     max_bytes: int | None = None,
+    guard: AbstractContextManager[Any] | None = None,
 ) -> Result:
     """Call the step with ``payload`` (``{"args": [...], "kwargs": {...}}``) inside its step scope.
 
     Error codes: an output that is not JSON is ``invalid_output`` and an ``InvalidInput`` the body
     raises keeps its own code, neither retried; an exception of ``timed_out`` (the executor's time
-    limit, such as Celery's soft one) is a ``StepTimeout`` (``timeout``); any other exception,
+    limit: durable's own, raised by ``guard``, which encloses the step's code, or Celery's soft one)
+    is a ``StepTimeout`` (``timeout``); any other exception,
     KeyboardInterrupt and SystemExit included, is a failed attempt of its type. durable's control
     flow (the turn stops: lease lost, time limit) passes through: the attempt is not over.
     ``CompleteLater`` returns ``LATER`` as the output: the attempt stays open for
@@ -81,7 +86,7 @@ def run_attempt(
         except InvalidInput as exc:
             return None, exc.to_dict(), False
     try:
-        with step_scope(info, beat):
+        with step_scope(info, beat), guard or contextlib.nullcontext():
             output = step.fn(*positional, **named)
     except _ControlFlow:
         raise
@@ -93,8 +98,13 @@ def run_attempt(
             )
             return None, refused.to_dict(), False
         return LATER, None, True
-    except timed_out:
-        return None, step_timeout_error(f"step {step.name!r} ran past its timeout of {step.timeout}"), True
+    except timed_out as exc:
+        message = str(exc) if isinstance(exc, StepTimeout) and str(exc) != StepTimeout().message else ""
+        return (
+            None,
+            step_timeout_error(message or f"step {step.name!r} ran past its timeout of {step.timeout}"),
+            True,
+        )
     except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
         log.info(
             "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc

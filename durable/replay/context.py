@@ -317,9 +317,11 @@ class Context(
                 return Pending(rec.wake_at)
             return self._run_in_place(rec, step)
         if rec.enqueued_at is None:
-            # Waiting out a retry backoff.
+            # Waiting out a retry backoff, or its message was found lost (``redispatches``).
             if rec.wake_at is not None and rec.wake_at > now:
                 return Pending(rec.wake_at)
+            if rec.redispatches > self._limits.redispatch_limit:
+                return self._never_taken(rec, step)
             self._send(rec, step)
             return self._resolve_step(rec, step)  # sent: look again by its timeout, too
         if rec.started_at is None and rec.flow == FlowState.WAITING:
@@ -332,7 +334,11 @@ class Context(
             self._send(rec, step)
         if rec.started_at is None:
             if now >= rec.enqueued_at + self._limits.redispatch_after:
-                self._send(rec, step)  # the message was lost, or a worker never took it
+                # The message was lost, or no worker took it.
+                rec.redispatches += 1
+                if rec.redispatches > self._limits.redispatch_limit:
+                    return self._never_taken(rec, step)
+                self._send(rec, step)
             # Look again by the earliest moment a started attempt could have overrun.
             earliest = self._deadline(rec, step, since=rec.enqueued_at)
             return Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
@@ -359,6 +365,22 @@ class Context(
             details={"attempt": rec.attempt},
         )
         self._attempt_failed(rec, step, lost.to_dict(), retryable=step.retry.is_retryable(lost))
+        return self._resolve_step(rec, step)
+
+    def _never_taken(self, rec: Record, step: Step) -> Any:
+        """Fail an attempt sent again STEP_REDISPATCH_LIMIT times that no worker ever took."""
+        queue, limit = rec.queue or self._limits.default_queue, self._limits.redispatch_limit
+        error = {
+            "message": (
+                f"step {step.name!r} attempt {rec.attempt} was sent again {limit} times and no "
+                f"worker of queue {queue!r} took it: start a worker that consumes {queue!r} "
+                "(celery worker -Q ...), or raise STEP_REDISPATCH_LIMIT"
+            ),
+            "type": "NotTaken",
+            "code": "redispatch_limit",
+            "details": {"queue": queue, "redispatches": limit},
+        }
+        self._attempt_failed(rec, step, error, retryable=False)
         return self._resolve_step(rec, step)
 
     def _deadline(self, rec: Record, step: Step, *, since: datetime) -> datetime | None:
@@ -395,6 +417,7 @@ class Context(
         rec.error = error
         rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
         rec.token = None
+        rec.redispatches = 0
         if rec.flow == FlowState.HELD and rec.flow_key:
             self._turn.freed.append(rec.flow_key)
         rec.flow = None
@@ -416,16 +439,14 @@ class Context(
         return not step.local and (queue in remote or self._queue_of(step) in remote)
 
     def _runs_here(self, step: Step) -> bool:
-        """Whether a dispatched step awaited on its own may run inside this turn: its timeouts
-        are Celery's to enforce on a worker of its queue, so a step with one always goes there."""
+        """Whether a dispatched step awaited on its own may run inside this turn (its time limits
+        are enforced wherever it runs; a Celery task keeps Celery's, on a worker of its queue)."""
         return (
             self._in_place is not None
             and not step.local
             and not step.celery_task
             and not self._is_remote(step)
             and not step.limited  # a limited attempt may have to wait: durably, not in a turn
-            and step.timeout is None
-            and step.heartbeat_timeout is None
             and self._in_place.accepts(self._queue_of(step))
         )
 

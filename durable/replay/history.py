@@ -45,6 +45,8 @@ class Record:
     #: Under a fleet-wide limit: the attempt's ``FlowState`` (None: not held back) and gate key.
     flow: str | None = None
     flow_key: str | None = None
+    #: How many times this attempt was sent again because its message was lost (or never taken).
+    redispatches: int = 0
     #: (status, attempt) as stored; None while the row does not exist yet.
     stored_as: tuple[str, int] | None = None
     dirty: bool = False
@@ -81,6 +83,8 @@ class Limits:
     max_payload_bytes: int = 1024 * 1024
     #: Queues whose steps are remote (REMOTE_QUEUES).
     remote_queues: frozenset[str] = frozenset()
+    #: How many times one attempt is sent again before it fails (STEP_REDISPATCH_LIMIT).
+    redispatch_limit: int = 10
 
 
 @dataclass

@@ -44,7 +44,7 @@ def limits_in(raw: dict[str, Any]) -> Limits:
         value = raw[f.name]
         if f.name == "remote_queues":
             value = frozenset(value)
-        elif isinstance(value, (int, float)) and f.name != "max_payload_bytes":
+        elif f.type in ("timedelta", timedelta):  # sent as seconds
             value = timedelta(seconds=value)
         fields[f.name] = value
     return Limits(**fields)

@@ -22,7 +22,8 @@ from tests import console_flows as flows
 from .conftest import Page
 
 #: Queries the live server may make to draw a run page, whatever the width of its fans: 16 for
-#: the console, 3 for its Diagnosis (pending positions, workers seen, failed attempts).
+#: the console, 3 for what keeps it stuck and its failed attempts (pending positions, workers
+#: seen, failed attempts).
 RUN_PAGE_QUERIES = 16 + 3
 PASSWORD = "correct horse battery staple"
 
@@ -244,3 +245,19 @@ def test_a_staff_user_without_the_permissions_sees_no_button_and_a_forged_post_c
     assert "403" in refused or "Forbidden" in refused
     assert durable.get_run(run_id).status == "failed"
     assert not engine.pending()
+
+
+def test_the_health_page_names_a_queue_no_worker_consumes(page: Page, engine: Any, operator: User) -> None:
+    engine.drop()
+    stuck = durable.start(flows.charge_flow, 5).id  # its turn waits for a worker on ``durable``
+    page.log_in("operator", PASSWORD)
+
+    page.open(reverse("admin:durable_presence_changelist"))
+    health = page.text("#content")
+    page.shot("health")
+    page.open(run_url(stuck))
+    now = page.text("#now")
+    page.shot("stuck-run")
+
+    assert "no worker: start one with -Q durable" in health
+    assert "Stuck: no worker has consumed queue 'durable' lately" in now

@@ -53,14 +53,21 @@ def _note(event: str) -> None:
 
 @durable.step(timeout="5s", retry=TWICE)
 def dies_dispatched():
-    """A timeout keeps it off the turn: it always crosses the broker."""
+    """Awaited in a fan: it always crosses the broker."""
     _note("dies")
     os._exit(1)
 
 
 @durable.step(retry=TWICE)
 def dies_in_place():
-    """No timeout: a worker of its queue runs it inside the turn."""
+    """Awaited on its own: a worker of its queue runs it inside the turn."""
+    _note("dies")
+    os._exit(1)
+
+
+@durable.step(timeout="30s", heartbeat_timeout="20s", retry=TWICE)
+def dies_in_place_timed():
+    """Timed steps run inside the turn too, under durable's own time limits."""
     _note("dies")
     os._exit(1)
 
@@ -102,7 +109,7 @@ def fine_flow(ctx, _):
 
 @durable.workflow(name="tests.liveness.dispatched")
 def dispatched_flow(ctx, _):
-    return ctx.step(dies_dispatched)
+    return ctx.all([ctx.defer(dies_dispatched)])[0]
 
 
 @durable.workflow(name="tests.liveness.in_place")
@@ -110,9 +117,14 @@ def in_place_flow(ctx, _):
     return ctx.step(dies_in_place)
 
 
+@durable.workflow(name="tests.liveness.in_place_timed")
+def in_place_timed_flow(ctx, _):
+    return ctx.step(dies_in_place_timed)
+
+
 @durable.workflow(name="tests.liveness.cut")
 def cut_flow(ctx, _):
-    return ctx.step(cuts_its_connection)
+    return ctx.all([ctx.defer(cuts_its_connection)])[0]  # a fan: dispatched, recorded by run_step
 
 
 @durable.workflow(name="tests.liveness.interrupted")
@@ -128,7 +140,11 @@ def _ended(run_id: str, timeout: float):
     )
 
 
-@pytest.mark.parametrize("flow", [dispatched_flow, in_place_flow], ids=["dispatched", "in place"])
+@pytest.mark.parametrize(
+    "flow",
+    [dispatched_flow, in_place_flow, in_place_timed_flow],
+    ids=["dispatched", "in place", "in place, timed"],
+)
 def test_a_step_whose_process_dies_counts_as_a_lost_attempt_and_the_run_ends(durable_worker, flow):
     durable_worker.start_beat()
     began = time.monotonic()

@@ -44,7 +44,6 @@ CONVERGE_DEADLINE = 150  # seconds after the chaos stops
 SETTINGS = {
     "LEASE": "3s",
     "RECONCILE_INTERVAL": "10s",
-    "STEP_REDISPATCH_AFTER": "10s",
     "ORPHAN_SWEEP_INTERVAL": "1s",
     "STEP_TIMEOUT_GRACE": "1s",
     "HEARTBEAT_PERSIST_THROTTLE": "1s",

@@ -211,7 +211,7 @@ def test_two_second_timer_fires_within_three_seconds_of_due(durable_worker):
     assert 0 <= late <= 3
 
 
-def test_step_timeout_is_a_celery_time_limit_and_a_failed_attempt(durable_worker):
+def test_step_timeout_fails_the_attempt_on_a_real_worker(durable_worker):
     durable_worker.start_beat()
     run = durable.start(overrun_flow)
     with pytest.raises(durable.RunFailed) as failure:

@@ -261,6 +261,18 @@ def test_resume_now_sends_a_turn_at_once(admin_client: Client, durable_env: Any)
     assert durable.get_run(run_id).status == "suspended"  # still waiting for its signal
 
 
+def test_resume_now_sends_again_a_step_whose_message_was_lost(admin_client: Client, durable_env: Any) -> None:
+    run_id = durable.start(flows.charge_flow, 3).id
+    durable_env.run_next()  # the first turn sends the step
+    assert len(durable_env.drop()) == 1  # and the broker loses its message
+
+    response = admin_client.post(action_url(run_id, "resume"), follow=True)
+    durable_env.run_until_idle()
+
+    assert "1 step attempt never taken sent again" in response.content.decode()
+    assert durable.result(run_id) == "charged 3"
+
+
 def test_the_send_form_delivers_a_signal_and_the_run_finishes(admin_client: Client, durable_env: Any) -> None:
     run_id = durable.start(flows.approval_flow, 7).id
     durable_env.run_until_idle()

@@ -103,6 +103,18 @@ def test_an_api_error_becomes_a_command_error(durable_env):
         manage("signal", "nope", "delivered")
 
 
+def test_redispatch_sends_a_lost_step_message_again(durable_env):
+    run = durable.start(fulfil, {"id": 3, "cents": 30})
+    durable_env.run_next()  # the first turn sends the charge step
+    assert len(durable_env.drop()) == 1  # and the broker loses its message
+
+    assert manage("redispatch", run.id).strip() == "1 step attempt sent again"
+    durable_env.run_until_idle()
+
+    assert STEPS_RUN == ["charge", "ship"]
+    assert durable.get_run(run.id).status == "suspended"  # on to its wait for "delivered"
+
+
 def test_cancel_and_retry(durable_env):
     waiting = durable.start(fulfil, {"id": 1, "cents": 1})
     durable_env.run_until_idle()

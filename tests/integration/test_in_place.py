@@ -188,22 +188,18 @@ def test_a_cancel_during_an_in_place_step_wins(env):
     assert RAN == []
 
 
-def test_fans_timed_steps_and_other_queues_still_go_through_the_broker(env):
+def test_fans_and_other_queues_still_go_through_the_broker_and_timed_steps_run_in_place(env):
     run = durable.start(mixed)
     env.run_next()
     sent = [(m.task, m.queue) for m in env.pending()]
     assert sent == [(dispatch.RUN_STEP, "durable"), (dispatch.RUN_STEP, "durable")]
     env.run_next()
-    env.run_next()  # the fan closes; the next turn sends the step with a timeout
-    assert [(m.task, m.queue, m.options.get("soft_time_limit")) for m in env.pending()] == [
-        (dispatch.RUN_STEP, "durable", 30.0)
-    ]
-    env.run_next()
+    env.run_next()  # the fan closes; the next turn runs the step with a timeout in place
     assert [(m.task, m.queue) for m in env.pending()] == [(dispatch.RUN_STEP, "gpu")]
     env.run_until_idle()
     assert durable.result(run.id) == ["fan1", "fan2", "timed", "gpu", "here"]
     rows = _rows(run.id)
-    assert [rows[seq].enqueued_at is None for seq in sorted(rows)] == [False, False, False, False, True]
+    assert [rows[seq].enqueued_at is None for seq in sorted(rows)] == [False, False, True, False, True]
 
 
 @override_settings(DURABLE={"EAGER_STEPS": False})

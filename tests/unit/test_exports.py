@@ -34,6 +34,7 @@ PUBLIC = [
     "StepCancelled",
     "StepFailed",
     "StepInfo",
+    "StepTimeout",
     "Update",
     "UpdateRejected",
     "WaitTimeout",

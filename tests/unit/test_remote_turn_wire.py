@@ -49,6 +49,7 @@ def test_limits_survive_the_trip_through_json():
         default_queue="durable",
         max_payload_bytes=1000,
         remote_queues=frozenset({"gpu"}),
+        redispatch_limit=4,
     )
     assert wire.limits_in(json.loads(json.dumps(wire.limits_out(limits)))) == limits
 
