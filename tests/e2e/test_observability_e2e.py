@@ -97,7 +97,7 @@ if OBSERVE_DIR:  # inside the worker
     signals.step_completed.connect(_broken)
 
 
-@durable.step(name="tests.e2e_observe.pack", timeout="30s")  # a timeout: sent to a worker, never run in place
+@durable.step(name="tests.e2e_observe.pack", timeout="30s")
 def pack(order: int) -> str:
     return f"box-{order}"
 
@@ -109,7 +109,8 @@ def ship(ctx, order):
 
 @pytest.fixture
 def durable_worker_options(tmp_path):
-    return {"env": {"DURABLE_TEST_OBSERVE_DIR": str(tmp_path)}}
+    # EAGER_STEPS off: the step crosses the broker to a worker, as the trace under test must.
+    return {"env": {"DURABLE_TEST_OBSERVE_DIR": str(tmp_path), "DURABLE_EAGER_STEPS": "false"}}
 
 
 @pytest.fixture
