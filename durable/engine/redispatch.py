@@ -77,7 +77,7 @@ def redispatch(run_ids: Iterable[str]) -> int:
     ids = list(dict.fromkeys(run_ids))
     now = clock.now()
     with transaction.atomic(using=settings.DATABASE):
-        count = Checkpoint.objects.using(settings.DATABASE).resend(ids)
+        count = Checkpoint.objects.using(settings.DATABASE).unsend(ids, fresh_budget=True)
         _wake(ids, now, settings)
     return count
 

@@ -160,17 +160,21 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         self.filter(id__in=[pk for pk, _ in found], held_until__lt=stale_before).update(held_until=now)
         return sorted({run_id for _, run_id in found})
 
-    def unsend(self, run_ids: list[str]) -> int:
+    def unsend(self, run_ids: list[str], *, fresh_budget: bool = False) -> int:
         """Forget that the unstarted attempts of these runs were sent, so their next turn sends
         them again with new tokens (the old messages, if any, are then refused). For runs whose
-        last sender may have died between its commit and its publish."""
+        last sender may have died between its commit and its publish; ``fresh_budget``: an
+        operator's call, which gives them STEP_REDISPATCH_LIMIT sends again."""
+        forget: dict[str, Any] = {"enqueued_at": None, "wake_at": None, "token": None}
+        if fresh_budget:
+            forget["redispatches"] = 0
         return self.filter(
             run_id__in=run_ids,
             kind="step",
             status=CheckpointStatus.PENDING,
             enqueued_at__isnull=False,
             started_at__isnull=True,
-        ).update(enqueued_at=None, wake_at=None, token=None)
+        ).update(**forget)
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
         return bool(
@@ -235,17 +239,6 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             enqueued_at=None, wake_at=None, token=None, redispatches=models.F("redispatches") + 1
         )
         return sorted({run_id for _, run_id in found})
-
-    def resend(self, run_ids: list[str]) -> int:
-        """Forget that the untaken attempts of these runs were sent, with a fresh redispatch
-        budget (an operator's call, say once a worker for their queue runs)."""
-        return self.filter(
-            run_id__in=run_ids,
-            kind="step",
-            status=CheckpointStatus.PENDING,
-            enqueued_at__isnull=False,
-            started_at__isnull=True,
-        ).update(enqueued_at=None, wake_at=None, token=None, redispatches=0)
 
     def rewrite(
         self, run_id: str, seq: int, expected: tuple[str, int], *, owner: str | None = None, **fields: Any
