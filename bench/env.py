@@ -291,7 +291,6 @@ def run_meta(source: str, loadavg_start: list[float], started: float, worker_rss
     return {
         "settings": ENV["DJANGO_SETTINGS_MODULE"],
         "source_hash": source,
-        "source_copy": str(snapshot_dir),
         "tree_changed_during_run": source_hash() != source,
         "machine": machine(),
         "versions": versions(),
