@@ -299,7 +299,11 @@ def worker(runs: int, out: Path) -> list[str]:
     ]
     for frame, c in selfs.most_common(12):
         lines.append(f"| `{frame.strip()}` | {c / total:.1%} |")
-    lines += ["", f"Raw collapsed stacks (py-spy `--format raw`): `{raw}`.", ""]
+    lines += [
+        "",
+        f"Raw collapsed stacks (py-spy `--format raw`): `{raw.name}` in the temporary directory.",
+        "",
+    ]
     return lines
 
 
