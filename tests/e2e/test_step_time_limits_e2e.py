@@ -58,7 +58,11 @@ def test_the_hard_limit_records_timeout_before_the_process_ends_and_the_run_retr
     took = time.monotonic() - began
     print(f"retried after the hard limit in {took:.1f}s")
     assert output["before"]["code"] == "timeout", output
-    assert "did not stop within" in output["before"]["message"]
+    # The watchdog's write at the hard limit, or, on a loaded machine, the timer sweep judging the
+    # same deadline a moment earlier (then the watchdog's guarded write finds it decided): either
+    # way the outcome is ``timeout`` and the process was ended (checked below).
+    said = output["before"]["message"]
+    assert "did not stop within" in said or "gave no result or heartbeat in time" in said, said
     # Known at the hard limit (1 s + 1 s), not after a LEASE (30 s) of silence.
     assert took < 20
     step = Checkpoint.objects.get(run_id=run.id)
