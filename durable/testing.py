@@ -511,6 +511,12 @@ def durable_worker(request: pytest.FixtureRequest) -> Iterator[DurableWorker]:
         worker.close()
 
 
+def settings_env(settings: dict[str, Any]) -> dict[str, str]:
+    """``DURABLE`` settings as the environment a worker's settings module reads them from
+    (``DURABLE_<KEY>``), so a worker subprocess runs with the test's own intervals."""
+    return {f"DURABLE_{key}": str(value) for key, value in settings.items()}
+
+
 def wait_for(
     predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = "condition"
 ) -> Any:

@@ -18,7 +18,7 @@ from django.test import override_settings
 
 import durable
 from durable.models import Checkpoint
-from durable.testing import wait_for
+from durable.testing import settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +30,7 @@ TWICE = durable.Retry(max_attempts=2, initial="100ms")
 
 @pytest.fixture
 def durable_worker_options():
-    return {"env": {f"DURABLE_{key}": value for key, value in SETTINGS.items()}}
+    return {"env": settings_env(SETTINGS)}
 
 
 @pytest.fixture(autouse=True)

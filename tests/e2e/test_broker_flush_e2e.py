@@ -18,7 +18,7 @@ from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import flush_broker, wait_for
+from durable.testing import flush_broker, settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -42,7 +42,7 @@ def fan_flow(ctx, n):
 
 @pytest.fixture
 def durable_worker_options():
-    return {"env": {f"DURABLE_{key}": value for key, value in SETTINGS.items()}}
+    return {"env": settings_env(SETTINGS)}
 
 
 @pytest.fixture(autouse=True)

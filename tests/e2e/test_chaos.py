@@ -29,7 +29,7 @@ from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import cut_database_connections, flush_broker, wait_for
+from durable.testing import cut_database_connections, flush_broker, settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -137,7 +137,7 @@ RUNS_PER_STEP = {0: 1, 1: 1, 2: 2, **{s: 1 for s in range(3, 8)}, 11: 1}
 @pytest.fixture
 def durable_worker_options():
     # No default worker: the test starts two of its own; this env reaches them and beat.
-    env = {f"DURABLE_{key}": value for key, value in SETTINGS.items()}
+    env = settings_env(SETTINGS)
     return {"start": False, "env": {**env, "DURABLE_LOG_LEVEL": "INFO"}}  # engine logs as evidence
 
 

@@ -21,7 +21,7 @@ from django.test import override_settings
 
 import durable
 from durable.models import TERMINAL, EntityOp, Run
-from durable.testing import flush_broker, wait_for
+from durable.testing import flush_broker, settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -58,7 +58,7 @@ def caller(ctx, arg):
 
 @pytest.fixture
 def durable_worker_options():
-    env = {f"DURABLE_{key}": str(value) for key, value in SETTINGS.items()}
+    env = settings_env(SETTINGS)
     return {"start": False, "env": env}
 
 

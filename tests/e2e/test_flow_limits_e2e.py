@@ -19,7 +19,7 @@ import pytest
 from django.test import override_settings
 
 import durable
-from durable.testing import wait_for
+from durable.testing import settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -73,7 +73,7 @@ def ledger_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def durable_worker_options(ledger_dir):
-    env = {f"DURABLE_{key}": value for key, value in SETTINGS.items()}
+    env = settings_env(SETTINGS)
     return {"start": False, "env": {**env, LEDGER_ENV: str(ledger_dir)}}
 
 

@@ -15,7 +15,7 @@ from django.conf import settings
 import durable
 from durable.models import Checkpoint
 from durable.processes import CeleryProcess
-from durable.testing import _purge, wait_for
+from durable.testing import _purge, settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -24,7 +24,7 @@ SETTINGS = {"TIMER_SWEEP_INTERVAL": "0.5s"}
 
 @pytest.fixture
 def durable_worker_options():
-    return {"env": {f"DURABLE_{key}": value for key, value in SETTINGS.items()}}
+    return {"env": settings_env(SETTINGS)}
 
 
 QUEUE = "remote-example"

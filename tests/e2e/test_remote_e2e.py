@@ -23,7 +23,7 @@ from django.test import override_settings
 import durable
 from durable.models import Checkpoint
 from durable.processes import CeleryProcess
-from durable.testing import _purge, wait_for
+from durable.testing import _purge, settings_env, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -91,7 +91,7 @@ def remote_stuck_flow(ctx, x):
 
 @pytest.fixture
 def durable_worker_options():
-    return {"env": {f"DURABLE_{key}": value for key, value in SETTINGS.items()}}
+    return {"env": settings_env(SETTINGS)}
 
 
 @pytest.fixture(autouse=True)

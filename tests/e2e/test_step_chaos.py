@@ -35,7 +35,7 @@ from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import WorkerHandle, cut_database_connections, wait_for
+from durable.testing import WorkerHandle, cut_database_connections, settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -146,7 +146,7 @@ def ledger_dir() -> Iterator[Path]:
 @pytest.fixture
 def durable_worker_options(ledger_dir):
     # No default worker: the test starts two of its own; this env reaches them and beat.
-    env = {f"DURABLE_{key}": value for key, value in SETTINGS.items()}
+    env = settings_env(SETTINGS)
     return {"start": False, "env": {**env, LEDGER_ENV: str(ledger_dir), "DURABLE_LOG_LEVEL": "INFO"}}
 
 

@@ -19,7 +19,7 @@ import durable
 from durable import clock
 from durable.engine.diagnosis import explain
 from durable.models import Presence, Run
-from durable.testing import wait_for
+from durable.testing import settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -68,7 +68,7 @@ if not os.environ.get(WORKER_SIDE):
 
 @pytest.fixture
 def durable_worker_options() -> dict[str, Any]:
-    env = {f"DURABLE_{key}": value for key, value in SETTINGS.items()}
+    env = settings_env(SETTINGS)
     return {"start": False, "env": {**env, WORKER_SIDE: "1"}}
 
 
