@@ -24,7 +24,7 @@ from ..errors import (
     error_dict,
     step_timeout_error,
 )
-from ..models import HELD, AttemptError, Checkpoint, Run
+from ..models import HELD, AttemptError, Checkpoint, Claim, Run
 from ..replay.attempt import LATER, beat_grace, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
@@ -408,19 +408,45 @@ def record(
     settings = conf.get()
     run_id, fan = row.run_id, row.fan
     key = (row.run_id, row.seq, row.attempt)
-    outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats), key)
+    claim = _claim_next_turn(settings, began) if inline else None
+    outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
         return "unrecorded"
-    recorded, woken, joins_later = outcome
+    recorded, woken, joins_later, claimed = outcome
     if not recorded:
+        if claim is not None and (taken := _claimed_unseen(run_id, claim)) is not None:
+            turn.advance_claimed(taken, claim.owner)
         return "stale"
-    # A fan member wakes the run only once the fan is closed. Asked after this result committed,
-    # so the last member always sees it closed (two may: the second turn is a harmless replay).
-    if joins_later:
+    if claimed is not None:
+        turn.advance_claimed(claimed, claimed.locked_by)
+    elif joins_later:
+        # A fan member wakes the run only once the fan is closed. Asked after this result
+        # committed, so the last member always sees it closed (two may: the second turn is a
+        # harmless replay).
         woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), key)
-    if woken:
+        if woken:
+            next_turn(run_id, woken, settings, began, inline=inline)
+    elif woken and not (claim is not None and attempts.serves(woken)):
+        # (A claim refused on a queue served here would be refused to a turn as well: the turn
+        # holding the run sees this wake when it settles, or the run is not admitted yet.)
         next_turn(run_id, woken, settings, began, inline=inline)
     return "completed" if recorded == COMPLETED else "failed"
+
+
+def _claimed_unseen(run_id: str, claim: Claim) -> Run | None:
+    """The run, if a try whose commit this process never saw recorded the result and claimed
+    the turn (its connection cut after the COMMIT): the retry then finds the attempt settled."""
+    return Run.objects.using(conf.get().DATABASE).filter(id=run_id, locked_by=claim.owner).first()
+
+
+def _claim_next_turn(settings: conf.Settings, began: float | None) -> Claim | None:
+    """The claim that lets recording a result take the run's next turn in the same commit,
+    when that turn would run here: this worker serves the run's queue (checked by the claim) and
+    no Celery time limit would cut the turn short."""
+    served = dispatch.transport.served_queues
+    if not settings.INLINE_NEXT_TURN or served == set() or not _time_for_a_turn(settings, began):
+        return None
+    return Claim(turn.new_owner(settings), settings.LEASE, None if served is None else frozenset(served))
 
 
 def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None:
@@ -450,10 +476,12 @@ def _record_once(
     error: dict[str, Any] | None,
     retryable: bool,
     beats: Beats | None,
-) -> tuple[str | None, str | None, bool]:
-    """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later)."""
+    claim: Claim | None,
+) -> tuple[str | None, str | None, bool, Run | None]:
+    """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later,
+    the run if ``claim`` took its lease)."""
     try:
-        return _write_result(row, step, output, error, retryable, beats)
+        return _write_result(row, step, output, error, retryable, beats, claim)
     except DataError as exc:
         log.warning(
             "durable: the result of %s#%s attempt %s cannot be stored: %s",
@@ -468,7 +496,7 @@ def _record_once(
             "code": "unstorable_result",
             "details": None,
         }
-        return _write_result(row, step, None, unstorable, False, None)
+        return _write_result(row, step, None, unstorable, False, None, claim)
 
 
 def _write_result(
@@ -478,12 +506,14 @@ def _write_result(
     error: dict[str, Any] | None,
     retryable: bool,
     beats: Beats | None,
-) -> tuple[str | None, str | None, bool]:
+    claim: Claim | None,
+) -> tuple[str | None, str | None, bool, Run | None]:
     settings = conf.get()
     db = settings.DATABASE
     run_id, seq, attempt = row.run_id, row.seq, row.attempt
     now = clock.now()
     woken: str | None = None  # the run's queue, once a wake reached it
+    claimed: Run | None = None
     trace = ""
     if error is not None:
         error, trace = split_traceback(error)
@@ -517,13 +547,17 @@ def _write_result(
         if recorded:
             settled = error is None or not recorded_retry(step, retryable, attempt)
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
-            if not joins_later:
+            if not joins_later and claim is not None:
+                woken, claimed = Run.objects.using(db).wake_and_claim(
+                    run_id, now, now + settings.LEASE, claim
+                )
+            elif not joins_later:
                 woken = Run.objects.using(db).wake(run_id, now, now + settings.LEASE)
             if row.flow == HELD and row.flow_key:
                 # The attempt ended: its slot goes to the oldest in line, in this transaction
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
-    return recorded or None, woken, joins_later
+    return recorded or None, woken, joins_later, claimed
 
 
 def _observe(row: Checkpoint, output: Any, error: dict[str, Any] | None, retry_at: datetime | None) -> None:
@@ -558,16 +592,16 @@ def next_turn(
     A step's own timeout ends with the step (durable enforces it, see ``timelimits``); a Celery
     time limit the project set on the task goes on ticking: the turn runs here only with at least
     a LEASE of it left, the time a turn is given anyway."""
-    if not inline:
-        dispatch.advance(run_id, queue)
-        return
-    limit = dispatch.time_limit()
-    if limit is not None:
-        left = limit - (time.monotonic() - began) if began is not None else 0.0
-        if left < settings.LEASE.total_seconds():
-            dispatch.advance(run_id, queue)
-            return
-    if settings.INLINE_NEXT_TURN and attempts.serves(queue):
+    if inline and settings.INLINE_NEXT_TURN and attempts.serves(queue) and _time_for_a_turn(settings, began):
         turn.advance(run_id)
     else:
         dispatch.advance(run_id, queue)
+
+
+def _time_for_a_turn(settings: conf.Settings, began: float | None) -> bool:
+    """Whether at least a LEASE is left of the Celery time limit of the task running now, if any."""
+    limit = dispatch.time_limit()
+    if limit is None:
+        return True
+    left = limit - (time.monotonic() - began) if began is not None else 0.0
+    return left >= settings.LEASE.total_seconds()

@@ -73,8 +73,18 @@ def limits(settings: conf.Settings) -> Limits:
 def advance(run_id: str) -> str:
     """Run turns of ``run_id`` until it settles; return what happened, for logs and tests."""
     settings = conf.get()
+    return _repairing(run_id, settings, lambda: _advance(run_id, settings))
+
+
+def advance_claimed(run: Run, owner: str) -> str:
+    """``advance`` a run whose lease ``owner`` took already (with the write that woke it)."""
+    settings = conf.get()
+    return _repairing(run.id, settings, lambda: _claimed(run, owner, settings, first=False))
+
+
+def _repairing(run_id: str, settings: conf.Settings, turns: Callable[[], str]) -> str:
     try:
-        return _advance(run_id, settings)
+        return turns()
     except (OperationalError, InterfaceError):
         # The database went away mid-turn. This message, the run's prompt, is spent, and a
         # commit this process could not confirm may hold sends it never published: once the
@@ -83,21 +93,31 @@ def advance(run_id: str) -> str:
         raise
 
 
+def new_owner(settings: conf.Settings) -> str:
+    """A fresh lease owner: this worker, and this turn."""
+    return f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
+
+
 def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
-    owner = f"{settings.INSTANCE_ID}/{uuid.uuid4().hex[:12]}"
+    owner = new_owner(settings)
     now = clock.now()
     run = runs.claim(run_id, owner, now, settings.LEASE)
     if run is None:
         return "busy"
+    return _claimed(run, owner, settings, first=run.started_at == now)
+
+
+def _claimed(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
+    run_id = run.id
     if remote_turns.is_remote(run, settings):
         # Not held here: the remote worker's turn heartbeats keep the lease, or it lapses.
-        return remote_turns.send(run, owner, settings, first=run.started_at == now)
+        return remote_turns.send(run, owner, settings, first=first)
     leases.hold(run_id, owner)
     attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
     try:
         with tracing.span(f"durable.turn {run.workflow}", run_id, attributes) as span:
-            outcome = _turns(run, owner, settings, first=run.started_at == now)
+            outcome = _turns(run, owner, settings, first=first)
             if span is not None:
                 span.set_attribute("durable.outcome", str(outcome))
             return outcome

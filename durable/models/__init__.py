@@ -13,7 +13,7 @@ from .failures import AttemptError, AttemptErrorQuerySet
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .presence import Presence, PresenceQuerySet
-from .runs import Run, RunQuerySet
+from .runs import Claim, Run, RunQuerySet
 
 __all__ = [
     "HELD",
@@ -40,6 +40,7 @@ __all__ = [
     "PresenceQuerySet",
     "FlowGate",
     "FlowStart",
+    "Claim",
     "Run",
     "RunQuerySet",
     "Signal",

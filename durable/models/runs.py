@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,15 @@ from .base import RETRYABLE, Status, skip_locked
 #: The PostgreSQL channel every run end is announced on, the run's id as the payload, by a
 #: trigger in the transaction that ends it (migration 0014).
 RUN_ENDED = "durable_run_ended"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who takes a run's turn lease, for how long, and only on which queues (None: any)."""
+
+    owner: str
+    lease: timedelta
+    queues: frozenset[str] | None
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -87,20 +97,69 @@ class RunQuerySet(models.QuerySet["Run"]):
         re-drives it if the message that should carry this wake is lost; a run waiting for its
         singleton slot keeps its own (its start delay), since it cannot run before it is admitted.
         """
+        woken = self._wake(run_id, now, redrive_at, None)
+        return woken.queue if woken is not None else None
+
+    def wake_and_claim(
+        self, run_id: str, now: datetime, redrive_at: datetime, claim: Claim
+    ) -> tuple[str | None, Run | None]:
+        """``wake``, and in the same statement take the turn lease for ``claim.owner`` when
+        ``claim`` would get it (free or expired, the run admitted, its queue one of
+        ``claim.queues``): (the run's queue or None if finished, the claimed row or None).
+
+        A worker that records a step's result and runs the next turn itself so commits once
+        where waking and claiming would commit twice."""
+        woken = self._wake(run_id, now, redrive_at, claim)
+        if woken is None:
+            return None, None
+        return woken.queue, woken if woken.locked_by == claim.owner else None
+
+    def _wake(self, run_id: str, now: datetime, redrive_at: datetime, claim: Claim | None) -> Run | None:
         connection = connections[self.db]
         ops = connection.ops
+        at = ops.adapt_datetimefield_value
         earliest = "MIN" if connection.vendor == "sqlite" else "LEAST"
-        at = ops.adapt_datetimefield_value(redrive_at)
+        claiming, params = "", []
+        if claim is not None:
+            # As ``claim``: taking over a ``running`` run means its last turn died holding it.
+            free = "admitted = %s AND (locked_until IS NULL OR locked_until < %s)"
+            free_params: list[Any] = [True, at(now)]
+            if claim.queues is not None:
+                free += f" AND queue IN ({', '.join(['%s'] * len(claim.queues))})"
+                free_params += sorted(claim.queues)
+            claiming = (
+                f"recovery_attempts = CASE WHEN {free} AND status = %s "
+                "THEN recovery_attempts + 1 ELSE recovery_attempts END, "
+                f"status = CASE WHEN {free} THEN %s ELSE status END, "
+                f"locked_by = CASE WHEN {free} THEN %s ELSE locked_by END, "
+                f"locked_until = CASE WHEN {free} THEN %s ELSE locked_until END, "
+                f"started_at = CASE WHEN {free} THEN COALESCE(started_at, %s) ELSE started_at END, "
+            )
+            params = [
+                *free_params,
+                Status.RUNNING,
+                *free_params,
+                Status.RUNNING,
+                *free_params,
+                claim.owner,
+                *free_params,
+                at(now + claim.lease),
+                *free_params,
+                at(now),
+            ]
         sql = (
             f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wakes = wakes + 1, "
             f"wake_at = CASE WHEN admitted THEN {earliest}(COALESCE(wake_at, %s), %s) ELSE wake_at END, "
-            "updated_at = %s "
-            "WHERE id = %s AND status IN (%s, %s, %s) RETURNING queue"
+            f"{claiming}updated_at = %s "
+            "WHERE id = %s AND status IN (%s, %s, %s) RETURNING "
+            # The turn that claimed it needs the whole row; a wake alone, its queue.
+            + ("*" if claim is not None else "id, queue")
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [at, at, ops.adapt_datetimefield_value(now), run_id, *UNFINISHED])
-            row = cursor.fetchone()
-        return row[0] if row else None
+        redrive = at(redrive_at)
+        woken = list(
+            Run.objects.using(self.db).raw(sql, [redrive, redrive, *params, at(now), run_id, *UNFINISHED])
+        )
+        return woken[0] if woken else None
 
     def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
         """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import durable
@@ -40,6 +41,32 @@ def statements(run) -> list[str]:
     with CaptureQueriesContext(connection) as captured:
         run()
     return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(("BEGIN", "COMMIT"))]
+
+
+def commits(run) -> int:
+    """Transactions that wrote: each write outside a transaction, and each commit of one."""
+    count = 0
+
+    def counted(execute, sql, params, many, context):
+        nonlocal count
+        if connection.get_autocommit() and not sql.lstrip().upper().startswith(("SELECT", "BEGIN", "COMMIT")):
+            count += 1
+        return execute(sql, params, many, context)
+
+    commit = connection.commit
+
+    def counted_commit():
+        nonlocal count
+        count += 1
+        commit()
+
+    connection.commit = counted_commit
+    try:
+        with connection.execute_wrapper(counted):
+            run()
+    finally:
+        del connection.commit
+    return count
 
 
 def test_a_turn_that_dispatches_a_step_costs_four_statements(durable_env):
@@ -91,3 +118,27 @@ def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_en
     assert len(cost_ten) - len(cost_one) == 18
     assert durable.result(ten.id) == list(range(10))
     assert durable_env.pending() == []
+
+
+@override_settings(DURABLE={"EAGER_STEPS": False})  # every step through the broker
+def test_a_dispatched_step_and_its_next_turn_commit_three_times(durable_env):
+    """The broker path's cost per step: take the attempt; record its result, wake the run and
+    claim its next turn; the turn's settle with the next step's row. A worker of the run's queue
+    records and claims in one statement, so the turn starts from the history read."""
+    run = durable.start(remote_flow, 2)
+    durable_env.drop()
+    turn.advance(run.id)
+    (message,) = durable_env.drop()
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"durable"}  # a worker of the run's queue
+    try:
+        sql = statements(lambda: steps.run_step(*message.args))
+        (second,) = durable_env.drop()
+        written = commits(lambda: steps.run_step(*second.args))
+    finally:
+        transport.served_queues = served
+    # take; record the result; wake and claim; history; the next step's INSERT; settle.
+    assert len(sql) == 6, sql
+    assert sum("locked_by = CASE WHEN" in q for q in sql) == 1, sql
+    assert written == 3  # take; record, wake and claim; the last turn's settle
+    assert durable.result(run.id) == [0, 1]

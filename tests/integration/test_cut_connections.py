@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
+from django.test import override_settings
 
 import durable
+from durable.engine import steps
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,3 +63,28 @@ def test_a_turn_that_meets_a_dropped_connection_sends_the_run_again_once_the_dat
     assert [(m.task, m.args) for m in durable_env.pending()] == [("durable.advance", (run.id,))]
     durable_env.run_until_idle()
     assert durable.result(run.id) == 3 and RAN == [3]
+
+
+@override_settings(DURABLE={"EAGER_STEPS": False})
+def test_a_result_whose_commit_went_unseen_still_runs_the_turn_it_claimed(durable_env):
+    """The connection is cut after the database committed the result and the claim of the next
+    turn, before the worker heard so: the retry finds the attempt settled, and the turn this
+    worker claimed runs now rather than after its lease lapses."""
+    RAN.clear()
+    run = durable.start(one_step, 5)
+    durable_env.run_next()  # the first turn: it sends the step's message
+    (message,) = durable_env.drop()
+    committed = connection.commit
+
+    def commit_then_lose_the_answer():
+        committed()
+        del connection.commit
+        raise OperationalError("server closed the connection unexpectedly")
+
+    connection.commit = commit_then_lose_the_answer
+    try:
+        assert steps.run_step(*message.args) == "stale"  # what the retry found
+    finally:
+        connection.__dict__.pop("commit", None)
+    assert durable.get_run(run.id).status == "completed"
+    assert RAN == [5] and durable_env.pending() == []
