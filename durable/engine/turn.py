@@ -21,7 +21,7 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import AttemptError, Checkpoint, Run, Signal, Status
 from ..replay.context import replay
-from ..replay.history import BufferedSignal, Decision, Limits, Record
+from ..replay.history import COMPLETED, PENDING, BufferedSignal, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
 from . import (
@@ -279,6 +279,10 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         ):
             with transaction.atomic(using=db):
                 _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+        elif len(current.unsaved()) > 1:
+            # An attempt's start with the result held back from the one before: one commit.
+            with transaction.atomic(using=db):
+                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         else:
             _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         _hand_off(current)
@@ -317,23 +321,53 @@ def finish(
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
     else:
-        with transaction.atomic(using=settings.DATABASE):
-            _write(run.id, state, settings, namespace=run.namespace)
-            runs.start_children(run, state.children)
-            state.children.clear()
-            if outcome.status == "continued":
-                successor = runs.continue_as_new(
-                    run,
-                    workflow or registry.workflow(run.workflow, run.version),
-                    outcome.next_input,
-                    exposed=state.exposed,
-                )
-                outcome.output = {"continued_as": successor}
-            _settle(run, owner, outcome, settings, state)
-            # After the settle: a gate is locked after the run's row, as a recorded result does.
-            _hand_off(state)
+        try:
+            _write_and_settle(run, owner, workflow, state, outcome, settings)
+        except _Stale:
+            _keep_held_results(run.id, owner, state, settings.DATABASE)
+            raise
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
+
+
+def _write_and_settle(
+    run: Run,
+    owner: str,
+    workflow: Workflow | None,
+    state: TurnState,
+    outcome: Decision,
+    settings: conf.Settings,
+) -> None:
+    with transaction.atomic(using=settings.DATABASE):
+        _write(run.id, state, settings, namespace=run.namespace)
+        runs.start_children(run, state.children)
+        state.children.clear()
+        if outcome.status == "continued":
+            successor = runs.continue_as_new(
+                run,
+                workflow or registry.workflow(run.workflow, run.version),
+                outcome.next_input,
+                exposed=state.exposed,
+            )
+            outcome.output = {"continued_as": successor}
+        _settle(run, owner, outcome, settings, state)
+        # After the settle: a gate is locked after the run's row, as a recorded result does.
+        _hand_off(state)
+
+
+def _keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> None:
+    """A wake refused the settle, and the turn replays from what is stored: the results of
+    attempts run in place that waited for the settle are facts whatever the replay decides, so
+    they are written alone, under the lease (else the replay would count them lost)."""
+    held = [
+        rec
+        for rec in state.unsaved()
+        if rec.kind == "step" and rec.status == COMPLETED and rec.stored_as and rec.stored_as[0] == PENDING
+    ]
+    with transaction.atomic(using=db):
+        for rec in held:
+            fields = {f: getattr(rec, f) for f in _WRITTEN}
+            Checkpoint.objects.using(db).rewrite(run_id, rec.seq, rec.stored_as, owner=owner, **fields)
 
 
 def _replay(

@@ -114,6 +114,7 @@ class Context(
         self._renew = self._sticky(renew)
         self._seq = 0
         self._at = 0  # the position of the primitive being answered
+        self._held = False  # a result of an attempt run in place waits for the next write
         self._replay_until = max(state.records, default=-1)
         self._nondeterminism: NonDeterminismError | None = None
         self._init_cancelling(run.cancel_request)
@@ -451,6 +452,10 @@ class Context(
         )
 
     def _run_local(self, rec: Record, step: Step) -> Any:
+        if self._held:
+            # A local step may run long: the result held back is written before it starts.
+            self._flush(self._turn)
+            self._held = False
         info = StepInfo(self._facts.id, rec.seq, rec.attempt, step.name)
         rec.started_at = self._clock()
         # A local step's beat proves the turn alive: it renews the turn's lease.
@@ -476,11 +481,19 @@ class Context(
         rec.started_at = self._clock()
         rec.changed()
         self._flush(self._turn)
+        self._held = False  # written with this attempt's start
         result = self._in_place(rec, step)
-        return self._attempt_ended(rec, step, *result)
+        return self._attempt_ended(rec, step, *result, hold=True)
 
     def _attempt_ended(
-        self, rec: Record, step: Step, output: Any, error: dict[str, Any] | None, retryable: bool
+        self,
+        rec: Record,
+        step: Step,
+        output: Any,
+        error: dict[str, Any] | None,
+        retryable: bool,
+        *,
+        hold: bool = False,
     ) -> Any:
         """Record an attempt run inside this turn, then answer as the position now stands."""
         if output is LATER:
@@ -500,7 +513,13 @@ class Context(
         rec.wake_at = None
         rec.finished_at = self._clock()
         rec.changed()
-        self._flush(self._turn)
+        if hold:
+            # An attempt run in place is written as started already: its result can wait for
+            # the turn's next write (the next attempt's start, or the settle) and commit with it.
+            # Lost with this process, it is an attempt that died running: retried, as one would be.
+            self._held = True
+        else:
+            self._flush(self._turn)
         return output
 
     def _failure(self, exc: DurableError, rec: Record) -> DurableError:

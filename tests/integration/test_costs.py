@@ -120,6 +120,23 @@ def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_en
     assert durable_env.pending() == []
 
 
+def test_a_result_run_in_place_commits_with_the_next_write(durable_env):
+    one, ten = durable.start(remote_flow, 1), durable.start(remote_flow, 10)
+    durable_env.drop()
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"durable"}
+    try:
+        commits_one = commits(lambda: turn.advance(one.id))
+        commits_ten = commits(lambda: turn.advance(ten.id))
+    finally:
+        transport.served_queues = served
+    # The claim; each step's start, with the result of the step before; the last result with
+    # the settle.
+    assert commits_one == 3
+    assert commits_ten - commits_one == 9
+    assert durable.result(ten.id) == list(range(10))
+
+
 @override_settings(DURABLE={"EAGER_STEPS": False})  # every step through the broker
 def test_a_dispatched_step_and_its_next_turn_commit_three_times(durable_env):
     """The broker path's cost per step: take the attempt; record its result, wake the run and

@@ -75,16 +75,24 @@ def test_a_result_whose_commit_went_unseen_still_runs_the_turn_it_claimed(durabl
     durable_env.run_next()  # the first turn: it sends the step's message
     (message,) = durable_env.drop()
     committed = connection.commit
+    claimed = []
+
+    def watch(execute, sql, params, many, context):
+        claimed.append("locked_by = CASE WHEN" in sql)
+        return execute(sql, params, many, context)
 
     def commit_then_lose_the_answer():
         committed()
-        del connection.commit
-        raise OperationalError("server closed the connection unexpectedly")
+        if any(claimed):  # the transaction that recorded the result and claimed the turn
+            del connection.commit
+            raise OperationalError("server closed the connection unexpectedly")
 
     connection.commit = commit_then_lose_the_answer
     try:
-        assert steps.run_step(*message.args) == "stale"  # what the retry found
+        with connection.execute_wrapper(watch):
+            assert steps.run_step(*message.args) == "stale"  # what the retry found
     finally:
         connection.__dict__.pop("commit", None)
+    assert any(claimed)
     assert durable.get_run(run.id).status == "completed"
     assert RAN == [5] and durable_env.pending() == []

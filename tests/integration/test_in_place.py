@@ -169,6 +169,35 @@ def test_a_turn_that_dies_mid_step_is_recovered_and_the_step_runs_again(env):
     assert (done.status, done.attempt, done.progress) == ("completed", 2, {"attempt": 2})
 
 
+DIED: list[bool] = []
+
+
+@durable.workflow(name="tests.in_place.dies_after_a_step")
+def dies_after_a_step(ctx, _):
+    first = ctx.step(noted, "a")
+    if not DIED:
+        DIED.append(True)
+        raise WorkerDied()  # the process ends after the step ran, before the turn wrote again
+    return [first, ctx.step(noted, "b")]
+
+
+def test_a_result_held_for_the_next_write_is_lost_with_its_process_and_the_step_runs_again(env):
+    DIED.clear()
+    run = durable.start(dies_after_a_step)
+    with pytest.raises(WorkerDied):
+        turn.advance(run.id)
+    row = _rows(run.id)[0]
+    # Its result waited for the turn's next write, which never came: the attempt is as it was
+    # written before it ran, and counts as lost once the dead turn's lease expires.
+    assert (row.status, row.attempt, row.output) == ("pending", 1, None)
+    env.advance_time("31s")
+    lost = _rows(run.id)[0]
+    assert (lost.status, lost.attempt, lost.error["code"]) == ("pending", 2, "worker_lost")
+    env.advance_time("2s")
+    assert durable.result(run.id) == ["a", "b"]
+    assert RAN == ["a", "a", "b"]
+
+
 def test_a_step_run_in_place_by_a_turn_that_lost_its_lease_records_nothing(env):
     run = durable.start(zombie)
     assert turn.advance(run.id) == "lost"
