@@ -4,7 +4,8 @@ Every span of a run belongs to one trace whose id is derived from the run id, so
 a sweep (a message with no trace headers) land in the run's trace too. Within it, the context
 travels in Celery message headers: ``start()`` → the turn → the step attempt → the next turn.
 The span of ``start()`` links to the caller's span (a request, a task) when there is one.
-Without the package, every function here is a cheap no-op.
+Without the package, or without a tracer provider configured, every function here is a cheap
+no-op.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ HEADER_NAMES = ("traceparent", "tracestate")
 
 
 def enabled() -> bool:
-    return trace is not None
+    """Whether spans are recorded: the API is installed and a tracer provider configured. The
+    API's default provider records nothing, and building its spans would cost every turn."""
+    return trace is not None and not isinstance(
+        _provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
+
+
+def _provider() -> Any:
+    return trace.get_tracer_provider()
 
 
 def _ids(run_id: str) -> tuple[int, int]:
@@ -66,14 +75,14 @@ def _parent(run_id: str) -> Any:
 
 
 def _tracer() -> Any:
-    return trace.get_tracer("durable")
+    return _provider().get_tracer("durable")
 
 
 @contextlib.contextmanager
 def span(name: str, run_id: str, attributes: dict[str, Any], *, link_caller: bool = False) -> Iterator[Any]:
     """A span of ``run_id``'s trace, current inside the block; the exception that escapes the
     block is recorded on it. ``link_caller`` links it to the span that was current before."""
-    if trace is None:
+    if not enabled():
         yield None
         return
     links = []
@@ -97,7 +106,7 @@ def record_span(
 ) -> None:
     """A span for work that already happened (a step attempt a turn ran or judged), with its
     recorded times."""
-    if trace is None:
+    if not enabled():
         return
     started = _nanos(start)
     current = _tracer().start_span(
@@ -121,7 +130,7 @@ def fail(current: Any, error: dict[str, Any] | None) -> None:
 def headers() -> dict[str, str]:
     """The trace headers of the current span, for a message sent from here ({} when none)."""
     # Only a recording span: without an SDK the current span is the run's placeholder root.
-    if trace is None or not trace.get_current_span().is_recording():
+    if not enabled() or not trace.get_current_span().is_recording():
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)

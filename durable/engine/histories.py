@@ -23,32 +23,9 @@ BATCH = 200
 _RUN_FIELDS = ("id", "workflow", "version", "namespace", "input", "status", "updated_at")
 
 
-def record_of(row: Checkpoint) -> Record:
-    """The replay core's record of a stored position."""
-    return Record(
-        seq=row.seq,
-        kind=row.kind,
-        name=row.name,
-        status=row.status,
-        attempt=row.attempt,
-        input=row.input,
-        output=row.output,
-        error=row.error,
-        wake_at=row.wake_at,
-        enqueued_at=row.enqueued_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        last_heartbeat_at=row.last_heartbeat_at,
-        queue=row.queue,
-        fan=row.fan,
-        fail_fast=row.fail_fast,
-        token=row.token,
-        held_until=row.held_until,
-        flow=row.flow,
-        flow_key=row.flow_key,
-        redispatches=row.redispatches,
-        stored_as=(row.status, row.attempt),
-    )
+def stored(run_id: str, db: str) -> dict[int, Record]:
+    """The replay core's records of ``run_id``'s stored positions, by position."""
+    return _records([run_id], db)[run_id]
 
 
 def _facts(run: Run) -> RunFacts:
@@ -77,6 +54,7 @@ _RECORD_FIELDS = (
     "held_until",
     "flow",
     "flow_key",
+    "redispatches",
 )
 
 

@@ -473,10 +473,7 @@ def _run_fields(outcome: Decision) -> dict[str, Any]:
 
 
 def load_records(run_id: str, db: str) -> dict[int, Record]:
-    return {
-        row.seq: histories.record_of(row)
-        for row in Checkpoint.objects.using(db).filter(run_id=run_id).order_by("seq")
-    }
+    return histories.stored(run_id, db)
 
 
 def _find_run(run_id: str, db: str) -> tuple[str, str] | None:

@@ -119,7 +119,7 @@ def memory_spans(monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", lambda: provider.get_tracer("durable"))
+    monkeypatch.setattr(tracing, "_provider", lambda: provider)
     return provider, exporter
 
 

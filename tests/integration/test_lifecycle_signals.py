@@ -201,7 +201,7 @@ def spans(monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", lambda: provider.get_tracer("durable"))
+    monkeypatch.setattr(tracing, "_provider", lambda: provider)
     return exporter
 
 
