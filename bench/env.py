@@ -121,7 +121,13 @@ def purge_queues() -> None:
 class Worker:
     """A real ``celery -A project worker`` subprocess (prefork), with its process tree's RSS."""
 
-    def __init__(self, name: str = "bench", concurrency: int = CONCURRENCY, wrap: list[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str = "bench",
+        concurrency: int = CONCURRENCY,
+        wrap: list[str] = (),
+        settings: dict[str, str] | None = None,
+    ) -> None:
         from durable.processes import CeleryProcess
 
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -149,7 +155,8 @@ class Worker:
             "--without-heartbeat",
         ]
         self.concurrency = concurrency
-        self.process = CeleryProcess(argv, {**os.environ, **ENV}, self.log_path, "")
+        # ``settings``: environment the project's settings read (DURABLE_EAGER_STEPS, say).
+        self.process = CeleryProcess(argv, {**os.environ, **ENV, **(settings or {})}, self.log_path, "")
 
     def start(self) -> Worker:
         purge_queues()

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import env  # noqa: E402
 
-FAMILIES = ("ceiling", "sweeps", "latency", "throughput", "local", "rss")
+FAMILIES = ("ceiling", "sweeps", "latency", "throughput", "broker", "local", "rss")
 
 FULL = {
     "n": 1000,
@@ -50,7 +50,8 @@ BUDGET_SHARES = {
     "sweeps": 60,
     "dbos": 100,
     "latency": 30,
-    "throughput": 400,
+    "throughput": 200,
+    "broker": 200,
     "local_worker": 85,
     "local_in_process": 60,
     "rss": 80,
@@ -124,6 +125,13 @@ def main() -> int:
     family("sweeps", lambda: sweeps.run(p["sweep_count"], p["reps"], budget("sweeps")))
     peer = family("dbos", lambda: local.dbos(p["n"], p["reps"], p["latency_reps"], budget("dbos")), "local")
     worker_rss = None
+    if "broker" in only:
+        # Its own worker, with EAGER_STEPS off: every step crosses the broker.
+        eager_off = env.Worker(name="broker", settings={"DURABLE_EAGER_STEPS": "0"}).start()
+        try:
+            family("broker", lambda: dispatched.broker(p["latency_reps"], p["n"], budget("broker")))
+        finally:
+            eager_off.stop()
     if only & {"latency", "throughput", "local"}:
         worker = env.Worker().start()
         try:

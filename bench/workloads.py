@@ -49,13 +49,6 @@ def dispatched10_timed(ctx: durable.Context, _input: object) -> int:
     return _ten(ctx, noop_step_timed)
 
 
-@durable.workflow(name="bench.dispatched10_broker")
-def dispatched10_broker(ctx: durable.Context, _input: object) -> int:
-    """``dispatched10`` with every step through the broker, as with EAGER_STEPS off: each step
-    is awaited as a fan of one, whose members always cross the broker."""
-    return sum(ctx.all([ctx.defer(noop_step_timed, i)])[0] for i in range(STEPS))
-
-
 @durable.workflow(name="bench.local10")
 def local10(ctx: durable.Context, _input: object) -> int:
     return _ten(ctx, noop_local)

@@ -453,7 +453,8 @@ def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None
     """Run ``write`` until it gets through a transient database error; None if it never did."""
     db = conf.get().DATABASE
     for pause in RECORD_TRIES:
-        time.sleep(pause)
+        if pause:  # the first try goes at once: even a zero sleep hands the GIL away
+            time.sleep(pause)
         try:
             return write()
         except _TRANSIENT:
