@@ -51,7 +51,8 @@ RUN_COLUMNS = (
     "created_at, updated_at, started_at, finished_at, wake_at, recovery_attempts, wakes, admitted"
 )
 CHECKPOINT_COLUMNS = (
-    "run_id, seq, kind, name, status, attempt, queue, input, output, started_at, finished_at, fail_fast"
+    "run_id, seq, kind, name, status, attempt, queue, input, output, started_at, finished_at, fail_fast, "
+    "redispatches"
 )
 
 
@@ -86,47 +87,50 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
         conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
         conn.execute("DROP TABLE IF EXISTS bench_scale_fill")
         saved = _drop_checkpoint_indexes(conn)
-        for first in range(1, runs + 1, chunk):
-            last = min(first + chunk - 1, runs)
-            # Finished over the last ~6 days, 2% failed; ten completed steps each.
+        try:
+            for first in range(1, runs + 1, chunk):
+                last = min(first + chunk - 1, runs)
+                # Finished over the last ~6 days, 2% failed; ten completed steps each.
+                conn.execute(
+                    f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'f' || md5(i::text), 'bench.filled', '1', "
+                    "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'completed' END, 'durable', "
+                    "jsonb_build_object('order', i, 'items', jsonb_build_array('a', 'b')), "
+                    "jsonb_build_object('total', i * 3), '', '[]', '{}', '{}', t, t, t, t + interval '2 s', "
+                    "NULL, 0, 11, true FROM generate_series(%s::int, %s::int) i, "
+                    f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                    (first, last),
+                )
+                conn.execute(
+                    f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT 'f' || md5(i::text), s, 'step', "
+                    "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
+                    "jsonb_build_object('value', i + s), t, t, false, 0 FROM generate_series(%s::int, %s::int) i, "
+                    f"generate_series(0, {steps - 1}) s, "
+                    f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                    (first, last),
+                )
+                log(f"filled {last:,} of {runs:,} finished runs")
+            # Waiting on a timer a month away: two steps done, the sleep pending.
             conn.execute(
-                f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'f' || md5(i::text), 'bench.filled', '1', "
-                "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'completed' END, 'durable', "
-                "jsonb_build_object('order', i, 'items', jsonb_build_array('a', 'b')), "
-                "jsonb_build_object('total', i * 3), '', '[]', '{}', '{}', t, t, t, t + interval '2 s', "
-                "NULL, 0, 11, true FROM generate_series(%s::int, %s::int) i, "
-                f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
-                (first, last),
+                f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'w' || md5(i::text), 'bench.parked', '1', "
+                "'suspended', 'durable', jsonb_build_object('order', i), NULL, '', '[]', '{}', '{}', now(), now(), "
+                "now(), NULL, now() + interval '30 days' + i * interval '1 ms', 0, 3, true "
+                "FROM generate_series(1, %s::int) i",
+                (waiting,),
             )
             conn.execute(
-                f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT 'f' || md5(i::text), s, 'step', "
-                "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
-                "jsonb_build_object('value', i + s), t, t, false FROM generate_series(%s::int, %s::int) i, "
-                f"generate_series(0, {steps - 1}) s, "
-                f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
-                (first, last),
+                f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}, wake_at) SELECT 'w' || md5(i::text), s, "
+                "CASE WHEN s < 2 THEN 'step' ELSE 'sleep' END, CASE WHEN s < 2 THEN 'bench.step' ELSE 'sleep' END, "
+                "CASE WHEN s < 2 THEN 'completed' ELSE 'pending' END, 1, '', "
+                "jsonb_build_object('args', jsonb_build_array(i, s)), CASE WHEN s < 2 THEN '{\"value\": 1}'::jsonb END, "
+                "now(), CASE WHEN s < 2 THEN now() END, false, 0, CASE WHEN s = 2 THEN now() + interval '30 days' END "
+                "FROM generate_series(1, %s::int) i, generate_series(0, 2) s",
+                (waiting,),
             )
-            log(f"filled {last:,} of {runs:,} finished runs")
-        # Waiting on a timer a month away: two steps done, the sleep pending.
-        conn.execute(
-            f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'w' || md5(i::text), 'bench.parked', '1', "
-            "'suspended', 'durable', jsonb_build_object('order', i), NULL, '', '[]', '{}', '{}', now(), now(), "
-            "now(), NULL, now() + interval '30 days' + i * interval '1 ms', 0, 3, true "
-            "FROM generate_series(1, %s::int) i",
-            (waiting,),
-        )
-        conn.execute(
-            f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}, wake_at) SELECT 'w' || md5(i::text), s, "
-            "CASE WHEN s < 2 THEN 'step' ELSE 'sleep' END, CASE WHEN s < 2 THEN 'bench.step' ELSE 'sleep' END, "
-            "CASE WHEN s < 2 THEN 'completed' ELSE 'pending' END, 1, '', "
-            "jsonb_build_object('args', jsonb_build_array(i, s)), CASE WHEN s < 2 THEN '{\"value\": 1}'::jsonb END, "
-            "now(), CASE WHEN s < 2 THEN now() END, false, CASE WHEN s = 2 THEN now() + interval '30 days' END "
-            "FROM generate_series(1, %s::int) i, generate_series(0, 2) s",
-            (waiting,),
-        )
-        log("filled the waiting runs; building the checkpoint indexes again")
-        for statement in saved:
-            conn.execute(statement)
+            log("filled the waiting runs; building the checkpoint indexes again")
+        finally:
+            # Also after a failed fill: the next run must not measure a table without its indexes.
+            for statement in saved:
+                conn.execute(statement)
         log("vacuum analyze")
         conn.execute("VACUUM ANALYZE durable_run")
         conn.execute("VACUUM ANALYZE durable_checkpoint")
@@ -291,7 +295,7 @@ def _insert_swept(kind: str, count: int) -> None:
     if kind == "retention":
         _sql(
             f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT r.id, s, 'step', 'bench.step', "
-            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false FROM durable_run r, "
+            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false, 0 FROM durable_run r, "
             "generate_series(0, 9) s WHERE r.queue = %s AND r.status = 'completed'",
             (QUEUE,),
         )
