@@ -2,6 +2,7 @@
 
     .venv-bench/bin/python bench/scale.py            # fill once (kept), measure both, write results
     .venv-bench/bin/python bench/scale.py --refill   # fill again from scratch
+    .venv-bench/bin/python bench/scale.py --empty-only   # the empty database alone, no fill
 
 The filled database (``durable_scale`` by default) holds 1,000,000 finished runs with ten
 completed steps each, and 100,000 runs waiting on a timer a month away with three positions
@@ -51,7 +52,8 @@ RUN_COLUMNS = (
     "created_at, updated_at, started_at, finished_at, wake_at, recovery_attempts, wakes, admitted"
 )
 CHECKPOINT_COLUMNS = (
-    "run_id, seq, kind, name, status, attempt, queue, input, output, started_at, finished_at, fail_fast"
+    "run_id, seq, kind, name, status, attempt, queue, input, output, started_at, finished_at, fail_fast, "
+    "redispatches"
 )
 
 
@@ -101,7 +103,7 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
             conn.execute(
                 f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT 'f' || md5(i::text), s, 'step', "
                 "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
-                "jsonb_build_object('value', i + s), t, t, false FROM generate_series(%s::int, %s::int) i, "
+                "jsonb_build_object('value', i + s), t, t, false, 0 FROM generate_series(%s::int, %s::int) i, "
                 f"generate_series(0, {steps - 1}) s, "
                 f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
                 (first, last),
@@ -120,7 +122,7 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
             "CASE WHEN s < 2 THEN 'step' ELSE 'sleep' END, CASE WHEN s < 2 THEN 'bench.step' ELSE 'sleep' END, "
             "CASE WHEN s < 2 THEN 'completed' ELSE 'pending' END, 1, '', "
             "jsonb_build_object('args', jsonb_build_array(i, s)), CASE WHEN s < 2 THEN '{\"value\": 1}'::jsonb END, "
-            "now(), CASE WHEN s < 2 THEN now() END, false, CASE WHEN s = 2 THEN now() + interval '30 days' END "
+            "now(), CASE WHEN s < 2 THEN now() END, false, 0, CASE WHEN s = 2 THEN now() + interval '30 days' END "
             "FROM generate_series(1, %s::int) i, generate_series(0, 2) s",
             (waiting,),
         )
@@ -291,11 +293,24 @@ def _insert_swept(kind: str, count: int) -> None:
     if kind == "retention":
         _sql(
             f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT r.id, s, 'step', 'bench.step', "
-            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false FROM durable_run r, "
+            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false, 0 FROM durable_run r, "
             "generate_series(0, 9) s WHERE r.queue = %s AND r.status = 'completed'",
             (QUEUE,),
         )
     _sql("ANALYZE durable_run")
+
+
+def _woken_in_redis(client) -> int:
+    """How many run turns the messages waiting on QUEUE carry: one for a ``durable.advance``,
+    one per run id for a ``durable.advance_batch``."""
+    import base64
+
+    woken = 0
+    for raw in client.lrange(QUEUE, 0, -1):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        woken += len(args[0]) if message["headers"]["task"] == "durable.advance_batch" else 1
+    return woken
 
 
 def _drain(sweep, count: int) -> dict:
@@ -323,9 +338,10 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
         sample = _drain(sweep, count)
         if kind != "retention":
             # Every wake really left: counted in Redis, then thrown away.
-            sample["published"] = client.llen(QUEUE)
+            sample["messages"] = client.llen(QUEUE)
+            sample["published"] = _woken_in_redis(client)
             if sample["published"] < count:
-                raise RuntimeError(f"{kind}: {sample['published']} of {count} messages reached Redis")
+                raise RuntimeError(f"{kind}: {sample['published']} of {count} wakes reached Redis")
         samples.append(sample)
         _delete_runs("queue = %s", (QUEUE,))
         client.delete(QUEUE)
@@ -336,6 +352,7 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
         "samples_s": [round(s, 3) for s in seconds],
         "passes": samples[0]["passes"],
         "published": samples[0].get("published"),
+        "messages": samples[0].get("messages"),
     }
 
 
@@ -461,6 +478,11 @@ def main() -> int:
     parser.add_argument("--backlog", type=int, default=100_000, help="due timers of the backlog (0: skip)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating the two databases")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--empty-only",
+        action="store_true",
+        help="measure the empty database alone, backlog included (no fill; the README is left as is)",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -468,6 +490,8 @@ def main() -> int:
         print(json.dumps(measure(args.measure, json.loads(args.params))))
         return 0
 
+    if args.empty_only:
+        return empty_only(args)
     started = time.perf_counter()
     for db in (args.db, args.empty_db):
         _ensure_db(db)
@@ -489,21 +513,7 @@ def main() -> int:
         for key, db in order if i % 2 == 0 else order[::-1]:
             last = i == args.rounds - 1 and key == "filled"
             log(f"round {i + 1} of {args.rounds}: measuring the {key} database {db}")
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--measure",
-                    db,
-                    "--params",
-                    json.dumps({**params, "backlog": args.backlog if last else 0}),
-                ],
-                check=True,
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-            rounds[key].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rounds[key].append(_measured(db, {**params, "backlog": args.backlog if last else 0}))
     for key, measured in rounds.items():
         data[key] = _pooled(measured)
     data["rows"] = rows(data)
@@ -519,6 +529,51 @@ def main() -> int:
     ):
         log(f"rewrote the scale table in {report.README}")
     print(text)
+    return 0
+
+
+def _measured(db: str, params: dict) -> dict:
+    """One database measured in a subprocess of its own (a fresh Django pointed at it)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", db, "--params", json.dumps(params)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def empty_only(args: argparse.Namespace) -> int:
+    """The quick check: every path on the empty database, and the backlog drained there against
+    its 10,000; writes scale-empty.json and prints the figures, README untouched."""
+    started = time.perf_counter()
+    _ensure_db(args.empty_db)
+    _migrate(args.empty_db)
+    with _connect(args.empty_db) as conn:
+        conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
+    params = {"n": args.n, "rows": args.rows, "reps": args.reps, "backlog": args.backlog}
+    log(f"measuring the empty database {args.empty_db}")
+    data = _measured(args.empty_db, params)
+    lines = ["| Path | empty database | wakes in Redis (messages) |", "| --- | --- | --- |"]
+    lines += [
+        f"| `durable.start()` | {data['start']['median_ms']:.2f} ms | |",
+        f"| a turn of ten local steps | {data['turn']['median_ms']:.2f} ms | |",
+    ]
+    for key in ("timers", "orphans", "retention", "backlog"):
+        if key in data:
+            one = data[key]
+            sent = f"{one['published']:,} ({one['messages']:,})" if one.get("published") else ""
+            lines.append(
+                f"| {key}, {one['count']:,} rows | {one['median_s']:.3f} s {one['samples_s']} | {sent} |"
+            )
+    if "backlog" in data:
+        ratio = data["backlog"]["median_s"] / data["timers"]["median_s"]
+        lines.append(f"| backlog against timers | {ratio:.2f}x (goal <= {GOALS['backlog_ratio']:.0f}x) | |")
+    data["meta"] = {"line": machine_line(time.perf_counter() - started), "params": params}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale-empty.json").write_text(json.dumps(data, indent=2) + "\n")
+    print("\n".join([data["meta"]["line"], "", *lines]))
     return 0
 
 
