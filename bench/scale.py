@@ -366,7 +366,7 @@ def measure(db: str, params: dict) -> dict:
     for kind in ("timers", "orphans", "retention"):
         out[kind] = measure_sweep(kind, params["rows"], params["reps"])
     if params.get("backlog"):  # the last round of the filled database only
-        out["backlog"] = measure_sweep("timers", params["backlog"], 1)
+        out["backlog"] = measure_sweep("timers", params["backlog"], params.get("backlog_reps", 1))
     return out
 
 
@@ -476,6 +476,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=SWEEP_ROWS, help="rows each sweep measurement handles")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each sweep measurement")
     parser.add_argument("--backlog", type=int, default=100_000, help="due timers of the backlog (0: skip)")
+    parser.add_argument("--backlog-reps", type=int, default=1, help="repetitions of the backlog measurement")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating the two databases")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument(
@@ -503,7 +504,7 @@ def main() -> int:
         log(f"filled in {info['fill_s']} s: {info}")
     with _connect(args.empty_db) as conn:
         conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
-    params = {"n": args.n, "rows": args.rows, "reps": args.reps}
+    params = {"n": args.n, "rows": args.rows, "reps": args.reps, "backlog_reps": args.backlog_reps}
     data: dict = {"fill": info, "params": {**params, "backlog": args.backlog, "rounds": args.rounds}}
     # Rounds alternate the databases (empty, filled, filled, empty, ...) so that other load on
     # the machine falls on both alike; each figure is the median of every round's samples.
@@ -552,7 +553,13 @@ def empty_only(args: argparse.Namespace) -> int:
     _migrate(args.empty_db)
     with _connect(args.empty_db) as conn:
         conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
-    params = {"n": args.n, "rows": args.rows, "reps": args.reps, "backlog": args.backlog}
+    params = {
+        "n": args.n,
+        "rows": args.rows,
+        "reps": args.reps,
+        "backlog": args.backlog,
+        "backlog_reps": args.backlog_reps,
+    }
     log(f"measuring the empty database {args.empty_db}")
     data = _measured(args.empty_db, params)
     lines = ["| Path | empty database | wakes in Redis (messages) |", "| --- | --- | --- |"]
