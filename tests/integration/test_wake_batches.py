@@ -180,3 +180,16 @@ def test_a_finished_run_in_a_batch_is_passed_over(durable_env):
     ids = _napping(durable_env, nap, 2)
     _due(durable_env)
     assert wakes.advance_batch([done, *ids]) == ["busy", "completed", "completed"]
+
+
+def test_a_batch_under_a_celery_time_limit_hands_over_the_turns_it_has_no_time_for(durable_env, monkeypatch):
+    ids = _napping(durable_env, nap, 3)
+    _due(durable_env)
+    # The project limits every task to less than a LEASE (30 s): time for one turn, not three.
+    monkeypatch.setitem(tasks.advance_batch.app.conf, "task_time_limit", 29)
+    assert tasks.advance_batch.apply(args=(ids,)).get() == ["completed"]
+    sent = durable_env.pending()
+    assert sorted(run_id for m in sent for run_id in dispatch.woken(m)) == sorted(ids[1:])
+    monkeypatch.undo()
+    durable_env.run_until_idle()
+    assert [durable.result(run_id) for run_id in ids] == [0, 1, 2]
