@@ -226,8 +226,9 @@ def advance_later(run_id: str, queue: str, seconds: float) -> None:
 
 
 #: Runs one ``durable.advance_batch`` message carries at most. Building and publishing a Celery
-#: message costs 0.35-0.6 ms, a sweep's SQL about 0.02 ms a run: at 50 a message, 10,000 wakes
-#: are 200 messages, and a worker process holds a message for 50 turns, not thousands.
+#: message costs 0.3-0.6 ms, a sweep's SQL about 0.02 ms a run: dozens of runs a message make
+#: publishing a small part of a sweep, and a worker process holds a message for 50 turns at
+#: most, not for a whole backlog.
 WAKE_BATCH = 50
 #: Fewest messages a wake of many runs on one queue is split into (when it has that many runs),
 #: so the turns still spread over every process of a few workers instead of queueing behind

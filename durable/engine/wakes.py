@@ -3,10 +3,10 @@
 A sweep wakes hundreds of runs at once, and a Celery message costs more to build and publish
 than the sweep's SQL costs a run, so ``dispatch.advance_many`` shares a sweep's wakes out over a
 few messages. The worker that takes one runs the turns of its runs one after the other, each
-exactly as ``durable.advance`` would. A turn that raises costs only its own run: every run a
-sweep wakes keeps a ``wake_at`` a bounded time ahead (RECONCILE_INTERVAL for a timer, LEASE for
-a wake, due at once for an orphan taken back), so the timer sweep sends it again, as it does when
-the whole message is lost.
+exactly as ``durable.advance`` would. A turn that raises costs only its own run, which the
+sweeps take back as any turn that died. Every run a sweep wakes keeps a ``wake_at`` a bounded
+time ahead (RECONCILE_INTERVAL for a timer, LEASE for a wake, due at once for an orphan taken
+back), so the timer sweep sends its turn again when the whole message is lost.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
             raise
         except Exception as exc:  # noqa: BLE001 - one run's failure must not cost the others
             log.error(
-                "durable: the turn of run %s raised; the rest of its batch goes on, the timer sweep "
-                "sends the run again",
+                "durable: the turn of run %s raised; the rest of its batch goes on, the sweeps "
+                "take the run back",
                 run_id,
                 exc_info=True,
             )

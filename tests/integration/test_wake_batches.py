@@ -8,6 +8,7 @@ import logging
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError
 from django.test import override_settings
 
 import durable
@@ -111,7 +112,7 @@ def test_a_turn_that_raises_does_not_stop_the_rest_of_its_batch(durable_env, mon
     monkeypatch.setattr(turn, "_replay", a_bug_in_one_turn)
     with caplog.at_level(logging.ERROR, logger="durable.engine"):
         durable_env.run_until_idle()
-    assert f"the turn of run {victim} raised" in caplog.text
+    assert f"the turn of run {victim} raised; the rest of its batch goes on" in caplog.text
     done = dict(Run.objects.filter(id__in=ids).values_list("id", "status"))
     assert {run_id for run_id, status in done.items() if status != "completed"} == {victim}
     # The run keeps a timer a bounded time ahead: the timer sweep's safety net.
@@ -193,3 +194,20 @@ def test_a_batch_under_a_celery_time_limit_hands_over_the_turns_it_has_no_time_f
     monkeypatch.undo()
     durable_env.run_until_idle()
     assert [durable.result(run_id) for run_id in ids] == [0, 1, 2]
+
+
+@pytest.mark.django_db(transaction=True)  # the repair after a database error reconnects
+def test_a_batch_stops_when_the_database_fails_two_turns_in_a_row(durable_env, monkeypatch, caplog):
+    ids = _napping(durable_env, nap, 5)
+    _due(durable_env)
+
+    def the_database_is_gone(run_id, settings):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(turn, "_advance", the_database_is_gone)
+    with caplog.at_level(logging.WARNING, logger="durable.engine"):
+        assert wakes.advance_batch(ids) == ["error", "error"]
+    assert "3 run(s) of the batch left to the timer sweep" in caplog.text
+    monkeypatch.undo()
+    durable_env.advance_time("5m")  # each swept run's safety-net wake
+    assert [durable.result(run_id) for run_id in ids] == list(range(5))
