@@ -2,6 +2,7 @@
 
     .venv-bench/bin/python bench/scale.py            # fill once (kept), measure both, write results
     .venv-bench/bin/python bench/scale.py --refill   # fill again from scratch
+    .venv-bench/bin/python bench/scale.py --empty-only   # the empty database alone, no fill
 
 The filled database (``durable_scale`` by default) holds 1,000,000 finished runs with ten
 completed steps each, and 100,000 runs waiting on a timer a month away with three positions
@@ -302,6 +303,19 @@ def _insert_swept(kind: str, count: int) -> None:
     _sql("ANALYZE durable_run")
 
 
+def _woken_in_redis(client) -> int:
+    """How many run turns the messages waiting on QUEUE carry: one for a ``durable.advance``,
+    one per run id for a ``durable.advance_batch``."""
+    import base64
+
+    woken = 0
+    for raw in client.lrange(QUEUE, 0, -1):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        woken += len(args[0]) if message["headers"]["task"] == "durable.advance_batch" else 1
+    return woken
+
+
 def _drain(sweep, count: int) -> dict:
     found, passes, t0 = 0, 0, time.perf_counter()
     while found < count:
@@ -327,9 +341,10 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
         sample = _drain(sweep, count)
         if kind != "retention":
             # Every wake really left: counted in Redis, then thrown away.
-            sample["published"] = client.llen(QUEUE)
+            sample["messages"] = client.llen(QUEUE)
+            sample["published"] = _woken_in_redis(client)
             if sample["published"] < count:
-                raise RuntimeError(f"{kind}: {sample['published']} of {count} messages reached Redis")
+                raise RuntimeError(f"{kind}: {sample['published']} of {count} wakes reached Redis")
         samples.append(sample)
         _delete_runs("queue = %s", (QUEUE,))
         client.delete(QUEUE)
@@ -340,6 +355,7 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
         "samples_s": [round(s, 3) for s in seconds],
         "passes": samples[0]["passes"],
         "published": samples[0].get("published"),
+        "messages": samples[0].get("messages"),
     }
 
 
@@ -353,7 +369,7 @@ def measure(db: str, params: dict) -> dict:
     for kind in ("timers", "orphans", "retention"):
         out[kind] = measure_sweep(kind, params["rows"], params["reps"])
     if params.get("backlog"):  # the last round of the filled database only
-        out["backlog"] = measure_sweep("timers", params["backlog"], 1)
+        out["backlog"] = measure_sweep("timers", params["backlog"], params.get("backlog_reps", 1))
     return out
 
 
@@ -463,8 +479,14 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=SWEEP_ROWS, help="rows each sweep measurement handles")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each sweep measurement")
     parser.add_argument("--backlog", type=int, default=100_000, help="due timers of the backlog (0: skip)")
+    parser.add_argument("--backlog-reps", type=int, default=1, help="repetitions of the backlog measurement")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating the two databases")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--empty-only",
+        action="store_true",
+        help="measure the empty database alone, backlog included (no fill; the README is left as is)",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -472,6 +494,8 @@ def main() -> int:
         print(json.dumps(measure(args.measure, json.loads(args.params))))
         return 0
 
+    if args.empty_only:
+        return empty_only(args)
     started = time.perf_counter()
     for db in (args.db, args.empty_db):
         _ensure_db(db)
@@ -483,7 +507,7 @@ def main() -> int:
         log(f"filled in {info['fill_s']} s: {info}")
     with _connect(args.empty_db) as conn:
         conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
-    params = {"n": args.n, "rows": args.rows, "reps": args.reps}
+    params = {"n": args.n, "rows": args.rows, "reps": args.reps, "backlog_reps": args.backlog_reps}
     data: dict = {"fill": info, "params": {**params, "backlog": args.backlog, "rounds": args.rounds}}
     # Rounds alternate the databases (empty, filled, filled, empty, ...) so that other load on
     # the machine falls on both alike; each figure is the median of every round's samples.
@@ -493,21 +517,7 @@ def main() -> int:
         for key, db in order if i % 2 == 0 else order[::-1]:
             last = i == args.rounds - 1 and key == "filled"
             log(f"round {i + 1} of {args.rounds}: measuring the {key} database {db}")
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--measure",
-                    db,
-                    "--params",
-                    json.dumps({**params, "backlog": args.backlog if last else 0}),
-                ],
-                check=True,
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-            rounds[key].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rounds[key].append(_measured(db, {**params, "backlog": args.backlog if last else 0}))
     for key, measured in rounds.items():
         data[key] = _pooled(measured)
     data["rows"] = rows(data)
@@ -523,6 +533,57 @@ def main() -> int:
     ):
         log(f"rewrote the scale table in {report.README}")
     print(text)
+    return 0
+
+
+def _measured(db: str, params: dict) -> dict:
+    """One database measured in a subprocess of its own (a fresh Django pointed at it)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", db, "--params", json.dumps(params)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def empty_only(args: argparse.Namespace) -> int:
+    """The quick check: every path on the empty database, and the backlog drained there against
+    its 10,000; writes scale-empty.json and prints the figures, README untouched."""
+    started = time.perf_counter()
+    _ensure_db(args.empty_db)
+    _migrate(args.empty_db)
+    with _connect(args.empty_db) as conn:
+        conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
+    params = {
+        "n": args.n,
+        "rows": args.rows,
+        "reps": args.reps,
+        "backlog": args.backlog,
+        "backlog_reps": args.backlog_reps,
+    }
+    log(f"measuring the empty database {args.empty_db}")
+    data = _measured(args.empty_db, params)
+    lines = ["| Path | empty database | wakes in Redis (messages) |", "| --- | --- | --- |"]
+    lines += [
+        f"| `durable.start()` | {data['start']['median_ms']:.2f} ms | |",
+        f"| a turn of ten local steps | {data['turn']['median_ms']:.2f} ms | |",
+    ]
+    for key in ("timers", "orphans", "retention", "backlog"):
+        if key in data:
+            one = data[key]
+            sent = f"{one['published']:,} ({one['messages']:,})" if one.get("published") else ""
+            lines.append(
+                f"| {key}, {one['count']:,} rows | {one['median_s']:.3f} s {one['samples_s']} | {sent} |"
+            )
+    if "backlog" in data:
+        ratio = data["backlog"]["median_s"] / data["timers"]["median_s"]
+        lines.append(f"| backlog against timers | {ratio:.2f}x (goal <= {GOALS['backlog_ratio']:.0f}x) | |")
+    data["meta"] = {"line": machine_line(time.perf_counter() - started), "params": params}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "scale-empty.json").write_text(json.dumps(data, indent=2) + "\n")
+    print("\n".join([data["meta"]["line"], "", *lines]))
     return 0
 
 

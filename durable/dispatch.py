@@ -22,6 +22,7 @@ from .definitions import registry
 log = logging.getLogger("durable.dispatch")
 
 ADVANCE = "durable.advance"
+ADVANCE_BATCH = "durable.advance_batch"
 RUN_STEP = "durable.run_step"
 STEP_RESULT = "durable.step_result"
 STEP_FAILED = "durable.step_failed"
@@ -224,13 +225,56 @@ def advance_later(run_id: str, queue: str, seconds: float) -> None:
     send_after_commit(Message(ADVANCE, (run_id,), _claims(queue), {"countdown": seconds}))
 
 
+#: Runs one ``durable.advance_batch`` message carries at most. Building and publishing a Celery
+#: message costs 0.3-0.6 ms, a sweep's SQL about 0.02 ms a run: dozens of runs a message make
+#: publishing a small part of a sweep, and a worker process holds a message for 50 turns at
+#: most, not for a whole backlog.
+WAKE_BATCH = 50
+#: Fewest messages a wake of many runs on one queue is split into (when it has that many runs),
+#: so the turns still spread over every process of a few workers instead of queueing behind
+#: one message in one of them.
+WAKE_SPREAD = 16
+
+
 def advance_many(runs: Iterable[tuple[str, str]]) -> None:
-    """Ask for the next turn of each ``(run_id, queue)``: the same messages as ``advance``,
-    published together after the commit (a sweep wakes hundreds of runs at once)."""
+    """Ask for the next turn of each ``(run_id, queue)``, published together after the commit (a
+    sweep wakes hundreds of runs at once). Per queue the runs are shared out over
+    max(⌈n / WAKE_BATCH⌉, min(n, WAKE_SPREAD)) messages: a share of one run leaves as
+    ``durable.advance``, a larger one as ``durable.advance_batch``."""
     remote = _remote_queues()  # once for the batch
-    messages = [Message(ADVANCE, (run_id,), _claims(queue, remote)) for run_id, queue in runs]
+    by_queue: dict[str, list[str]] = {}
+    for run_id, queue in runs:
+        by_queue.setdefault(_claims(queue, remote), []).append(run_id)
+    messages = [
+        Message(ADVANCE, (share[0],), queue) if len(share) == 1 else Message(ADVANCE_BATCH, (share,), queue)
+        for queue, run_ids in by_queue.items()
+        for share in shares(run_ids)
+    ]
     if messages:
         transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
+
+
+def shares(run_ids: list[str]) -> list[list[str]]:
+    """``run_ids`` cut, in order, into max(⌈n / WAKE_BATCH⌉, min(n, WAKE_SPREAD)) runs of
+    lengths that differ by one at most."""
+    n = len(run_ids)
+    count = max(-(-n // WAKE_BATCH), min(n, WAKE_SPREAD))
+    size, longer = divmod(n, count) if n else (0, 0)
+    out, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < longer else 0)
+        out.append(run_ids[start:end])
+        start = end
+    return out
+
+
+def woken(message: Message) -> list[str]:
+    """The runs whose turn ``message`` asks for: none unless it is a wake."""
+    if message.task == ADVANCE:
+        return [message.args[0]]
+    if message.task == ADVANCE_BATCH:
+        return list(message.args[0])
+    return []
 
 
 def run_step(

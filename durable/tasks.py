@@ -7,17 +7,21 @@ from typing import Any
 from celery import shared_task
 
 from . import remote
-from .engine import entities, lifecycle, redispatch, remote_turns, steps, sweeps, turn
+from .engine import entities, lifecycle, redispatch, remote_turns, steps, sweeps, turn, wakes
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
 _RELIABLE = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
 
 
-def _redelivered(task: Any, run_id: str) -> None:
+def _was_redelivered(task: Any) -> bool:
     # The process that had this message died before acknowledging it: it may have committed
     # sends it never published.
-    if (task.request.delivery_info or {}).get("redelivered"):
+    return bool((task.request.delivery_info or {}).get("redelivered"))
+
+
+def _redelivered(task: Any, run_id: str) -> None:
+    if _was_redelivered(task):
         lifecycle.resend_unsent(run_id)
 
 
@@ -25,6 +29,13 @@ def _redelivered(task: Any, run_id: str) -> None:
 def advance(self: Any, run_id: str) -> str:
     _redelivered(self, run_id)
     return turn.advance(run_id)
+
+
+@shared_task(name="durable.advance_batch", bind=True, **_RELIABLE)
+def advance_batch(self: Any, run_ids: list[str]) -> list[str]:
+    """The turns of several runs, one after the other, as ``durable.advance`` runs each: a sweep
+    sends its wakes this way. A turn that raises does not stop the others."""
+    return wakes.advance_batch(run_ids, redelivered=_was_redelivered(self))
 
 
 @shared_task(name="durable.run_step", bind=True, **_RELIABLE)

@@ -113,7 +113,7 @@ class DurableEnv:
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from . import remote
-            from .engine import entities, redispatch, remote_turns, steps, turn
+            from .engine import entities, redispatch, remote_turns, steps, turn, wakes
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
@@ -124,6 +124,7 @@ class DurableEnv:
                 dispatch.HEARTBEAT: steps.heartbeat,
                 dispatch.STEP_RESULT: steps.step_result,
                 dispatch.ADVANCE: turn.advance,
+                dispatch.ADVANCE_BATCH: wakes.advance_batch,
                 dispatch.RUN_STEP: steps.run_step,
                 dispatch.APPLY_ENTITY: entities.apply,
                 dispatch.PROBE: redispatch.probed,

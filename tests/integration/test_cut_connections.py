@@ -9,7 +9,7 @@ from django.db import OperationalError, connection
 from django.test import override_settings
 
 import durable
-from durable.engine import steps
+from durable.engine import steps, wakes
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -96,3 +96,17 @@ def test_a_result_whose_commit_went_unseen_still_runs_the_turn_it_claimed(durabl
     assert any(claimed)
     assert durable.get_run(run.id).status == "completed"
     assert RAN == [5] and durable_env.pending() == []
+
+
+def test_a_batch_whose_first_turn_meets_a_dropped_connection_still_turns_the_others(postgres, durable_env):
+    RAN.clear()
+    ids = [durable.start(one_step, n).id for n in range(3)]
+    durable_env.drop()  # their turns come in one batch instead
+    _drop_this_process_connection()
+    outcomes = wakes.advance_batch(ids)
+    assert outcomes[0] == "error" and outcomes[1:] == ["suspended", "suspended"]
+    # The run whose turn met the dropped session is prompted again once the database answers.
+    assert [(m.task, m.args) for m in durable_env.pending()][0] == ("durable.advance", (ids[0],))
+    durable_env.run_until_idle()
+    assert [durable.result(run_id) for run_id in ids] == [0, 1, 2]
+    assert sorted(RAN) == [0, 1, 2]

@@ -128,7 +128,7 @@ def test_a_flushed_queue_has_every_lost_step_sent_again_once(durable_env):
     # The queue was flushed: the probe is the first message a worker takes.
     assert redispatch.probed(*probe.args) == 1200
     sent = durable_env.drop()
-    assert sorted(m.args[0] for m in sent if m.task == dispatch.ADVANCE) == sorted(ids)
+    assert sorted(run_id for m in sent for run_id in dispatch.woken(m)) == sorted(ids)
     assert redispatch.probed(*probe.args) == 0  # a duplicate probe sends nothing more
 
 

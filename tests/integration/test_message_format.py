@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from celery import Celery, current_app
 
 from durable import dispatch
@@ -48,7 +49,15 @@ def _received(app, queue_name: str, count: int) -> list:
             queue.close()
 
 
-def test_wakes_sent_in_a_batch_are_the_same_messages_as_one_by_one() -> None:
+def _shape(message):
+    """What a message says beyond its id, its task and its arguments."""
+    varying = {"id", "root_id", "correlation_id", "delivery_tag", "argsrepr", "task"}
+    headers = {k: v for k, v in message.headers.items() if k not in varying}
+    properties = {k: v for k, v in message.properties.items() if k not in varying}
+    return headers, properties, message.content_type, json.loads(message.body)[1:]
+
+
+def test_wakes_published_together_are_the_messages_sent_one_by_one() -> None:
     from project.celery import app
 
     previous = current_app._get_current_object()
@@ -57,18 +66,44 @@ def test_wakes_sent_in_a_batch_are_the_same_messages_as_one_by_one() -> None:
         queue = "durable-batch-format"
         dispatch.celery_sender(dispatch.Message(dispatch.ADVANCE, ("run-0",), queue))
         dispatch.celery_send_many(
-            [dispatch.Message(dispatch.ADVANCE, (f"run-{i}",), queue) for i in (1, 2, 3)]
+            [
+                dispatch.Message(dispatch.ADVANCE, ("run-1",), queue),
+                dispatch.Message(dispatch.ADVANCE_BATCH, (["run-2", "run-3"],), queue),
+                dispatch.Message(dispatch.ADVANCE, ("run-4",), queue),
+            ]
         )
-        single, *batched = _received(app, queue, 4)
+        single, *together = _received(app, queue, 4)
     finally:
         previous.set_current()
 
-    def shape(message):
-        varying = {"id", "root_id", "correlation_id", "delivery_tag", "argsrepr"}
-        headers = {k: v for k, v in message.headers.items() if k not in varying}
-        properties = {k: v for k, v in message.properties.items() if k not in varying}
-        return headers, properties, message.content_type, json.loads(message.body)[1:]
+    assert [json.loads(m.body)[0] for m in (single, *together)] == [
+        ["run-0"],
+        ["run-1"],
+        [["run-2", "run-3"]],
+        ["run-4"],
+    ]
+    assert [m.headers["task"] for m in (single, *together)] == [
+        "durable.advance",
+        "durable.advance",
+        "durable.advance_batch",
+        "durable.advance",
+    ]
+    # The same options, serializer and delivery settings whichever way and in whichever form.
+    assert all(_shape(m) == _shape(single) for m in together)
 
-    assert [json.loads(m.body)[0] for m in (single, *batched)] == [[f"run-{i}"] for i in range(4)]
-    assert all(shape(m) == shape(single) for m in batched)
-    assert single.headers["task"] == "durable.advance"
+
+@pytest.mark.django_db(transaction=True)  # autocommit: the wakes leave at once
+def test_a_sweeps_wakes_reach_the_broker_as_a_few_batch_messages() -> None:
+    from project.celery import app
+
+    previous = current_app._get_current_object()
+    app.set_current()
+    queue = "durable-batch-wakes"
+    ids = [f"run-{i}" for i in range(100)]
+    try:
+        dispatch.advance_many((run_id, queue) for run_id in ids)
+        got = _received(app, queue, dispatch.WAKE_SPREAD)
+    finally:
+        previous.set_current()
+    assert {m.headers["task"] for m in got} == {"durable.advance_batch"}
+    assert [run_id for m in got for run_id in json.loads(m.body)[0][0]] == ids
