@@ -10,7 +10,7 @@ from django.db.models import Exists, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
-from .base import BEAT_HOLDER, RETRYABLE, skip_locked
+from .base import BEAT_HOLDER, RETRYABLE, skip_locked, update_where
 from .runs import Run
 
 HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
@@ -177,23 +177,16 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         ).update(**forget)
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
-        return bool(
-            self._attempt(run_id, seq, attempt).update(
-                status=CheckpointStatus.COMPLETED,
-                output=output,
-                error=None,
-                wake_at=None,
-                finished_at=now,
-                **_ENDED,
-            )
-        )
+        fields = {"status": CheckpointStatus.COMPLETED, "output": output, "error": None}
+        return self._end(run_id, seq, attempt, {**fields, "wake_at": None, "finished_at": now, **_ENDED})
 
     def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
-        return bool(
-            self._attempt(run_id, seq, attempt).update(
-                status=CheckpointStatus.FAILED, error=error, wake_at=None, finished_at=now, **_ENDED
-            )
-        )
+        fields = {"status": CheckpointStatus.FAILED, "error": error, "wake_at": None, "finished_at": now}
+        return self._end(run_id, seq, attempt, {**fields, **_ENDED})
+
+    def _end(self, run_id: str, seq: int, attempt: int, fields: dict[str, Any]) -> bool:
+        where = {"run": run_id, "seq": seq, "status": CheckpointStatus.PENDING, "attempt": attempt}
+        return update_where(Checkpoint, self.db, fields, where) == 1
 
     def retry_at(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], wake_at: datetime) -> bool:
         """Close a failed attempt and schedule the next one after its backoff."""
@@ -246,23 +239,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         """Write a turn's new view of a position, if it is still in the state the turn read
         (and, given ``owner``, only while that turn still holds the run's lease)."""
         status, attempt = expected
+        where = {"run": run_id, "seq": seq, "status": status, "attempt": attempt}
         if owner is None:
-            return bool(self.filter(run_id=run_id, seq=seq, status=status, attempt=attempt).update(**fields))
-        # Mid-turn (a step run in place ends, say): one plain statement, the ORM's compiling of
-        # an UPDATE with an EXISTS costs more than the statement itself on this path.
-        connection = connections[self.db]
-        ops = connection.ops
-        columns = [Checkpoint._meta.get_field(name) for name in fields]
-        assignments = ", ".join(f"{ops.quote_name(f.column)} = %s" for f in columns)
-        values = [f.get_db_prep_save(fields[f.name], connection) for f in columns]
-        sql = (
-            f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET {assignments} "
-            "WHERE run_id = %s AND seq = %s AND status = %s AND attempt = %s AND EXISTS ("
-            f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND locked_by = %s)"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*values, run_id, seq, status, attempt, run_id, owner])
-            return cursor.rowcount == 1
+            return update_where(Checkpoint, self.db, fields, where) == 1
+        runs = connections[self.db].ops.quote_name(Run._meta.db_table)
+        fence = f" AND EXISTS (SELECT 1 FROM {runs} WHERE id = %s AND locked_by = %s)"
+        return update_where(Checkpoint, self.db, fields, where, fence, (run_id, owner)) == 1
 
     def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
         """Insert ``row`` in one statement, only while ``owner`` holds its run's lease."""

@@ -10,7 +10,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
-from .base import RETRYABLE, Status, skip_locked
+from .base import RETRYABLE, Status, skip_locked, update_where
 
 #: The PostgreSQL channel every run end is announced on, the run's id as the payload, by a
 #: trigger in the transaction that ends it (migration 0014).
@@ -75,11 +75,9 @@ class RunQuerySet(models.QuerySet["Run"]):
         Refused (False) when the lease was lost or a wake arrived since the turn read the run.
         """
         fields.setdefault("recovery_attempts", 0)
-        return bool(
-            self.filter(id=run_id, locked_by=owner, wakes=wakes, status=Status.RUNNING).update(
-                locked_by=None, locked_until=None, updated_at=now, **fields
-            )
-        )
+        fields.update(locked_by=None, locked_until=None, updated_at=now)
+        where = {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
+        return update_where(Run, self.db, fields, where) == 1
 
     def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:
         """Give the lease back without an outcome, so another worker can take the run."""
