@@ -207,7 +207,7 @@ def result(run_id: str, timeout: Any = None) -> Any:
     while True:
         announced = notices.subscribe(run_id) if notices is not None and notices.live else None
         with announced or contextlib.nullcontext() as ended:
-            run = runs.follow(run_id)  # the last run of a continue-as-new chain
+            run = runs.ending(run_id)  # or the last run of a continue-as-new chain
             if run.id != run_id:
                 run_id = run.id  # subscribe to the run the chain moved on to, then look again
                 continue

@@ -307,3 +307,14 @@ def test_validate_input_refuses_a_start(durable_env):
     with pytest.raises(durable.InvalidInput, match="must be positive"):
         durable.start(flow, -1)
     assert not Run.objects.exists()
+
+
+@durable.workflow(name="tests.api.names_a_successor")
+def names_a_successor(ctx, _):
+    return {"continued_as": "no-such-run", "total": 3}  # the body's own data, not a chain
+
+
+def test_a_result_shaped_like_a_continuation_is_the_run_s_own(durable_env):
+    run = durable.start(names_a_successor)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {"continued_as": "no-such-run", "total": 3}
