@@ -49,8 +49,8 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
         turn.die(run, settings)
         return Status.DEAD
     db = settings.DATABASE
-    records = turn.load_records(run.id, db)
-    if first and not records:
+    records = {} if first else turn.load_records(run.id, db)  # a first claim: nothing stored yet
+    if first:
         observe.run_started(run)
     facts = RunFacts(
         run.id,

@@ -13,9 +13,10 @@ from .failures import AttemptError, AttemptErrorQuerySet
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .presence import Presence, PresenceQuerySet
-from .runs import Claim, Run, RunQuerySet
+from .runs import FIRST_CLAIM, Claim, Run, RunQuerySet
 
 __all__ = [
+    "FIRST_CLAIM",
     "HELD",
     "RATE",
     "RETRYABLE",

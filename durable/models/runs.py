@@ -12,6 +12,8 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, Status, skip_locked, update_where
 
+#: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
+FIRST_CLAIM = "+first"
 #: The PostgreSQL channel every run end is announced on, the run's id as the payload, by a
 #: trigger in the transaction that ends it (migration 0014).
 RUN_ENDED = "durable_run_ended"
@@ -35,7 +37,9 @@ class RunQuerySet(models.QuerySet["Run"]):
         """Take the turn lease of an unfinished run whose lease is free or expired; return the row.
 
         Taking over a ``running`` run means its last turn died holding the lease: that counts
-        as a recovery attempt. One statement: the UPDATE returns the claimed row.
+        as a recovery attempt. One statement: the UPDATE returns the claimed row. The lease is
+        held by the row's ``locked_by``: ``owner``, or ``owner`` + FIRST_CLAIM when the run had
+        never started (so its turn knows it has no history to read).
         """
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
@@ -43,7 +47,8 @@ class RunQuerySet(models.QuerySet["Run"]):
         sql = (
             f"UPDATE {table} SET "
             "recovery_attempts = CASE WHEN status = %s THEN recovery_attempts + 1 ELSE recovery_attempts END, "
-            "status = %s, locked_by = %s, locked_until = %s, started_at = COALESCE(started_at, %s), "
+            "status = %s, locked_by = CASE WHEN started_at IS NULL THEN %s ELSE %s END, locked_until = %s, "
+            "started_at = COALESCE(started_at, %s), "
             "updated_at = %s "
             "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
             "AND admitted = %s RETURNING *"
@@ -51,6 +56,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         params = [
             Status.RUNNING,
             Status.RUNNING,
+            owner + FIRST_CLAIM,
             owner,
             at(now + lease),
             at(now),

@@ -192,8 +192,8 @@ def test_parent_learns_at_once_when_a_child_dies(durable_env):
 def test_shutdown_hands_back_the_leases_of_running_turns(durable_env):
     run = durable.start(plain_flow)
     durable_env.drop()
-    assert Run.objects.claim(run.id, "me/1", durable_env.now(), timedelta(seconds=30))
-    leases.active[run.id] = "me/1"
+    claimed = Run.objects.claim(run.id, "me/1", durable_env.now(), timedelta(seconds=30))
+    leases.active[run.id] = claimed.locked_by  # "me/1", marked as the run's first claim
     try:
         durable_celery._hand_back_leases()
     finally:
