@@ -320,37 +320,26 @@ def finish(
         _settle(run, owner, outcome, settings, state)
     else:
         try:
-            _write_and_settle(run, owner, workflow, state, outcome, settings)
+            with transaction.atomic(using=settings.DATABASE):
+                _write(run.id, state, settings, namespace=run.namespace)
+                runs.start_children(run, state.children)
+                state.children.clear()
+                if outcome.status == "continued":
+                    successor = runs.continue_as_new(
+                        run,
+                        workflow or registry.workflow(run.workflow, run.version),
+                        outcome.next_input,
+                        exposed=state.exposed,
+                    )
+                    outcome.output = {"continued_as": successor}
+                _settle(run, owner, outcome, settings, state)
+                # After the settle: a gate is locked after the run's row, as a recorded result does.
+                _hand_off(state)
         except _Stale:
             _keep_held_results(run.id, owner, state, settings.DATABASE)
             raise
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
-
-
-def _write_and_settle(
-    run: Run,
-    owner: str,
-    workflow: Workflow | None,
-    state: TurnState,
-    outcome: Decision,
-    settings: conf.Settings,
-) -> None:
-    with transaction.atomic(using=settings.DATABASE):
-        _write(run.id, state, settings, namespace=run.namespace)
-        runs.start_children(run, state.children)
-        state.children.clear()
-        if outcome.status == "continued":
-            successor = runs.continue_as_new(
-                run,
-                workflow or registry.workflow(run.workflow, run.version),
-                outcome.next_input,
-                exposed=state.exposed,
-            )
-            outcome.output = {"continued_as": successor}
-        _settle(run, owner, outcome, settings, state)
-        # After the settle: a gate is locked after the run's row, as a recorded result does.
-        _hand_off(state)
 
 
 def _keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> None:
