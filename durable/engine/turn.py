@@ -351,6 +351,8 @@ def _keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> No
         for rec in state.unsaved()
         if rec.kind == "step" and rec.status == COMPLETED and rec.stored_as and rec.stored_as[0] == PENDING
     ]
+    if not held:
+        return
     with transaction.atomic(using=db):
         for rec in held:
             fields = {f: getattr(rec, f) for f in _WRITTEN}
