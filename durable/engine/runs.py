@@ -101,17 +101,25 @@ def start(
         existing = _runs().filter(id=run_id).first()
         if existing is not None:
             return _same_workflow(existing, definition.name)
+
+    def created() -> str:
+        return create(
+            definition,
+            stored_input,
+            run_id=run_id,
+            namespace=namespace,
+            tags=tags,
+            delay=wait,
+            search_attributes=attributes,
+        )
+
+    if run_id is None and definition.singleton is None:
+        # One INSERT that cannot conflict: it commits alone (or with the caller's transaction),
+        # without a transaction or savepoint of its own around it.
+        return created()
     try:
         with transaction.atomic(using=settings.DATABASE):
-            return create(
-                definition,
-                stored_input,
-                run_id=run_id,
-                namespace=namespace,
-                tags=tags,
-                delay=wait,
-                search_attributes=attributes,
-            )
+            return created()
     except IntegrityError:
         existing = _runs().filter(id=run_id).first()
         if existing is None:
