@@ -34,6 +34,7 @@ Control flow: never an error of the run, and never caught by a body's ``except E
         ├── Interrupted                durable.engine.leases: the turn's lease is gone, or it ran
         │                              past TURN_TIME_LIMIT
         ├── LeaseLost                  durable.engine.turn: the lease was taken over; write nothing
+        ├── _DatabaseLost              durable.engine.turn: the database failed a primitive's query
         ├── _Stale                     durable.engine.turn: a guarded write matched no row
         └── _EndOfHistory              durable.replay.check: a replay check walked the whole history
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
@@ -38,6 +38,8 @@ from . import (
     runs,
 )
 
+T = TypeVar("T")
+
 log = logging.getLogger("durable.engine")
 
 #: A turn re-runs at most this many times in a row because wakes kept arriving.
@@ -48,6 +50,17 @@ REPAIR_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 class LeaseLost(_ControlFlow):
     """This turn's lease was taken over: it must write nothing more."""
+
+
+class _DatabaseLost(_ControlFlow):
+    """The database failed a query the body's primitives asked for: the turn ends as a crashed
+    one (its lease lapses, or the repair sends it again), never as the body's own failure.
+
+    Control flow, so the body cannot take it for an error of its own and fail the run with it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _Stale(_ControlFlow):
@@ -84,7 +97,10 @@ def advance_claimed(run: Run, owner: str) -> str:
 
 def _repairing(run_id: str, settings: conf.Settings, turns: Callable[[], str]) -> str:
     try:
-        return turns()
+        try:
+            return turns()
+        except _DatabaseLost as lost:
+            raise lost.error from None
     except (OperationalError, InterfaceError):
         # The database went away mid-turn. This message, the run's prompt, is spent, and a
         # commit this process could not confirm may hold sends it never published: once the
@@ -239,11 +255,25 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         )
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
+    lost: list[_DatabaseLost] = []
+
+    def guarded(query: Callable[..., T]) -> Callable[..., T]:
+        # What the body's primitives ask of the database: a failure there is the turn's, not
+        # the body's, even if the body catches everything (``lost`` remembers it).
+        def call(*args: Any) -> T:
+            try:
+                return query(*args)
+            except (OperationalError, InterfaceError) as exc:
+                lost.append(_DatabaseLost(exc))
+                raise lost[-1] from exc
+
+        return call
+
     state = TurnState(
         records={} if first else load_records(run.id, db),  # a first claim: nothing stored yet
-        load_signals=lambda: load_signals(run.id, db),
-        find_event=events.find,
-        find_run=lambda run_id: _find_run(run_id, db),
+        load_signals=guarded(lambda: load_signals(run.id, db)),
+        find_event=guarded(events.find),
+        find_run=guarded(lambda run_id: _find_run(run_id, db)),
         exposed=dict(run.exposed or {}),
     )
     if first:
@@ -295,9 +325,11 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         return outcome
     leases.watch(run.id, owner, settings.TURN_TIME_LIMIT, lambda: give_back(run, owner, settings))
     try:
-        outcome = _replay(run, owner, workflow, body_input, state, settings, flush, renew)
+        outcome = _replay(run, owner, workflow, body_input, state, settings, guarded(flush), guarded(renew))
     finally:
         leases.unwatch(run.id)
+    if lost:
+        raise lost[0]
     finish(run, owner, workflow, state, outcome, settings)
     return outcome
 

@@ -110,3 +110,35 @@ def test_a_batch_whose_first_turn_meets_a_dropped_connection_still_turns_the_oth
     durable_env.run_until_idle()
     assert [durable.result(run_id) for run_id in ids] == [0, 1, 2]
     assert sorted(RAN) == [0, 1, 2]
+
+
+DROPPED: list[int] = []
+
+
+@durable.step(name="tests.cut.drops_once")
+def drops_once(n: int) -> int:
+    if not DROPPED:
+        DROPPED.append(n)
+        _drop_this_process_connection()  # as a database restart would, right after the step
+    return n
+
+
+@durable.workflow(name="tests.cut.two_in_place")
+def two_in_place(ctx: durable.Context, n: int) -> list[int]:
+    return [ctx.step(drops_once, n), ctx.step(count, n + 1)]
+
+
+def test_a_database_lost_under_the_body_ends_the_turn_not_the_run(postgres, durable_env, monkeypatch):
+    """The turn's write after a step run in place meets a connection the database dropped: the
+    body must not see that error as its own (the run would fail with it); the turn ends as a
+    crashed one and the run goes on."""
+    RAN.clear()
+    DROPPED.clear()
+    monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})  # steps run in place
+    run = durable.start(two_in_place, 3)
+    with pytest.raises(OperationalError):
+        durable_env.run_next()
+    assert durable.get_run(run.id).status == "running"  # its lease lapses, as a crashed turn's
+    durable_env.advance_time("31s")  # the orphan sweep takes it back: the step counts as lost
+    durable_env.advance_time("5s")  # its retry's backoff
+    assert durable.result(run.id) == [3, 4]
