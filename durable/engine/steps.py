@@ -356,17 +356,14 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         return False
     row = _task_attempt(run_id, seq, attempt, token, db)
     if row is None:
-        if progress is not None and token:
-            # Sent before the result but delivered after it (two workers, or no order between
-            # queues): the attempt's last progress is still kept, as for any step.
-            Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress)
+        _keep_late_progress(run_id, seq, attempt, token, progress, db)
         return False
     if Run.objects.using(db).interrupted(run_id, seq):
         return False
     # The beat proves the attempt started and its worker alive: it is held until the beat's
     # window ends, so it is neither sent again nor, once the beats stop, waited on forever.
     now = clock.now()
-    return Checkpoint.objects.using(db).beat_from_message(
+    beaten = Checkpoint.objects.using(db).beat_from_message(
         run_id,
         seq,
         attempt,
@@ -376,6 +373,20 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         progress,
         progress is not None,
     )
+    if not beaten:
+        # The result was recorded between the read above and this write (another process of
+        # the worker took it meanwhile).
+        _keep_late_progress(run_id, seq, attempt, token, progress, db)
+    return beaten
+
+
+def _keep_late_progress(
+    run_id: str, seq: int, attempt: int, token: str | None, progress: Any, db: str
+) -> None:
+    """A beat sent before the result but taken after it (two processes, or no order between
+    queues): the attempt's last progress is still kept, as for any step."""
+    if progress is not None and token:
+        Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress)
 
 
 def _beat_window(name: str, settings: conf.Settings) -> timedelta:

@@ -120,6 +120,25 @@ def test_a_heartbeat_message_marks_the_task_started_so_it_is_never_sent_again(du
     assert durable.result(run.id) == 5
 
 
+def test_a_beat_whose_attempt_ends_while_it_is_applied_keeps_its_progress(durable_env, monkeypatch):
+    """Two processes take a step's last beat and its result at once: the beat reads the attempt
+    pending, the result commits, the beat's guarded write then matches nothing."""
+    run, row = _first_turn(durable_env, plain_flow, 1)
+    durable_env.drop()
+    beat = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
+    read = steps._task_attempt
+
+    def read_then_result_lands(*args):
+        found = read(*args)
+        monkeypatch.setattr(steps, "_task_attempt", read)
+        assert steps.step_result(output=5, **beat) == "completed"  # the other process
+        return found
+
+    monkeypatch.setattr(steps, "_task_attempt", read_then_result_lands)
+    assert steps.heartbeat(progress={"done": 9}, **beat) is False
+    assert Checkpoint.objects.get(pk=row.pk).progress == {"done": 9}
+
+
 def test_heartbeats_that_stop_count_the_attempt_lost(durable_env):
     run, row = _first_turn(durable_env, plain_flow, 1)
     durable_env.drop()
