@@ -149,6 +149,16 @@ class Workflow:
             raise RuntimeError("durable.api is not imported yet: import durable before starting runs")
         return Workflow.starter(self, input, **kwargs)
 
+    def body_input(self, stored: Any) -> Any:
+        """A stored input as the body receives it, parsed by ``input_schema`` on every turn;
+        ``InvalidInput`` when it no longer fits (the schema changed under a running run)."""
+        if self.input_schema is None:
+            return stored
+        try:
+            return self.input_schema.model_validate(stored)
+        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
+            raise InvalidInput(f"the input of run no longer fits {self.name}'s input_schema: {exc}") from None
+
     def check_input(self, stored: Any) -> None:
         """Refuse, with ``InvalidInput``, an input this workflow's ``input_schema`` or
         ``validate_input`` refuses: before a run of it is stored, whoever starts it."""

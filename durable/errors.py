@@ -55,6 +55,7 @@ attempt that overran its timeout or went silent is stored as ``StepTimeout``
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 
@@ -297,3 +298,29 @@ def step_timeout_error(message: str) -> dict[str, Any]:
     """The error of a step attempt that overran its timeout or gave no sign of life in time
     (retryable, as any failed attempt, under the step's retry policy)."""
     return {"message": message, "type": "StepTimeout", "code": "timeout", "details": None}
+
+
+def turn_time_limit_exhausted(attempts: int, limit: timedelta) -> dict[str, Any]:
+    return {
+        "message": (
+            f"the run's turns crashed {attempts} times in a row, the last one because it ran past "
+            f"TURN_TIME_LIMIT ({limit}): a workflow body must reach its next primitive (ctx.step, "
+            "ctx.sleep, ...) or end within the limit; move long work into a step"
+        ),
+        "type": "RecoveryExhausted",
+        "code": "max_recovery_attempts",
+        "details": {
+            "recovery_attempts": attempts,
+            "cause": "turn_time_limit",
+            "turn_time_limit": limit.total_seconds(),
+        },
+    }
+
+
+def recovery_exhausted(attempts: int) -> dict[str, Any]:
+    return {
+        "message": f"the run's turns crashed or lost their lease {attempts} times in a row",
+        "type": "RecoveryExhausted",
+        "code": "max_recovery_attempts",
+        "details": {"recovery_attempts": attempts},
+    }

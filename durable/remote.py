@@ -121,10 +121,9 @@ def run_turn(message: dict[str, Any]) -> str:
 def _replay(workflow: Workflow, facts: Any, state: Any, message: dict[str, Any]) -> Decision:
     if workflow.input_schema is not None:
         try:
-            parsed = workflow.input_schema.model_validate(facts.input)
-        except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
-            error = InvalidInput(f"the input of run no longer fits {workflow.name}'s input_schema: {exc}")
-            return Decision(Decided.FAILED, error=error.to_dict())
+            parsed = workflow.body_input(facts.input)
+        except InvalidInput as exc:
+            return Decision(Decided.FAILED, error=exc.to_dict())
         facts = type(facts)(**{**facts.__dict__, "input": parsed})
     # Positions are written by the worker that applies the decision: nothing to flush mid-turn,
     # and the turn's lease is kept by the heartbeat thread.

@@ -13,9 +13,9 @@ from typing import Any
 from .. import conf
 from ..definitions import registry
 from ..errors import WorkflowNotRegistered
-from ..models import Checkpoint, Run
+from ..models import Checkpoint, Run, Signal
 from ..replay import check
-from ..replay.history import Record
+from ..replay.history import BufferedSignal, Record
 from ..replay.turnstate import RunFacts
 
 #: Runs (with their positions) read per query.
@@ -26,6 +26,18 @@ _RUN_FIELDS = ("id", "workflow", "version", "namespace", "input", "status", "upd
 def stored(run_id: str, db: str) -> dict[int, Record]:
     """The replay core's records of ``run_id``'s stored positions, by position."""
     return _records([run_id], db)[run_id]
+
+
+def unconsumed_signals(run_id: str, db: str) -> list[BufferedSignal]:
+    """The signals and updates sent to ``run_id`` that no position has taken yet, oldest first."""
+    rows = Signal.objects.using(db).filter(run_id=run_id, consumed_seq__isnull=True).order_by("id")
+    return [BufferedSignal(s.id, s.name, s.payload, update=s.is_update) for s in rows]
+
+
+def workflow_and_status(run_id: str, db: str) -> tuple[str, str] | None:
+    """Another run's workflow and status, as a body that signals it asks (None: no such run)."""
+    found = Run.objects.using(db).filter(id=run_id).values_list("workflow", "status").first()
+    return (found[0], found[1]) if found is not None else None
 
 
 def _facts(run: Run) -> RunFacts:

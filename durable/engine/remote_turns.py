@@ -25,7 +25,7 @@ from ..errors import WorkflowNotRegistered
 from ..models import Run, Status
 from ..replay import wire
 from ..replay.turnstate import RunFacts
-from . import observe, turn
+from . import histories, observe, turn
 
 log = logging.getLogger("durable.engine")
 
@@ -49,7 +49,7 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
         turn.die(run, settings)
         return Status.DEAD
     db = settings.DATABASE
-    records = {} if first else turn.load_records(run.id, db)  # a first claim: nothing stored yet
+    records = {} if first else histories.stored(run.id, db)  # a first claim: nothing stored yet
     if first:
         observe.run_started(run)
     facts = RunFacts(
@@ -64,7 +64,7 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
     message = wire.turn_message(
         facts,
         records,
-        turn.load_signals(run.id, db),
+        histories.unconsumed_signals(run.id, db),
         dict(run.exposed or {}),
         turn.limits(settings),
         turn=owner,

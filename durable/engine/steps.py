@@ -28,7 +28,7 @@ from ..models import HELD, AttemptError, Checkpoint, Claim, Run
 from ..replay.attempt import LATER, beat_grace, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
-from . import attempts, flow, leases, observe, turn
+from . import attempts, flow, handover, leases, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -419,13 +419,13 @@ def record(
     settings = conf.get()
     run_id, fan = row.run_id, row.fan
     key = (row.run_id, row.seq, row.attempt)
-    claim = _claim_next_turn(settings, began) if inline else None
+    claim = handover.claim(settings, began) if inline else None
     outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
         return "unrecorded"
     recorded, woken, joins_later, claimed = outcome
     if not recorded:
-        if claim is not None and (taken := _claimed_unseen(run_id, claim)) is not None:
+        if claim is not None and (taken := handover.claimed_unseen(run_id, claim)) is not None:
             turn.advance_claimed(taken, claim.owner)
         return "stale"
     if claimed is not None:
@@ -436,28 +436,12 @@ def record(
         # harmless replay).
         woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), key)
         if woken:
-            next_turn(run_id, woken, settings, began, inline=inline)
+            handover.next_turn(run_id, woken, settings, began, inline=inline)
     elif woken and not (claim is not None and attempts.serves(woken)):
         # (A claim refused on a queue served here would be refused to a turn as well: the turn
         # holding the run sees this wake when it settles, or the run is not admitted yet.)
-        next_turn(run_id, woken, settings, began, inline=inline)
+        handover.next_turn(run_id, woken, settings, began, inline=inline)
     return "completed" if recorded == COMPLETED else "failed"
-
-
-def _claimed_unseen(run_id: str, claim: Claim) -> Run | None:
-    """The run, if a try whose commit this process never saw recorded the result and claimed
-    the turn (its connection cut after the COMMIT): the retry then finds the attempt settled."""
-    return Run.objects.using(conf.get().DATABASE).filter(id=run_id, locked_by=claim.owner).first()
-
-
-def _claim_next_turn(settings: conf.Settings, began: float | None) -> Claim | None:
-    """The claim that lets recording a result take the run's next turn in the same commit,
-    when that turn would run here: this worker serves the run's queue (checked by the claim) and
-    no Celery time limit would cut the turn short."""
-    served = dispatch.transport.served_queues
-    if not settings.INLINE_NEXT_TURN or served == set() or not _time_for_a_turn(settings, began):
-        return None
-    return Claim(turn.new_owner(settings), settings.LEASE, None if served is None else frozenset(served))
 
 
 def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None:
@@ -594,26 +578,3 @@ def _observe(row: Checkpoint, output: Any, error: dict[str, Any] | None, retry_a
 def recorded_retry(step: Step | None, retryable: bool, attempt: int) -> bool:
     """Whether a failed attempt was recorded as a retry (the position stays pending)."""
     return retryable and (step is None or step.retry.allows_after(attempt))
-
-
-def next_turn(
-    run_id: str, queue: str, settings: conf.Settings, began: float | None = None, *, inline: bool = True
-) -> None:
-    """Run the next turn here when this worker serves the run's queue, else send it there.
-
-    A step's own timeout ends with the step (durable enforces it, see ``timelimits``); a Celery
-    time limit the project set on the task goes on ticking: the turn runs here only with at least
-    a LEASE of it left, the time a turn is given anyway."""
-    if inline and settings.INLINE_NEXT_TURN and attempts.serves(queue) and _time_for_a_turn(settings, began):
-        turn.advance(run_id)
-    else:
-        dispatch.advance(run_id, queue)
-
-
-def _time_for_a_turn(settings: conf.Settings, began: float | None) -> bool:
-    """Whether at least a LEASE is left of the Celery time limit of the task running now, if any."""
-    limit = dispatch.time_limit()
-    if limit is None:
-        return True
-    left = limit - (time.monotonic() - began) if began is not None else 0.0
-    return left >= settings.LEASE.total_seconds()

@@ -13,10 +13,9 @@ from datetime import datetime
 
 from django.db import transaction
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, dispatch, errors
 from ..models import Checkpoint, Run, Status
 from . import entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
-from .turn import recovery_exhausted
 
 log = logging.getLogger("durable.engine")
 
@@ -115,7 +114,7 @@ def recover(
             now,
             limit,
             settings.MAX_RECOVERY_ATTEMPTS,
-            recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1),
+            errors.recovery_exhausted(settings.MAX_RECOVERY_ATTEMPTS + 1),
             stale_before=stale_before,
             owner_prefix=owner_prefix,
         )

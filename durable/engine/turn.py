@@ -11,17 +11,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch, routing, tracing
+from .. import clock, conf, dispatch, errors, routing, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import FIRST_CLAIM, AttemptError, Checkpoint, Run, Signal, Status
 from ..replay.context import replay
-from ..replay.history import COMPLETED, PENDING, BufferedSignal, Decision, Limits, Record
+from ..replay.history import COMPLETED, PENDING, Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
 from . import (
@@ -183,7 +182,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) ->
 
 
 def die(run: Run, settings: conf.Settings) -> None:
-    error = recovery_exhausted(run.recovery_attempts - 1)
+    error = errors.recovery_exhausted(run.recovery_attempts - 1)
     with transaction.atomic(using=settings.DATABASE):
         if Run.objects.using(settings.DATABASE).end(run.id, Status.DEAD, error, clock.now()):
             lifecycle.finished(run.ended_as(Status.DEAD, error=error))
@@ -193,7 +192,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
     """Hand back a run whose turn ran past TURN_TIME_LIMIT, counted as a crashed turn; say what
     became of it (``lost`` if this turn no longer held it)."""
     db = settings.DATABASE
-    error = turn_time_limit_exhausted(run.recovery_attempts + 1, settings.TURN_TIME_LIMIT)
+    error = errors.turn_time_limit_exhausted(run.recovery_attempts + 1, settings.TURN_TIME_LIMIT)
     with transaction.atomic(using=db):
         became = Run.objects.using(db).give_back(
             run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error
@@ -212,32 +211,6 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
         extra={"run_id": run.id, "workflow": run.workflow, "status": became},
     )
     return became
-
-
-def turn_time_limit_exhausted(attempts: int, limit: timedelta) -> dict[str, Any]:
-    return {
-        "message": (
-            f"the run's turns crashed {attempts} times in a row, the last one because it ran past "
-            f"TURN_TIME_LIMIT ({limit}): a workflow body must reach its next primitive (ctx.step, "
-            "ctx.sleep, ...) or end within the limit; move long work into a step"
-        ),
-        "type": "RecoveryExhausted",
-        "code": "max_recovery_attempts",
-        "details": {
-            "recovery_attempts": attempts,
-            "cause": "turn_time_limit",
-            "turn_time_limit": limit.total_seconds(),
-        },
-    }
-
-
-def recovery_exhausted(attempts: int) -> dict[str, Any]:
-    return {
-        "message": f"the run's turns crashed or lost their lease {attempts} times in a row",
-        "type": "RecoveryExhausted",
-        "code": "max_recovery_attempts",
-        "details": {"recovery_attempts": attempts},
-    }
 
 
 def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) -> Decision | None:
@@ -270,10 +243,10 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         return call
 
     state = TurnState(
-        records={} if first else load_records(run.id, db),  # a first claim: nothing stored yet
-        load_signals=guarded(lambda: load_signals(run.id, db)),
+        records={} if first else histories.stored(run.id, db),  # a first claim: nothing stored yet
+        load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
         find_event=guarded(events.find),
-        find_run=guarded(lambda run_id: _find_run(run_id, db)),
+        find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
         exposed=dict(run.exposed or {}),
     )
     if first:
@@ -317,7 +290,7 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         _mark_saved(current)
 
     try:
-        body_input = _parse_input(workflow, run.input)
+        body_input = workflow.body_input(run.input)
     except InvalidInput as exc:
         outcome = Decision(Decided.FAILED, error=exc.to_dict())
         with transaction.atomic(using=db):
@@ -466,16 +439,6 @@ def _settle(
         observe.run_suspended(run, outcome.wake_at)
 
 
-def _parse_input(workflow: Workflow, raw: Any) -> Any:
-    """The input as the body receives it: validated by ``input_schema`` on every turn."""
-    if workflow.input_schema is None:
-        return raw
-    try:
-        return workflow.input_schema.model_validate(raw)
-    except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
-        raise InvalidInput(f"the input of run no longer fits {workflow.name}'s input_schema: {exc}") from None
-
-
 def _run_fields(outcome: Decision) -> dict[str, Any]:
     now = clock.now()
     if outcome.status in (Decided.COMPLETED, Decided.CONTINUED):
@@ -491,20 +454,6 @@ def _run_fields(outcome: Decision) -> dict[str, Any]:
             "wake_at": None,
         }
     return {"status": Status.SUSPENDED, "wake_at": outcome.wake_at}
-
-
-def load_records(run_id: str, db: str) -> dict[int, Record]:
-    return histories.stored(run_id, db)
-
-
-def _find_run(run_id: str, db: str) -> tuple[str, str] | None:
-    found = Run.objects.using(db).filter(id=run_id).values_list("workflow", "status").first()
-    return (found[0], found[1]) if found is not None else None
-
-
-def load_signals(run_id: str, db: str) -> list[BufferedSignal]:
-    rows = Signal.objects.using(db).filter(run_id=run_id, consumed_seq__isnull=True).order_by("id")
-    return [BufferedSignal(s.id, s.name, s.payload, update=s.is_update) for s in rows]
 
 
 def _replies(state: TurnState) -> list[Record]:

@@ -58,16 +58,6 @@ class Verdict:
         return self.error is None
 
 
-def body_input(workflow: Workflow, raw: Any) -> Any:
-    """The input as the body receives it, validated by ``input_schema`` as a turn does."""
-    if workflow.input_schema is None:
-        return raw
-    try:
-        return workflow.input_schema.model_validate(raw)
-    except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
-        raise InvalidInput(f"the stored input no longer fits {workflow.name}'s input_schema: {exc}") from None
-
-
 def check(
     workflow: Workflow,
     run: RunFacts,
@@ -86,7 +76,7 @@ def check(
     state = TurnState(records=records)
     now = at or datetime.now(UTC)
     try:
-        given = body_input(workflow, run.input)
+        given = workflow.body_input(run.input)
     except InvalidInput as exc:
         return Verdict(run.id, run.workflow, run.version, len(body), exc)
     facts = RunFacts(run.id, run.workflow, run.version, run.namespace, given)

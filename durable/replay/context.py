@@ -48,6 +48,7 @@ from .messages import Messages
 from .patches import PATCH, Patches
 from .positions import Pending, Positions
 from .queries import Queries
+from .quiet import QuietWhileReplaying
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
 from .stopping import Stopping
@@ -56,25 +57,6 @@ from .updates import Updates
 from .waits import Waits
 
 log = logging.getLogger("durable.workflow")
-
-
-class _QuietWhileReplaying(logging.LoggerAdapter):  # type: ignore[type-arg]
-    def __init__(self, logger: logging.Logger, ctx: Context) -> None:
-        super().__init__(logger, {})
-        self._ctx = ctx
-
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
-        return not self._ctx.is_replaying and self.logger.isEnabledFor(level)
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        ctx = self._ctx
-        extra = {
-            "run_id": ctx.run_id,
-            "workflow": ctx.workflow_name,
-            "seq": ctx._here,
-            **(kwargs.get("extra") or {}),
-        }
-        return msg, {**kwargs, "extra": extra}
 
 
 class Context(
@@ -118,7 +100,7 @@ class Context(
         self._replay_until = max(state.records, default=-1)
         self._nondeterminism: NonDeterminismError | None = None
         self._init_cancelling(run.cancel_request)
-        self.logger = _QuietWhileReplaying(log, self)
+        self.logger = QuietWhileReplaying(log, self)
 
     # -- facts -----------------------------------------------------------------------------
 
