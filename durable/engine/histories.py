@@ -72,8 +72,13 @@ _RECORD_FIELDS = (
 
 def _records(run_ids: list[str], db: str) -> dict[str, dict[int, Record]]:
     found: dict[str, dict[int, Record]] = {run_id: {} for run_id in run_ids}
-    rows = Checkpoint.objects.using(db).filter(run_id__in=run_ids).order_by("run_id", "seq")
-    for run_id, *values in rows.values_list("run_id", *_RECORD_FIELDS):
+    if len(run_ids) == 1:
+        # A turn's read, on every turn: one plain statement, not a compiled query.
+        rows = Checkpoint.objects.using(db).history(run_ids[0], ("run_id", *_RECORD_FIELDS))
+    else:
+        query = Checkpoint.objects.using(db).filter(run_id__in=run_ids).order_by("run_id", "seq")
+        rows = query.values_list("run_id", *_RECORD_FIELDS)
+    for run_id, *values in rows:
         rec = Record(**dict(zip(_RECORD_FIELDS, values, strict=True)))
         rec.stored_as = (rec.status, rec.attempt)
         found[run_id][rec.seq] = rec

@@ -12,7 +12,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 
 from .. import clock, conf, dispatch, guards, routing, tracing
 from ..definitions import Workflow, registry
@@ -336,13 +336,9 @@ def ending(run_id: str) -> Run:
     """What a caller waiting for ``run_id`` reads each time it looks: the run's status, output and
     error by one plain statement (it may look thousands of times), or, for a run that continued
     as new, the newest run of its chain (as ``follow``)."""
-    db = conf.get().DATABASE
-    ops = connections[db].ops
-    sql = f"SELECT id, status, output, error FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s"
-    found = list(Run.objects.using(db).raw(sql, [run_id]))
-    if not found:
+    run = _runs().ending(run_id)
+    if run is None:
         raise RunNotFound(f"no run has id {run_id!r}")
-    run = found[0]
     if run.status == Status.COMPLETED and isinstance(run.output, dict) and "continued_as" in run.output:
         return follow(run_id)  # its output names its successor (or is a body's own such dict)
     return run

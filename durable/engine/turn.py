@@ -521,7 +521,7 @@ def _write(
             if not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, owner=fenced_by, **fields):
                 raise _Stale()
     if new:
-        checkpoints.bulk_create(new)
+        checkpoints.add(new)
     _file_failures(run_id, state, db)
     now = clock.now()
     for rec in replies:

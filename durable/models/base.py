@@ -4,11 +4,13 @@ guarded UPDATEs."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, models
 
 from ..statuses import RunStatus
+
+M = TypeVar("M", bound=models.Model)
 
 #: The run statuses as Django choices, built from the one spelling (its members equal RunStatus's).
 Status = models.TextChoices("Status", [(status.name, status.value) for status in RunStatus])
@@ -64,3 +66,112 @@ def update_where(
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *extra_params])
         return cursor.rowcount
+
+
+def returned(model: type[M], db: str, sql: str, params: list[Any] | tuple[Any, ...]) -> list[M]:
+    """The rows ``sql`` returns (``RETURNING *``, or some of the columns) as ``model`` instances:
+    what ``raw()`` builds, without setting up a raw query each time (on the paths every step
+    takes, that cost more than the statement)."""
+    connection = connections[db]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        columns = tuple(column[0] for column in cursor.description)
+        rows = cursor.fetchall()
+    if not rows:
+        return []
+    plan = _loading(model, db, columns, in_model_order=True)
+    names = [name for name, *_ in plan]
+    return [model.from_db(db, names, _converted(row, plan, connection)) for row in rows]
+
+
+def values_where(
+    model: type[models.Model],
+    db: str,
+    fields: tuple[str, ...],
+    where: dict[str, Any],
+    order_by: tuple[str, ...],
+) -> list[tuple[Any, ...]]:
+    """``fields`` of the rows where each of ``where`` equals its value, in ``order_by`` order, as
+    tuples: the ORM's ``values_list()`` of a filtered query, without compiling one."""
+    connection = connections[db]
+    ops = connection.ops
+    meta = model._meta
+    columns = tuple(meta.get_field(name).column for name in fields)
+    matching = [meta.get_field(name) for name in where]
+    sql = (
+        f"SELECT {', '.join(ops.quote_name(c) for c in columns)} FROM {ops.quote_name(meta.db_table)} "
+        f"WHERE {' AND '.join(f'{ops.quote_name(f.column)} = %s' for f in matching)} "
+        f"ORDER BY {', '.join(ops.quote_name(meta.get_field(name).column) for name in order_by)}"
+    )
+    params = [f.get_db_prep_value(where[f.name], connection) for f in matching]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    plan = _loading(model, db, columns, in_model_order=False)
+    return [tuple(_converted(row, plan, connection)) for row in rows]
+
+
+def insertion(
+    model: type[models.Model], db: str, rows: list[models.Model], *, source: str | None = None
+) -> tuple[str, list[Any]]:
+    """The ``INSERT`` of ``rows`` (primary keys left to the database) and its parameters.
+
+    With ``source``, one row is inserted by ``INSERT ... SELECT <its values> <source>``: written
+    only when ``source`` (``FROM``/``WHERE`` SQL) yields a row, and in the same statement."""
+    connection = connections[db]
+    ops = connection.ops
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(ops.quote_name(f.column) for f in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
+    head = f"INSERT INTO {ops.quote_name(model._meta.db_table)} ({columns}) "
+    if source is not None:
+        if len(rows) != 1:
+            raise ValueError("an INSERT ... SELECT writes one row")
+        return f"{head}SELECT {placeholders} {source}", params
+    return head + "VALUES " + ", ".join([f"({placeholders})"] * len(rows)), params
+
+
+def insert(model: type[models.Model], db: str, rows: list[models.Model]) -> None:
+    """Insert ``rows`` in one statement, without reading back their primary keys (what
+    ``bulk_create`` does, minus its own transaction and the compiling)."""
+    if not rows:
+        return
+    sql, params = insertion(model, db, rows)
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+_Plan = list[tuple[str, int, Any, tuple[Any, ...]]]
+
+
+def _converted(row: tuple[Any, ...], plan: _Plan, connection: Any) -> list[Any]:
+    values = []
+    for _, index, column, converters in plan:
+        value = row[index]
+        for convert in converters:
+            value = convert(value, column, connection)
+        values.append(value)
+    return values
+
+
+@functools.lru_cache(maxsize=128)
+def _loading(model: type[models.Model], db: str, columns: tuple[str, ...], *, in_model_order: bool) -> _Plan:
+    """How to read the ``columns`` a statement returned as ``model``'s fields: per field, its
+    attribute name, where its value is, and what converts it (as the ORM would); in the model's
+    field order (to build instances) or the columns' own."""
+    connection = connections[db]
+    by_column = {f.column: f for f in model._meta.concrete_fields}
+    position = {column: index for index, column in enumerate(columns)}
+    order = (
+        [f.column for f in model._meta.concrete_fields if f.column in position]
+        if in_model_order
+        else list(columns)
+    )
+    plan = []
+    for name in order:
+        field = by_column[name]
+        column = field.get_col(model._meta.db_table)
+        converters = (*connection.ops.get_db_converters(column), *field.get_db_converters(connection))
+        plan.append((field.attname, position[name], column, tuple(converters)))
+    return plan

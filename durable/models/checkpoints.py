@@ -10,7 +10,7 @@ from django.db.models import Exists, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
-from .base import BEAT_HOLDER, RETRYABLE, skip_locked, update_where
+from .base import BEAT_HOLDER, RETRYABLE, insert, insertion, returned, skip_locked, update_where, values_where
 from .runs import Run
 
 HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
@@ -76,7 +76,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             run_id,
             *UNFINISHED,
         ]
-        taken = list(Checkpoint.objects.using(self.db).raw(sql, params))
+        taken = returned(Checkpoint, self.db, sql, params)
         return taken[0] if taken else None
 
     def hold_slot(self, pk: int, key: str, limit: int, now: datetime, *, behind: bool) -> bool:
@@ -246,21 +246,22 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         fence = f" AND EXISTS (SELECT 1 FROM {runs} WHERE id = %s AND locked_by = %s)"
         return update_where(Checkpoint, self.db, fields, where, fence, (run_id, owner)) == 1
 
+    def history(self, run_id: str, fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        """``fields`` of ``run_id``'s positions in order, by one plain statement (a turn's read)."""
+        return values_where(Checkpoint, self.db, fields, {"run": run_id}, ("seq",))
+
+    def add(self, rows: list[Checkpoint]) -> None:
+        """Insert new positions in one statement (their ids are not read back)."""
+        insert(Checkpoint, self.db, rows)
+
     def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
         """Insert ``row`` in one statement, only while ``owner`` holds its run's lease."""
         connection = connections[self.db]
-        ops = connection.ops
-        fields = [f for f in Checkpoint._meta.concrete_fields if not f.primary_key]
-        columns = ", ".join(ops.quote_name(f.column) for f in fields)
-        values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
-        run_table = ops.quote_name(Run._meta.db_table)
-        sql = (
-            f"INSERT INTO {ops.quote_name(Checkpoint._meta.db_table)} ({columns}) "
-            f"SELECT {', '.join(['%s'] * len(fields))} "
-            f"WHERE EXISTS (SELECT 1 FROM {run_table} WHERE id = %s AND locked_by = %s)"
-        )
+        runs = connection.ops.quote_name(Run._meta.db_table)
+        fence = f"WHERE EXISTS (SELECT 1 FROM {runs} WHERE id = %s AND locked_by = %s)"
+        sql, params = insertion(Checkpoint, self.db, [row], source=fence)
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*values, row.run_id, owner])
+            cursor.execute(sql, [*params, row.run_id, owner])
             return cursor.rowcount == 1
 
     def fan_closed(self, run_id: str, fan: int) -> bool:

@@ -10,7 +10,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
-from .base import RETRYABLE, Status, skip_locked, update_where
+from .base import RETRYABLE, Status, returned, skip_locked, update_where
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
 FIRST_CLAIM = "+first"
@@ -66,8 +66,15 @@ class RunQuerySet(models.QuerySet["Run"]):
             at(now),
             True,
         ]
-        claimed = list(Run.objects.using(self.db).raw(sql, params))
+        claimed = returned(Run, self.db, sql, params)
         return claimed[0] if claimed else None
+
+    def ending(self, run_id: str) -> Run | None:
+        """The run's status, output and error only (the rest deferred), by one plain statement:
+        what a caller waiting for the run reads each time it looks."""
+        sql = f"SELECT id, status, output, error FROM {connections[self.db].ops.quote_name(Run._meta.db_table)} WHERE id = %s"
+        found = returned(Run, self.db, sql, [run_id])
+        return found[0] if found else None
 
     def renew(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> bool:
         """Extend a lease this owner still holds; False means it was taken over."""
@@ -160,9 +167,7 @@ class RunQuerySet(models.QuerySet["Run"]):
             + ("*" if claim is not None else "id, queue")
         )
         redrive = at(redrive_at)
-        woken = list(
-            Run.objects.using(self.db).raw(sql, [redrive, redrive, *params, at(now), run_id, *UNFINISHED])
-        )
+        woken = returned(Run, self.db, sql, [redrive, redrive, *params, at(now), run_id, *UNFINISHED])
         return woken[0] if woken else None
 
     def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
