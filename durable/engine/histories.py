@@ -45,7 +45,7 @@ def _facts(run: Run) -> RunFacts:
 
 
 #: What a record holds of a stored position (read as plain values: no model instances).
-_RECORD_FIELDS = (
+RECORD_FIELDS = (
     "seq",
     "kind",
     "name",
@@ -70,16 +70,26 @@ _RECORD_FIELDS = (
 )
 
 
+def records(positions: list[dict[str, Any]]) -> dict[int, Record]:
+    """The replay core's records of positions read as dicts of ``RECORD_FIELDS``, by position."""
+    found = {}
+    for position in positions:
+        rec = Record(**position)
+        rec.stored_as = (rec.status, rec.attempt)
+        found[rec.seq] = rec
+    return found
+
+
 def _records(run_ids: list[str], db: str) -> dict[str, dict[int, Record]]:
     found: dict[str, dict[int, Record]] = {run_id: {} for run_id in run_ids}
     if len(run_ids) == 1:
         # A turn's read, on every turn: one plain statement, not a compiled query.
-        rows = Checkpoint.objects.using(db).history(run_ids[0], ("run_id", *_RECORD_FIELDS))
+        rows = Checkpoint.objects.using(db).history(run_ids[0], ("run_id", *RECORD_FIELDS))
     else:
         query = Checkpoint.objects.using(db).filter(run_id__in=run_ids).order_by("run_id", "seq")
-        rows = query.values_list("run_id", *_RECORD_FIELDS)
+        rows = query.values_list("run_id", *RECORD_FIELDS)
     for run_id, *values in rows:
-        rec = Record(**dict(zip(_RECORD_FIELDS, values, strict=True)))
+        rec = Record(**dict(zip(RECORD_FIELDS, values, strict=True)))
         rec.stored_as = (rec.status, rec.attempt)
         found[run_id][rec.seq] = rec
     return found

@@ -25,7 +25,7 @@ from ..errors import WorkflowNotRegistered
 from ..models import Run, Status
 from ..replay import wire
 from ..replay.turnstate import RunFacts
-from . import histories, observe, turn
+from . import histories, observe, turn, writes
 
 log = logging.getLogger("durable.engine")
 
@@ -108,7 +108,7 @@ def apply(message: dict[str, Any]) -> str:
                 return "refused"
             run.wakes = message.get("wakes", run.wakes)  # as the turn read them: a later wake reruns it
             turn.finish(run, owner, None, state, outcome, settings)
-    except turn._Stale:
+    except writes._Stale:
         # A wake landed while the remote worker replayed: run the turn again on what is now true.
         with transaction.atomic(using=db):
             if Run.objects.using(db).release(run_id, owner, clock.now(), clock.now()):

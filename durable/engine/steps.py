@@ -26,12 +26,15 @@ from ..errors import (
 )
 from ..models import HELD, AttemptError, Checkpoint, Claim, Run
 from ..replay.attempt import LATER, beat_grace, split_traceback
-from ..replay.history import COMPLETED, FAILED, PENDING, check_size, roundtrip
+from ..replay.history import COMPLETED, FAILED, PENDING, Record, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
-from . import attempts, flow, handover, leases, observe, turn
+from . import attempts, flow, handover, histories, leases, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
+#: (how it was recorded or None, the woken run's queue, whether a fan joins later, the claimed
+#: run, its positions if read with the claim)
+_Written = tuple[str | None, str | None, bool, Run | None, dict[int, Record] | None]
 
 log = logging.getLogger("durable.engine")
 
@@ -423,13 +426,13 @@ def record(
     outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
         return "unrecorded"
-    recorded, woken, joins_later, claimed = outcome
+    recorded, woken, joins_later, claimed, history = outcome
     if not recorded:
         if claim is not None and (taken := handover.claimed_unseen(run_id, claim)) is not None:
             turn.advance_claimed(taken, claim.owner)
         return "stale"
     if claimed is not None:
-        turn.advance_claimed(claimed, claimed.locked_by)
+        turn.advance_claimed(claimed, claimed.locked_by, history)
     elif joins_later:
         # A fan member wakes the run only once the fan is closed. Asked after this result
         # committed, so the last member always sees it closed (two may: the second turn is a
@@ -473,9 +476,9 @@ def _record_once(
     retryable: bool,
     beats: Beats | None,
     claim: Claim | None,
-) -> tuple[str | None, str | None, bool, Run | None]:
+) -> _Written:
     """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later,
-    the run if ``claim`` took its lease)."""
+    the run if ``claim`` took its lease, and its history if read with the claim)."""
     try:
         return _write_result(row, step, output, error, retryable, beats, claim)
     except DataError as exc:
@@ -503,7 +506,7 @@ def _write_result(
     retryable: bool,
     beats: Beats | None,
     claim: Claim | None,
-) -> tuple[str | None, str | None, bool, Run | None]:
+) -> _Written:
     settings = conf.get()
     db = settings.DATABASE
     run_id, seq, attempt = row.run_id, row.seq, row.attempt
@@ -515,6 +518,16 @@ def _write_result(
         error, trace = split_traceback(error)
     joins_later = False
     retry_at: datetime | None = None
+    if error is None and row.fan is None and (beats is None or beats.unsaved is None) and not row.flow_key:
+        # The common end of an attempt: its result and the wake (and claim) are all there is to
+        # write, and need no transaction of their own.
+        done = Checkpoint.objects.using(db).complete_and_wake(
+            run_id, seq, attempt, output, now, now + settings.LEASE, claim, histories.RECORD_FIELDS
+        )
+        if done.done:
+            _observe(row, output, None, None)
+        history = histories.records(done.history) if done.history is not None else None
+        return (COMPLETED if done.done else None), done.queue, False, done.claimed, history
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
@@ -553,7 +566,7 @@ def _write_result(
                 # The attempt ended: its slot goes to the oldest in line, in this transaction
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
-    return recorded or None, woken, joins_later, claimed
+    return recorded or None, woken, joins_later, claimed, None
 
 
 def _observe(row: Checkpoint, output: Any, error: dict[str, Any] | None, retry_at: datetime | None) -> None:

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch, errors, routing, tracing
+from .. import clock, conf, dispatch, errors, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
-from ..models import FIRST_CLAIM, AttemptError, Checkpoint, Run, Signal, Status
+from ..models import FIRST_CLAIM, Checkpoint, Run, Status
 from ..replay.context import replay
-from ..replay.history import COMPLETED, PENDING, Decision, Limits, Record
+from ..replay.history import Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
 from . import (
@@ -32,10 +32,11 @@ from . import (
     leases,
     lifecycle,
     observe,
-    outbox,
     remote_turns,
     runs,
+    writes,
 )
+from .writes import LeaseLost, _Stale
 
 T = TypeVar("T")
 
@@ -47,10 +48,6 @@ MAX_RERUNS = 20
 REPAIR_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 
-class LeaseLost(_ControlFlow):
-    """This turn's lease was taken over: it must write nothing more."""
-
-
 class _DatabaseLost(_ControlFlow):
     """The database failed a query the body's primitives asked for: the turn ends as a crashed
     one (its lease lapses, or the repair sends it again), never as the body's own failure.
@@ -60,12 +57,6 @@ class _DatabaseLost(_ControlFlow):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-class _Stale(_ControlFlow):
-    """A guarded write matched no row: something changed since the turn read the run.
-
-    Control flow, so a flush that meets it mid-body cannot be swallowed by the body."""
 
 
 def limits(settings: conf.Settings) -> Limits:
@@ -88,10 +79,11 @@ def advance(run_id: str) -> str:
     return _repairing(run_id, settings, lambda: _advance(run_id, settings))
 
 
-def advance_claimed(run: Run, owner: str) -> str:
-    """``advance`` a run whose lease ``owner`` took already (with the write that woke it)."""
+def advance_claimed(run: Run, owner: str, history: dict[int, Record] | None = None) -> str:
+    """``advance`` a run whose lease ``owner`` took already (with the write that woke it);
+    ``history``: its positions, when that write read them too."""
     settings = conf.get()
-    return _repairing(run.id, settings, lambda: _claimed(run, owner, settings, first=False))
+    return _repairing(run.id, settings, lambda: _claimed(run, owner, settings, first=False, history=history))
 
 
 def _repairing(run_id: str, settings: conf.Settings, turns: Callable[[], str]) -> str:
@@ -122,7 +114,9 @@ def _advance(run_id: str, settings: conf.Settings) -> str:
     return _claimed(run, owner, settings, first=owner.endswith(FIRST_CLAIM))
 
 
-def _claimed(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
+def _claimed(
+    run: Run, owner: str, settings: conf.Settings, *, first: bool, history: dict[int, Record] | None = None
+) -> str:
     run_id = run.id
     if remote_turns.is_remote(run, settings):
         # Not held here: the remote worker's turn heartbeats keep the lease, or it lapses.
@@ -131,7 +125,7 @@ def _claimed(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> s
     attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
     try:
         with tracing.span(f"durable.turn {run.workflow}", run_id, attributes) as span:
-            outcome = _turns(run, owner, settings, first=first)
+            outcome = _turns(run, owner, settings, first=first, history=history)
             if span is not None:
                 span.set_attribute("durable.outcome", str(outcome))
             return outcome
@@ -151,7 +145,9 @@ def _when_the_database_answers(write: Callable[[], None], settings: conf.Setting
     log.warning("durable: the database did not answer; the sweeps will repair what this turn left")
 
 
-def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
+def _turns(
+    claimed: Run, owner: str, settings: conf.Settings, *, first: bool, history: dict[int, Record] | None
+) -> str:
     """Run turns until one settles; ``first``: the claim that began them was the run's first."""
     runs = Run.objects.using(settings.DATABASE)
     run_id = claimed.id
@@ -163,7 +159,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) ->
             die(run, settings)
             return Status.DEAD
         try:
-            outcome = _turn(run, owner, settings, first)
+            outcome = _turn(run, owner, settings, first, history)
         except LeaseLost:
             return "lost"
         except leases.Interrupted:
@@ -172,7 +168,7 @@ def _turns(claimed: Run, owner: str, settings: conf.Settings, *, first: bool) ->
         except _Stale:
             # A wake landed during the turn: read the run again and replay.
             run = runs.filter(id=run_id, locked_by=owner).first()
-            first = False
+            first, history = False, None
             continue
         if outcome is not None:
             return outcome.status
@@ -213,7 +209,13 @@ def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
     return became
 
 
-def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) -> Decision | None:
+def _turn(
+    run: Run,
+    owner: str,
+    settings: conf.Settings,
+    first: bool = False,
+    history: dict[int, Record] | None = None,
+) -> Decision | None:
     db = settings.DATABASE
     try:
         workflow = registry.workflow(run.workflow, run.version)
@@ -243,7 +245,8 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
         return call
 
     state = TurnState(
-        records={} if first else histories.stored(run.id, db),  # a first claim: nothing stored yet
+        # A first claim: nothing stored yet. A claim that read the positions: those.
+        records={} if first else history if history is not None else histories.stored(run.id, db),
         load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
         find_event=guarded(events.find),
         find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
@@ -269,25 +272,25 @@ def _turn(run: Run, owner: str, settings: conf.Settings, first: bool = False) ->
             with transaction.atomic(using=db):
                 if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
                     raise LeaseLost()
-                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+                writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
                 runs.start_children(run, current.children)
                 current.children.clear()
         elif (
             current.consumed
             or current.exposed_changed
-            or _replies(current)
+            or writes.replies(current)
             or entities.new_ops(current.unsaved())
         ):
             with transaction.atomic(using=db):
-                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+                writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         elif len(current.unsaved()) > 1:
             # An attempt's start with the result held back from the one before: one commit.
             with transaction.atomic(using=db):
-                _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+                writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
         else:
-            _write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
-        _hand_off(current)
-        _mark_saved(current)
+            writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+        writes.hand_off(current)
+        writes.mark_saved(current)
 
     try:
         body_input = workflow.body_input(run.input)
@@ -323,10 +326,17 @@ def finish(
     if _settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
+    elif outcome.status == Decided.SUSPENDED and (
+        new := writes.lone_insert(run.id, state, settings.DATABASE)
+    ):
+        # One new position (the next step's, say) and the settle: one statement.
+        written = state.unsaved()
+        _settle(run, owner, outcome, settings, state, inserting=new)
+        writes.send(run.id, state, settings, written, namespace=run.namespace)
     else:
         try:
             with transaction.atomic(using=settings.DATABASE):
-                _write(run.id, state, settings, namespace=run.namespace)
+                writes.write(run.id, state, settings, namespace=run.namespace)
                 runs.start_children(run, state.children)
                 state.children.clear()
                 if outcome.status == "continued":
@@ -339,29 +349,12 @@ def finish(
                     outcome.output = {"continued_as": successor}
                 _settle(run, owner, outcome, settings, state)
                 # After the settle: a gate is locked after the run's row, as a recorded result does.
-                _hand_off(state)
+                writes.hand_off(state)
         except _Stale:
-            _keep_held_results(run.id, owner, state, settings.DATABASE)
+            writes.keep_held_results(run.id, owner, state, settings.DATABASE)
             raise
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
-
-
-def _keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> None:
-    """A wake refused the settle, and the turn replays from what is stored: the results of
-    attempts run in place that waited for the settle are facts whatever the replay decides, so
-    they are written alone, under the lease (else the replay would count them lost)."""
-    held = [
-        rec
-        for rec in state.unsaved()
-        if rec.kind == "step" and rec.status == COMPLETED and rec.stored_as and rec.stored_as[0] == PENDING
-    ]
-    if not held:
-        return
-    with transaction.atomic(using=db):
-        for rec in held:
-            fields = {f: getattr(rec, f) for f in _WRITTEN}
-            Checkpoint.objects.using(db).rewrite(run_id, rec.seq, rec.stored_as, owner=owner, **fields)
 
 
 def _replay(
@@ -412,14 +405,20 @@ def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
 
 
 def _settle(
-    run: Run, owner: str, outcome: Decision, settings: conf.Settings, state: TurnState | None = None
+    run: Run,
+    owner: str,
+    outcome: Decision,
+    settings: conf.Settings,
+    state: TurnState | None = None,
+    inserting: Checkpoint | None = None,
 ) -> None:
     fields = _run_fields(outcome)
     if state is not None and state.search_attributes is not None:
         fields["search_attributes"] = state.search_attributes
     if state is not None and state.exposed_changed:
         fields["exposed"] = state.exposed
-    if not Run.objects.using(settings.DATABASE).settle(run.id, owner, run.wakes, clock.now(), **fields):
+    runs = Run.objects.using(settings.DATABASE)
+    if not runs.settle(run.id, owner, run.wakes, clock.now(), inserting=inserting, **fields):
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(
@@ -454,142 +453,3 @@ def _run_fields(outcome: Decision) -> dict[str, Any]:
             "wake_at": None,
         }
     return {"status": Status.SUSPENDED, "wake_at": outcome.wake_at}
-
-
-def _replies(state: TurnState) -> list[Record]:
-    """The replies to updates this turn recorded and has not written yet."""
-    return [rec for rec in state.unsaved() if rec.kind == "reply" and rec.stored_as is None]
-
-
-_WRITTEN = (
-    "status",
-    "attempt",
-    "output",
-    "error",
-    "wake_at",
-    "enqueued_at",
-    "started_at",
-    "finished_at",
-    "last_heartbeat_at",
-    "token",
-    "held_until",
-    "flow",
-    "redispatches",
-)
-
-
-def _write(
-    run_id: str,
-    state: TurnState,
-    settings: conf.Settings,
-    *,
-    fenced_by: str | None = None,
-    namespace: str | None = None,
-) -> None:
-    """Persist what the turn changed; raise _Stale if a guarded write lost a race.
-
-    With ``fenced_by``, each write is itself conditional on that lease (a flush mid-turn);
-    without, the caller's transaction ends with the fenced settle, which rolls it all back.
-    """
-    db = settings.DATABASE
-    checkpoints = Checkpoint.objects.using(db)
-    new = []
-    replies = _replies(state)
-    written = state.unsaved()
-    entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
-    for rec in state.unsaved():
-        fields = {f: getattr(rec, f) for f in _WRITTEN}
-        if rec.stored_as is None:
-            row = Checkpoint(
-                run_id=run_id,
-                seq=rec.seq,
-                kind=rec.kind,
-                name=rec.name,
-                queue=rec.queue,
-                input=rec.input,
-                fan=rec.fan,
-                fail_fast=rec.fail_fast,
-                **fields,
-            )
-            if fenced_by is None:
-                new.append(row)
-            elif not checkpoints.insert_fenced(row, fenced_by):
-                raise LeaseLost()
-        else:
-            if rec.kind == "event":
-                fields["input"] = rec.input  # it names the event received, so no run gets one twice
-            if not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, owner=fenced_by, **fields):
-                raise _Stale()
-    if new:
-        checkpoints.add(new)
-    _file_failures(run_id, state, db)
-    now = clock.now()
-    for rec in replies:
-        # False only if the update holds a reply already: the first one recorded stands.
-        Signal.objects.using(db).answer(rec.input["update"], run_id, rec.output, now)
-    if state.exposed_changed and fenced_by is not None:
-        # Mid-turn; at the turn's end the settle writes them with the run's outcome.
-        if not Run.objects.using(db).filter(id=run_id, locked_by=fenced_by).update(exposed=state.exposed):
-            raise LeaseLost()
-        state.exposed_changed = False
-    for signal in state.consumed:
-        if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
-            raise _Stale()
-    state.consumed.clear()
-    outbox.send(run_id, state.outgoing)
-    state.outgoing.clear()
-    for rec in state.dispatch:
-        payload = rec.input or {}
-        if payload.get("task") or payload.get("remote"):
-            remote = registry.known_step(rec.name) if payload.get("remote") else None
-            dispatch.celery_task(
-                run_id,
-                rec.seq,
-                rec.attempt,
-                rec.token,
-                rec.name,
-                payload,
-                rec.queue,
-                # Reports go to the run's own namespace, whose workers may be the only ones.
-                routing.queue_in(settings.DEFAULT_QUEUE, namespace),
-                timeout=remote.timeout if remote is not None else None,
-                grace=settings.STEP_TIMEOUT_GRACE,
-            )
-            continue
-        dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
-    state.dispatch.clear()
-    observe.positions(run_id, written)
-
-
-def _file_failures(run_id: str, state: TurnState, db: str) -> None:
-    """Keep every attempt that failed in this turn in the run's attempt history."""
-    rows = [
-        AttemptError(
-            run_id=run_id,
-            seq=rec.seq,
-            name=rec.name,
-            attempt=failure["attempt"],
-            error=failure["error"],
-            traceback=failure["traceback"],
-            failed_at=failure["at"],
-        )
-        for rec in state.unsaved()
-        for failure in rec.failures
-    ]
-    if rows:
-        AttemptError.objects.using(db).bulk_create(rows)
-    for rec in state.unsaved():
-        rec.failures.clear()
-
-
-def _hand_off(state: TurnState) -> None:
-    """Hand the limit slots this turn freed to the oldest attempts in their lines."""
-    for key in state.freed:
-        flow.hand_off(key)
-    state.freed.clear()
-
-
-def _mark_saved(state: TurnState) -> None:
-    for rec in state.records.values():
-        rec.stored_as = (rec.status, rec.attempt)
-        rec.dirty = False

@@ -53,6 +53,16 @@ def update_where(
     SQL starting with AND); return the rows changed. The same statement as the ORM's ``update()``
     of a filtered query, without compiling one: on the paths every step takes, compiling cost
     more than the statement."""
+    sql, params = updating(model, db, fields, where, extra)
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, [*params, *extra_params])
+        return cursor.rowcount
+
+
+def updating(
+    model: type[models.Model], db: str, fields: dict[str, Any], where: dict[str, Any], extra: str = ""
+) -> tuple[str, list[Any]]:
+    """``update_where``'s statement and its parameters (those of ``extra`` not included)."""
     connection = connections[db]
     ops = connection.ops
     meta = model._meta
@@ -62,23 +72,26 @@ def update_where(
     conditions = " AND ".join(f"{ops.quote_name(f.column)} = %s" for f in matching)
     params = [f.get_db_prep_save(fields[f.name], connection) for f in setting]
     params += [f.get_db_prep_value(where[f.name], connection) for f in matching]
-    sql = f"UPDATE {ops.quote_name(meta.db_table)} SET {assignments} WHERE {conditions}{extra}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *extra_params])
-        return cursor.rowcount
+    return f"UPDATE {ops.quote_name(meta.db_table)} SET {assignments} WHERE {conditions}{extra}", params
 
 
 def returned(model: type[M], db: str, sql: str, params: list[Any] | tuple[Any, ...]) -> list[M]:
     """The rows ``sql`` returns (``RETURNING *``, or some of the columns) as ``model`` instances:
     what ``raw()`` builds, without setting up a raw query each time (on the paths every step
     takes, that cost more than the statement)."""
-    connection = connections[db]
-    with connection.cursor() as cursor:
+    with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
         columns = tuple(column[0] for column in cursor.description)
         rows = cursor.fetchall()
+    return instances(model, db, columns, rows)
+
+
+def instances(model: type[M], db: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[M]:
+    """``rows`` read with ``columns`` as ``model`` instances; columns that name none of its
+    fields are left out."""
     if not rows:
         return []
+    connection = connections[db]
     plan = _loading(model, db, columns, in_model_order=True)
     names = [name for name, *_ in plan]
     return [model.from_db(db, names, _converted(row, plan, connection)) for row in rows]
@@ -162,7 +175,7 @@ def _loading(model: type[models.Model], db: str, columns: tuple[str, ...], *, in
     field order (to build instances) or the columns' own."""
     connection = connections[db]
     by_column = {f.column: f for f in model._meta.concrete_fields}
-    position = {column: index for index, column in enumerate(columns)}
+    position = {column: index for index, column in enumerate(columns) if column in by_column}
     order = (
         [f.column for f in model._meta.concrete_fields if f.column in position]
         if in_model_order

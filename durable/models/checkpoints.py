@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import Exists, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
-from .base import BEAT_HOLDER, RETRYABLE, insert, insertion, returned, skip_locked, update_where, values_where
-from .runs import Run
+from .base import (
+    BEAT_HOLDER,
+    RETRYABLE,
+    insert,
+    insertion,
+    instances,
+    returned,
+    skip_locked,
+    update_where,
+    updating,
+    values_where,
+)
+from .runs import Claim, Run
 
 HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
 
@@ -19,6 +32,46 @@ HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
 _UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
 #: ... and holds no slot of a limit any more (its key stays, so the slot can be handed on).
 _ENDED: dict[str, Any] = {**_UNHELD, "flow": None}
+
+
+@dataclass
+class Recorded:
+    """What ``complete_and_wake`` did: whether it recorded the result; the run's queue, if it woke
+    the run (None: the run had finished); the run, if the claim took its lease; and its
+    positions, if the same statement read them for the turn (each a dict of the fields asked)."""
+
+    done: bool
+    queue: str | None = None
+    claimed: Run | None = None
+    history: list[dict[str, Any]] | None = None
+
+
+def _positions(found: Any, fields: tuple[str, ...], seq: int, ended: dict[str, Any]) -> list[dict[str, Any]]:
+    """The positions a statement read as one JSON array of arrays of ``fields``, converted as the
+    ORM would, with position ``seq`` as the same statement left it (``ended``): the reading saw
+    the table as the statement began."""
+    rows = json.loads(found) if isinstance(found, str) else found
+    timed = {name for name in fields if isinstance(Checkpoint._meta.get_field(name), models.DateTimeField)}
+    positions = []
+    for values in rows:
+        position = dict(zip(fields, values, strict=True))
+        for name in timed:
+            if position[name] is not None:
+                position[name] = datetime.fromisoformat(position[name])
+        if position.get("seq") == seq:
+            position.update({name: value for name, value in ended.items() if name in position})
+        positions.append(position)
+    return positions
+
+
+def _pending(run_id: str, seq: int, attempt: int) -> dict[str, Any]:
+    """Where this attempt is, while it is the position's pending one."""
+    return {"run": run_id, "seq": seq, "status": CheckpointStatus.PENDING, "attempt": attempt}
+
+
+def _completed(output: Any, now: datetime) -> dict[str, Any]:
+    fields = {"status": CheckpointStatus.COMPLETED, "output": output, "error": None}
+    return {**fields, "wake_at": None, "finished_at": now, **_ENDED}
 
 
 class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
@@ -177,16 +230,77 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         ).update(**forget)
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
-        fields = {"status": CheckpointStatus.COMPLETED, "output": output, "error": None}
-        return self._end(run_id, seq, attempt, {**fields, "wake_at": None, "finished_at": now, **_ENDED})
+        return self._end(run_id, seq, attempt, _completed(output, now))
 
     def fail(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], now: datetime) -> bool:
         fields = {"status": CheckpointStatus.FAILED, "error": error, "wake_at": None, "finished_at": now}
         return self._end(run_id, seq, attempt, {**fields, **_ENDED})
 
     def _end(self, run_id: str, seq: int, attempt: int, fields: dict[str, Any]) -> bool:
-        where = {"run": run_id, "seq": seq, "status": CheckpointStatus.PENDING, "attempt": attempt}
-        return update_where(Checkpoint, self.db, fields, where) == 1
+        return update_where(Checkpoint, self.db, fields, _pending(run_id, seq, attempt)) == 1
+
+    def complete_and_wake(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        output: Any,
+        now: datetime,
+        redrive_at: datetime,
+        claim: Claim | None,
+        history: tuple[str, ...] = (),
+    ) -> Recorded:
+        """``complete`` the attempt and, if it was, ``wake`` its run (``wake_and_claim`` given
+        ``claim``), in one commit.
+
+        On PostgreSQL one statement (its run's UPDATE conditional on the attempt's, in a
+        data-modifying WITH), so the result, the wake and the claim cost one round trip; given
+        ``history`` (fields) and a claim that took the lease, the statement also reads the run's
+        positions for its turn, unless another wake landed while it waited for the run's row."""
+        runs = Run.objects.using(self.db)
+        connection = connections[self.db]
+        if connection.vendor != "postgresql":
+            with transaction.atomic(using=self.db):
+                if not self.complete(run_id, seq, attempt, output, now):
+                    return Recorded(False)
+                if claim is None:
+                    return Recorded(True, runs.wake(run_id, now, redrive_at))
+                return Recorded(True, *runs.wake_and_claim(run_id, now, redrive_at, claim))
+        ended = _completed(output, now)
+        record, params = updating(Checkpoint, self.db, ended, _pending(run_id, seq, attempt))
+        wake, wake_params = runs.waking(
+            run_id, now, redrive_at, claim, only_if="EXISTS (SELECT 1 FROM recorded)"
+        )
+        params += wake_params
+        reading = ""
+        if claim is not None and history:
+            ops = connection.ops
+            columns = ", ".join(ops.quote_name(Checkpoint._meta.get_field(name).column) for name in history)
+            # The subqueries see the tables as the statement began: the run's wakes then, and its
+            # positions then. Only if this claim's wake is the one since are they the turn's.
+            reading = (
+                ", CASE WHEN woken.locked_by = %s AND woken.wakes = "
+                f"(SELECT wakes FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s) + 1 THEN "
+                f"(SELECT json_agg(json_build_array({columns}) ORDER BY seq) "
+                f"FROM {ops.quote_name(Checkpoint._meta.db_table)} WHERE run_id = %s) END AS durable_history"
+            )
+            params += [claim.owner, run_id, run_id]
+        sql = (
+            f"WITH recorded AS ({record} RETURNING 1), woken AS ({wake}) "
+            f"SELECT (SELECT COUNT(*) FROM recorded) AS durable_recorded, woken.*{reading} "
+            "FROM (SELECT 1) AS one LEFT JOIN woken ON TRUE"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            columns = tuple(column[0] for column in cursor.description)
+            (row,) = cursor.fetchall()
+        if not row[0]:
+            return Recorded(False)
+        woken = instances(Run, self.db, columns, [row]) if row[columns.index("id")] is not None else []
+        done = Recorded(True, *runs.woken_as(woken[0] if woken else None, claim))
+        if reading and done.claimed is not None and row[-1] is not None:
+            done.history = _positions(row[-1], history, seq, {**ended, "status": CheckpointStatus.COMPLETED})
+        return done
 
     def retry_at(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], wake_at: datetime) -> bool:
         """Close a failed attempt and schedule the next one after its backoff."""

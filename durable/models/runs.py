@@ -10,7 +10,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
-from .base import RETRYABLE, Status, returned, skip_locked, update_where
+from .base import RETRYABLE, Status, insertion, returned, skip_locked, update_where, updating
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
 FIRST_CLAIM = "+first"
@@ -82,15 +82,30 @@ class RunQuerySet(models.QuerySet["Run"]):
             self.filter(id=run_id, locked_by=owner, status=Status.RUNNING).update(locked_until=now + lease)
         )
 
-    def settle(self, run_id: str, owner: str, wakes: int, now: datetime, **fields: Any) -> bool:
-        """End a turn: write its outcome and release the lease.
+    def settle(
+        self,
+        run_id: str,
+        owner: str,
+        wakes: int,
+        now: datetime,
+        inserting: models.Model | None = None,
+        **fields: Any,
+    ) -> bool:
+        """End a turn: write its outcome and release the lease; with ``inserting``, insert that
+        row too, in the same statement (PostgreSQL; only if the settle is not refused).
 
         Refused (False) when the lease was lost or a wake arrived since the turn read the run.
         """
         fields.setdefault("recovery_attempts", 0)
         fields.update(locked_by=None, locked_until=None, updated_at=now)
         where = {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
-        return update_where(Run, self.db, fields, where) == 1
+        if inserting is None:
+            return update_where(Run, self.db, fields, where) == 1
+        settle, params = updating(Run, self.db, fields, where)
+        insert, insert_params = insertion(type(inserting), self.db, [inserting], source="FROM settled")
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {insert}", [*params, *insert_params])
+            return cursor.rowcount == 1
 
     def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:
         """Give the lease back without an outcome, so another worker can take the run."""
@@ -120,12 +135,18 @@ class RunQuerySet(models.QuerySet["Run"]):
 
         A worker that records a step's result and runs the next turn itself so commits once
         where waking and claiming would commit twice."""
-        woken = self._wake(run_id, now, redrive_at, claim)
-        if woken is None:
-            return None, None
-        return woken.queue, woken if woken.locked_by == claim.owner else None
+        return self.woken_as(self._wake(run_id, now, redrive_at, claim), claim)
 
     def _wake(self, run_id: str, now: datetime, redrive_at: datetime, claim: Claim | None) -> Run | None:
+        woken = returned(Run, self.db, *self.waking(run_id, now, redrive_at, claim))
+        return woken[0] if woken else None
+
+    def waking(
+        self, run_id: str, now: datetime, redrive_at: datetime, claim: Claim | None, only_if: str = ""
+    ) -> tuple[str, list[Any]]:
+        """The statement of ``wake`` (``wake_and_claim`` given ``claim``) and its parameters:
+        it returns the run's id and queue, or the whole row with a claim. ``only_if``: one more
+        condition, raw SQL without parameters."""
         connection = connections[self.db]
         ops = connection.ops
         at = ops.adapt_datetimefield_value
@@ -162,13 +183,18 @@ class RunQuerySet(models.QuerySet["Run"]):
             f"UPDATE {ops.quote_name(Run._meta.db_table)} SET wakes = wakes + 1, "
             f"wake_at = CASE WHEN admitted THEN {earliest}(COALESCE(wake_at, %s), %s) ELSE wake_at END, "
             f"{claiming}updated_at = %s "
-            "WHERE id = %s AND status IN (%s, %s, %s) RETURNING "
+            f"WHERE id = %s AND status IN (%s, %s, %s){' AND ' + only_if if only_if else ''} RETURNING "
             # The turn that claimed it needs the whole row; a wake alone, its queue.
             + ("*" if claim is not None else "id, queue")
         )
         redrive = at(redrive_at)
-        woken = returned(Run, self.db, sql, [redrive, redrive, *params, at(now), run_id, *UNFINISHED])
-        return woken[0] if woken else None
+        return sql, [redrive, redrive, *params, at(now), run_id, *UNFINISHED]
+
+    def woken_as(self, woken: Run | None, claim: Claim | None) -> tuple[str | None, Run | None]:
+        """What ``wake_and_claim`` says of the row its statement returned."""
+        if woken is None:
+            return None, None
+        return woken.queue, woken if claim is not None and woken.locked_by == claim.owner else None
 
     def end(self, run_id: str, status: str, error: dict[str, Any], now: datetime) -> bool:
         """End an unfinished run from outside its turns (``dead`` or ``cancelled``), lease and all."""

@@ -16,6 +16,10 @@ from durable.engine import steps, turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+#: PostgreSQL writes a result with its wake (and claim), and a turn's one new position with its
+#: settle, in one statement each (data-modifying WITH); other databases in a transaction.
+FOLDED = connection.vendor == "postgresql"
+
 
 @durable.step(local=True)
 def local_noop(i):
@@ -69,13 +73,13 @@ def commits(run) -> int:
     return count
 
 
-def test_a_turn_that_dispatches_a_step_costs_four_statements(durable_env):
+def test_a_turn_that_dispatches_a_step_costs_at_most_four_statements(durable_env):
     run = durable.start(remote_flow, 1)
     durable_env.drop()
     sql = statements(lambda: turn.advance(run.id))
     # claim (UPDATE ... RETURNING), insert the step, settle the run; the run's first turn knows
     # from its claim that there is no history to load.
-    assert len(sql) == 3, sql
+    assert len(sql) == (2 if FOLDED else 3), sql
     durable_env.run_until_idle()
     again = durable.start(remote_flow, 2)
     durable_env.run_next()  # the first turn
@@ -90,7 +94,7 @@ def test_a_turn_that_dispatches_a_step_costs_four_statements(durable_env):
     assert wake.task == "durable.advance"
     sql = statements(lambda: turn.advance(again.id))
     # claim, load the history, insert the next step, settle.
-    assert len(sql) == 4, sql
+    assert len(sql) == (3 if FOLDED else 4), sql
 
 
 def test_a_local_step_costs_one_insert(durable_env):
@@ -103,7 +107,7 @@ def test_a_local_step_costs_one_insert(durable_env):
     assert durable.result(ten.id) == list(range(10))
 
 
-def test_a_dispatched_step_costs_three_statements_before_its_turn(durable_env):
+def test_a_dispatched_step_costs_at_most_three_statements_before_its_turn(durable_env):
     run = durable.start(remote_flow, 2)
     durable_env.drop()
     turn.advance(run.id)
@@ -115,7 +119,7 @@ def test_a_dispatched_step_costs_three_statements_before_its_turn(durable_env):
     finally:
         transport.served_queues = served
     # take the attempt (mark it started, read it), record the result, wake the run.
-    assert len(sql) == 3, sql
+    assert len(sql) == (2 if FOLDED else 3), sql
 
 
 def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_env):
@@ -170,8 +174,9 @@ def test_a_dispatched_step_and_its_next_turn_commit_three_times(durable_env):
         written = commits(lambda: steps.run_step(*second.args))
     finally:
         transport.served_queues = served
-    # take; record the result; wake and claim; history; the next step's INSERT; settle.
-    assert len(sql) == 6, sql
+    # take; record the result; wake and claim; history; the next step's INSERT; settle. On
+    # PostgreSQL: take; record, wake, claim and read the history; insert and settle.
+    assert len(sql) == (3 if FOLDED else 6), sql
     assert sum("locked_by = CASE WHEN" in q for q in sql) == 1, sql
     assert written == 3  # take; record, wake and claim; the last turn's settle
     assert durable.result(run.id) == [0, 1]

@@ -1,0 +1,206 @@
+"""What a turn writes: the positions it added or changed, with what goes with them (failed
+attempts, replies, signals taken, messages), fenced by its lease or by its final settle."""
+
+from __future__ import annotations
+
+from django.db import connections, transaction
+
+from .. import clock, conf, dispatch, routing
+from ..definitions import registry
+from ..errors import _ControlFlow
+from ..models import AttemptError, Checkpoint, Run, Signal
+from ..replay.history import COMPLETED, PENDING, Record
+from ..replay.turnstate import TurnState
+from . import entities, flow, observe, outbox
+
+
+class LeaseLost(_ControlFlow):
+    """This turn's lease was taken over: it must write nothing more."""
+
+
+class _Stale(_ControlFlow):
+    """A guarded write matched no row: something changed since the turn read the run.
+
+    Control flow, so a flush that meets it mid-body cannot be swallowed by the body."""
+
+
+def keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> None:
+    """A wake refused the settle, and the turn replays from what is stored: the results of
+    attempts run in place that waited for the settle are facts whatever the replay decides, so
+    they are written alone, under the lease (else the replay would count them lost)."""
+    held = [
+        rec
+        for rec in state.unsaved()
+        if rec.kind == "step" and rec.status == COMPLETED and rec.stored_as and rec.stored_as[0] == PENDING
+    ]
+    if not held:
+        return
+    with transaction.atomic(using=db):
+        for rec in held:
+            fields = {f: getattr(rec, f) for f in _WRITTEN}
+            Checkpoint.objects.using(db).rewrite(run_id, rec.seq, rec.stored_as, owner=owner, **fields)
+
+
+def replies(state: TurnState) -> list[Record]:
+    """The replies to updates this turn recorded and has not written yet."""
+    return [rec for rec in state.unsaved() if rec.kind == "reply" and rec.stored_as is None]
+
+
+_WRITTEN = (
+    "status",
+    "attempt",
+    "output",
+    "error",
+    "wake_at",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_heartbeat_at",
+    "token",
+    "held_until",
+    "flow",
+    "redispatches",
+)
+
+
+def write(
+    run_id: str,
+    state: TurnState,
+    settings: conf.Settings,
+    *,
+    fenced_by: str | None = None,
+    namespace: str | None = None,
+) -> None:
+    """Persist what the turn changed; raise _Stale if a guarded write lost a race.
+
+    With ``fenced_by``, each write is itself conditional on that lease (a flush mid-turn);
+    without, the caller's transaction ends with the fenced settle, which rolls it all back.
+    """
+    db = settings.DATABASE
+    checkpoints = Checkpoint.objects.using(db)
+    new = []
+    answers = replies(state)
+    written = state.unsaved()
+    entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
+    for rec in state.unsaved():
+        if rec.stored_as is None:
+            row = _row(run_id, rec)
+            if fenced_by is None:
+                new.append(row)
+            elif not checkpoints.insert_fenced(row, fenced_by):
+                raise LeaseLost()
+        else:
+            fields = {f: getattr(rec, f) for f in _WRITTEN}
+            if rec.kind == "event":
+                fields["input"] = rec.input  # it names the event received, so no run gets one twice
+            if not checkpoints.rewrite(run_id, rec.seq, rec.stored_as, owner=fenced_by, **fields):
+                raise _Stale()
+    if new:
+        checkpoints.add(new)
+    _file_failures(run_id, state, db)
+    now = clock.now()
+    for rec in answers:
+        # False only if the update holds a reply already: the first one recorded stands.
+        Signal.objects.using(db).answer(rec.input["update"], run_id, rec.output, now)
+    if state.exposed_changed and fenced_by is not None:
+        # Mid-turn; at the turn's end the settle writes them with the run's outcome.
+        if not Run.objects.using(db).filter(id=run_id, locked_by=fenced_by).update(exposed=state.exposed):
+            raise LeaseLost()
+        state.exposed_changed = False
+    for signal in state.consumed:
+        if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
+            raise _Stale()
+    state.consumed.clear()
+    outbox.send(run_id, state.outgoing)
+    state.outgoing.clear()
+    send(run_id, state, settings, written, namespace=namespace)
+
+
+def send(
+    run_id: str, state: TurnState, settings: conf.Settings, written: list[Record], *, namespace: str | None
+) -> None:
+    """Send the attempts the turn started (after the commit that wrote them) and report the
+    positions it wrote."""
+    for rec in state.dispatch:
+        payload = rec.input or {}
+        if payload.get("task") or payload.get("remote"):
+            remote = registry.known_step(rec.name) if payload.get("remote") else None
+            dispatch.celery_task(
+                run_id,
+                rec.seq,
+                rec.attempt,
+                rec.token,
+                rec.name,
+                payload,
+                rec.queue,
+                # Reports go to the run's own namespace, whose workers may be the only ones.
+                routing.queue_in(settings.DEFAULT_QUEUE, namespace),
+                timeout=remote.timeout if remote is not None else None,
+                grace=settings.STEP_TIMEOUT_GRACE,
+            )
+            continue
+        dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
+    state.dispatch.clear()
+    observe.positions(run_id, written)
+
+
+def lone_insert(run_id: str, state: TurnState, db: str) -> Checkpoint | None:
+    """The new position, when one new position is all the turn has to write before its settle
+    and the database can write both in one statement (PostgreSQL): else None."""
+    if connections[db].vendor != "postgresql":
+        return None
+    unsaved = state.unsaved()
+    if len(unsaved) != 1 or state.consumed or state.children or state.outgoing or state.freed:
+        return None
+    (rec,) = unsaved
+    if rec.stored_as is not None or rec.failures or rec.kind == "reply" or entities.new_ops(unsaved):
+        return None
+    return _row(run_id, rec)
+
+
+def _row(run_id: str, rec: Record) -> Checkpoint:
+    return Checkpoint(
+        run_id=run_id,
+        seq=rec.seq,
+        kind=rec.kind,
+        name=rec.name,
+        queue=rec.queue,
+        input=rec.input,
+        fan=rec.fan,
+        fail_fast=rec.fail_fast,
+        **{f: getattr(rec, f) for f in _WRITTEN},
+    )
+
+
+def _file_failures(run_id: str, state: TurnState, db: str) -> None:
+    """Keep every attempt that failed in this turn in the run's attempt history."""
+    rows = [
+        AttemptError(
+            run_id=run_id,
+            seq=rec.seq,
+            name=rec.name,
+            attempt=failure["attempt"],
+            error=failure["error"],
+            traceback=failure["traceback"],
+            failed_at=failure["at"],
+        )
+        for rec in state.unsaved()
+        for failure in rec.failures
+    ]
+    if rows:
+        AttemptError.objects.using(db).bulk_create(rows)
+    for rec in state.unsaved():
+        rec.failures.clear()
+
+
+def hand_off(state: TurnState) -> None:
+    """Hand the limit slots this turn freed to the oldest attempts in their lines."""
+    for key in state.freed:
+        flow.hand_off(key)
+    state.freed.clear()
+
+
+def mark_saved(state: TurnState) -> None:
+    for rec in state.records.values():
+        rec.stored_as = (rec.status, rec.attempt)
+        rec.dirty = False
