@@ -49,7 +49,14 @@ def _record(row, output):
     now = clock.now()
     claim = Claim(f"test/{row.seq}", timedelta(seconds=30), None)
     return Checkpoint.objects.complete_and_wake(
-        row.run_id, row.seq, row.attempt, output, now, now + timedelta(seconds=30), claim, histories.RECORD_FIELDS
+        row.run_id,
+        row.seq,
+        row.attempt,
+        output,
+        now,
+        now + timedelta(seconds=30),
+        claim,
+        histories.RECORD_FIELDS,
     )
 
 
