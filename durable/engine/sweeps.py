@@ -30,15 +30,22 @@ def sweep_timers() -> int:
     with transaction.atomic(using=settings.DATABASE):
         woken = singletons.repair()
     woken += flow.repair()
-    for _ in range(MAX_BATCHES):
-        now = clock.now()
-        with transaction.atomic(using=settings.DATABASE):
-            # The next safety-net wake; the turn sets the real one when it settles.
-            due = runs.take_due(now, now + settings.RECONCILE_INTERVAL, settings.TIMER_BATCH_SIZE)
-            dispatch.advance_many(due)
-        woken += len(due)
-        if len(due) < settings.TIMER_BATCH_SIZE:
-            break
+    batches = 0
+    # One status at a time, so each batch continues its index range where the one before ended.
+    for status in (Status.SUSPENDED, Status.PENDING):
+        after = None
+        while batches < MAX_BATCHES:
+            batches += 1
+            now = clock.now()
+            with transaction.atomic(using=settings.DATABASE):
+                # The next safety-net wake; the turn sets the real one when it settles.
+                until = now + settings.RECONCILE_INTERVAL
+                due = runs.take_due(now, until, settings.TIMER_BATCH_SIZE, status=status, after=after)
+                dispatch.advance_many((run_id, queue) for run_id, queue, _ in due)
+            woken += len(due)
+            if len(due) < settings.TIMER_BATCH_SIZE:
+                break
+            after = max(was_due for _, _, was_due in due)
     return woken
 
 

@@ -120,6 +120,14 @@ def values_where(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
+    return converted(model, db, columns, rows)
+
+
+def converted(
+    model: type[models.Model], db: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """``rows`` read with ``model``'s ``columns``, each value converted as the ORM would."""
+    connection = connections[db]
     plan = _loading(model, db, columns, in_model_order=False)
     return [tuple(_converted(row, plan, connection)) for row in rows]
 

@@ -10,7 +10,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
-from .base import RETRYABLE, Status, insertion, returned, skip_locked, update_where, updating
+from .base import RETRYABLE, Status, converted, insertion, returned, skip_locked, update_where, updating
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
 FIRST_CLAIM = "+first"
@@ -270,23 +270,45 @@ class RunQuerySet(models.QuerySet["Run"]):
             return False
         return True
 
-    def take_due(self, now: datetime, until: datetime, limit: int) -> list[tuple[str, str]]:
-        """Move the timers of up to ``limit`` due waiting runs to ``until`` (the next safety-net
-        wake; the turn sets the real one) and return their (id, queue). One statement per batch:
-        the rows it takes leave the due range, so draining a backlog reads each row once, and
-        a concurrent sweep skips the rows this one holds, then finds them no longer due.
+    def take_due(
+        self,
+        now: datetime,
+        until: datetime,
+        limit: int,
+        *,
+        status: str | None = None,
+        after: datetime | None = None,
+    ) -> list[tuple[str, str, datetime]]:
+        """Move the timers of up to ``limit`` due waiting runs (in ``status``, else pending or
+        suspended) to ``until`` (the next safety-net wake; the turn sets the real one), the most
+        overdue first, and return their (id, queue, when it was due). One statement per batch:
+        the rows it takes leave the due range, and a concurrent sweep skips the rows this one
+        holds, then finds them no longer due.
+
+        ``after``: the latest due time the batch before took. The batch then starts its index
+        range there, rather than stepping again over the entries of every row taken before it
+        (their old versions stay in the index until vacuumed): a backlog is drained in O(rows).
         """
-        qs = self.filter(status__in=(Status.PENDING, Status.SUSPENDED), wake_at__lte=now, admitted=True)
+        statuses = (status,) if status is not None else (Status.PENDING, Status.SUSPENDED)
+        qs = self.filter(status__in=statuses, wake_at__lte=now, admitted=True)
+        if after is not None:
+            qs = qs.filter(wake_at__gte=after)
         ops = connections[self.db].ops
+        if connections[self.db].vendor == "sqlite":
+            # A single writer, and a RETURNING that sees only the updated table: two statements.
+            found = list(qs.order_by("wake_at").values_list("id", "queue", "wake_at")[:limit])
+            self.filter(id__in=[run_id for run_id, *_ in found]).update(wake_at=until)
+            return found
         at = ops.adapt_datetimefield_value
-        batch, params = _batch(skip_locked(qs).values("id")[:limit])
+        table = ops.quote_name(Run._meta.db_table)
+        batch, params = _batch(skip_locked(qs.order_by("wake_at")).values("id", "wake_at")[:limit])
         sql = (
-            f"{batch} UPDATE {ops.quote_name(Run._meta.db_table)} SET wake_at = %s "
-            "WHERE id IN (SELECT id FROM batch) RETURNING id, queue"
+            f"{batch} UPDATE {table} SET wake_at = %s FROM batch WHERE {table}.id = batch.id "
+            f"RETURNING {table}.id, {table}.queue, batch.wake_at"
         )
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql, [*params, at(until)])
-            return [(run_id, queue) for run_id, queue in cursor.fetchall()]
+            return converted(Run, self.db, ("id", "queue", "wake_at"), cursor.fetchall())
 
     def wake_by(self, run_id: str, at: datetime) -> str | None:
         """Bring an unfinished run's timer forward to ``at`` at the latest (a step's rate token

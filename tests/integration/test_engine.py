@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 import durable
 from durable import clock, dispatch
@@ -225,10 +226,41 @@ def test_repeated_timer_sweeps_do_not_resend_a_woken_run(durable_env):
 
 def _due_runs(count, now, **fields):
     fields = {"status": "suspended", "wake_at": now - timedelta(seconds=1), **fields}
+    name = fields.pop("id", "due")
     Run.objects.bulk_create(
-        Run(id=f"due-{i}", workflow="x", version="1", queue="q", created_at=now, updated_at=now, **fields)
+        Run(id=f"{name}-{i}", workflow="x", version="1", queue="q", created_at=now, updated_at=now, **fields)
         for i in range(count)
     )
+
+
+def test_a_timer_sweep_takes_the_most_overdue_runs_first(transactional_db):
+    now = clock.now()
+    for late in [3, 9, 1, 7, 5]:
+        _due_runs(1, now, wake_at=now - timedelta(minutes=late), id=f"late-{late}")
+    taken = Run.objects.take_due(now, now + timedelta(minutes=5), 3, status="suspended")
+    assert sorted(run_id for run_id, *_ in taken) == ["late-5-0", "late-7-0", "late-9-0"]
+    assert sorted(was_due for *_, was_due in taken) == [now - timedelta(minutes=m) for m in (9, 7, 5)]
+    # The next batch starts where this one ended: at the latest due time it took.
+    after = max(was_due for *_, was_due in taken)
+    rest = Run.objects.take_due(now, now + timedelta(minutes=5), 3, status="suspended", after=after)
+    assert sorted(run_id for run_id, *_ in rest) == ["late-1-0", "late-3-0"]
+
+
+@override_settings(DURABLE={"TIMER_BATCH_SIZE": 4})
+def test_a_pass_over_a_backlog_wakes_each_run_once_batch_after_batch(durable_env):
+    now = clock.now()
+    for i in range(10):
+        _due_runs(1, now, wake_at=now - timedelta(seconds=100 - i), id=f"backlog-{i}")
+    _due_runs(1, now, id="starting", status="pending")
+    with CaptureQueriesContext(connection) as captured:
+        assert sweeps.sweep_timers() == 11
+    batches = [q["sql"] for q in captured.captured_queries if "ORDER BY" in q["sql"]]
+    # suspended: 4, 4, 2 (each after the first bounded by the one before); pending: 1
+    assert len(batches) == 4
+    assert ['"wake_at" >=' in sql for sql in batches] == [False, True, True, False]
+    woken = [run_id for message in durable_env.pending() for run_id in dispatch.woken(message)]
+    assert sorted(woken) == sorted([f"backlog-{i}-0" for i in range(10)] + ["starting-0"])
+    assert sweeps.sweep_timers() == 0
 
 
 def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transactional_db):
@@ -242,7 +274,7 @@ def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transacti
         try:
             with transaction.atomic():
                 until = clock.now() + timedelta(minutes=5)
-                taken[name] = [run_id for run_id, _ in Run.objects.take_due(clock.now(), until, 6)]
+                taken[name] = [run_id for run_id, *_ in Run.objects.take_due(clock.now(), until, 6)]
                 first_has_rows.set()
                 if wait_for:
                     wait_for.wait(10)
