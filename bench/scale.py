@@ -229,10 +229,13 @@ def _sql(statement: str, params: tuple = ()) -> None:
 
 
 def _delete_runs(where: str, params: tuple) -> None:
-    """Delete the runs ``where`` picks, with their rows (the database cascades nothing)."""
+    """Delete the runs ``where`` picks, with their rows (the database cascades nothing), and
+    vacuum what that and the measurement left dead: autovacuum would in production, but may be
+    off on a bench machine, and every repetition would otherwise pay for the ones before it."""
     for table in ("durable_checkpoint", "durable_signal"):
         _sql(f"DELETE FROM {table} WHERE run_id IN (SELECT id FROM durable_run WHERE {where})", params)
     _sql(f"DELETE FROM durable_run WHERE {where}", params)
+    _sql("VACUUM durable_run, durable_checkpoint, durable_signal")
 
 
 def _median_ms(samples: list[float]) -> dict:

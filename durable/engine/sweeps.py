@@ -45,7 +45,7 @@ def sweep_timers() -> int:
             woken += len(due)
             if len(due) < settings.TIMER_BATCH_SIZE:
                 break
-            after = max(was_due for _, _, was_due in due)
+            after = max((was_due, run_id) for run_id, _, was_due in due)
     return woken
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models.expressions import RawSQL
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import RETRYABLE, Status, converted, insertion, returned, skip_locked, update_where, updating
@@ -277,7 +278,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         limit: int,
         *,
         status: str | None = None,
-        after: datetime | None = None,
+        after: tuple[datetime, str] | None = None,
     ) -> list[tuple[str, str, datetime]]:
         """Move the timers of up to ``limit`` due waiting runs (in ``status``, else pending or
         suspended) to ``until`` (the next safety-net wake; the turn sets the real one), the most
@@ -285,23 +286,27 @@ class RunQuerySet(models.QuerySet["Run"]):
         the rows it takes leave the due range, and a concurrent sweep skips the rows this one
         holds, then finds them no longer due.
 
-        ``after``: the latest due time the batch before took. The batch then starts its index
-        range there, rather than stepping again over the entries of every row taken before it
-        (their old versions stay in the index until vacuumed): a backlog is drained in O(rows).
+        ``after``: the (due time, id) of the last run the batch before took. The batch then starts
+        its index range past it, rather than stepping again over the entries of every row taken
+        before (their old versions stay in the index until vacuumed), even among runs due at the
+        same instant: a backlog is drained in O(rows).
         """
         statuses = (status,) if status is not None else (Status.PENDING, Status.SUSPENDED)
         qs = self.filter(status__in=statuses, wake_at__lte=now, admitted=True)
         if after is not None:
-            qs = qs.filter(wake_at__gte=after)
+            at = Run._meta.get_field("wake_at").get_db_prep_value(after[0], connections[self.db])
+            past = RawSQL("(wake_at, id) > (%s, %s)", (at, after[1]), output_field=models.BooleanField())
+            qs = qs.filter(past)
+        qs = qs.order_by("wake_at", "id")
         ops = connections[self.db].ops
         if connections[self.db].vendor == "sqlite":
             # A single writer, and a RETURNING that sees only the updated table: two statements.
-            found = list(qs.order_by("wake_at").values_list("id", "queue", "wake_at")[:limit])
+            found = list(qs.values_list("id", "queue", "wake_at")[:limit])
             self.filter(id__in=[run_id for run_id, *_ in found]).update(wake_at=until)
             return found
         at = ops.adapt_datetimefield_value
         table = ops.quote_name(Run._meta.db_table)
-        batch, params = _batch(skip_locked(qs.order_by("wake_at")).values("id", "wake_at")[:limit])
+        batch, params = _batch(skip_locked(qs).values("id", "wake_at")[:limit])
         sql = (
             f"{batch} UPDATE {table} SET wake_at = %s FROM batch WHERE {table}.id = batch.id "
             f"RETURNING {table}.id, {table}.queue, batch.wake_at"
@@ -479,7 +484,8 @@ class Run(models.Model):
             ("resume_run", "Can wake a waiting run now"),
         ]
         indexes = [
-            models.Index(fields=["status", "wake_at"], name="durable_run_due"),
+            # With the id, a timer pass continues where its batch before ended among equal times.
+            models.Index(fields=["status", "wake_at", "id"], name="durable_run_due"),
             models.Index(fields=["status", "locked_until"], name="durable_run_lease"),
             models.Index(fields=["created_at"], name="durable_run_created"),
             # The retention sweep: finished runs of some statuses, oldest first.

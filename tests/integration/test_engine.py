@@ -241,7 +241,7 @@ def test_a_timer_sweep_takes_the_most_overdue_runs_first(transactional_db):
     assert sorted(run_id for run_id, *_ in taken) == ["late-5-0", "late-7-0", "late-9-0"]
     assert sorted(was_due for *_, was_due in taken) == [now - timedelta(minutes=m) for m in (9, 7, 5)]
     # The next batch starts where this one ended: at the latest due time it took.
-    after = max(was_due for *_, was_due in taken)
+    after = max((was_due, run_id) for run_id, _, was_due in taken)
     rest = Run.objects.take_due(now, now + timedelta(minutes=5), 3, status="suspended", after=after)
     assert sorted(run_id for run_id, *_ in rest) == ["late-1-0", "late-3-0"]
 
@@ -250,14 +250,14 @@ def test_a_timer_sweep_takes_the_most_overdue_runs_first(transactional_db):
 def test_a_pass_over_a_backlog_wakes_each_run_once_batch_after_batch(durable_env):
     now = clock.now()
     for i in range(10):
-        _due_runs(1, now, wake_at=now - timedelta(seconds=100 - i), id=f"backlog-{i}")
+        _due_runs(1, now, wake_at=now - timedelta(seconds=100), id=f"backlog-{i}")  # all due at once
     _due_runs(1, now, id="starting", status="pending")
     with CaptureQueriesContext(connection) as captured:
         assert sweeps.sweep_timers() == 11
     batches = [q["sql"] for q in captured.captured_queries if "ORDER BY" in q["sql"]]
     # suspended: 4, 4, 2 (each after the first bounded by the one before); pending: 1
     assert len(batches) == 4
-    assert ['"wake_at" >=' in sql for sql in batches] == [False, True, True, False]
+    assert ["(wake_at, id) >" in sql for sql in batches] == [False, True, True, False]
     woken = [run_id for message in durable_env.pending() for run_id in dispatch.woken(message)]
     assert sorted(woken) == sorted([f"backlog-{i}-0" for i in range(10)] + ["starting-0"])
     assert sweeps.sweep_timers() == 0
