@@ -326,10 +326,8 @@ def finish(
     if _settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
-    elif outcome.status == Decided.SUSPENDED and (
-        new := writes.lone_insert(run.id, state, settings.DATABASE)
-    ):
-        # One new position (the next step's, say) and the settle: one statement.
+    elif outcome.status == Decided.SUSPENDED and (new := writes.lone_insert(run.id, state)):
+        # One new position (the next step's, say) and the settle: one statement on PostgreSQL.
         written = state.unsaved()
         _settle(run, owner, outcome, settings, state, inserting=new)
         writes.send(run.id, state, settings, written, namespace=run.namespace)

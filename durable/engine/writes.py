@@ -3,7 +3,7 @@ attempts, replies, signals taken, messages), fenced by its lease or by its final
 
 from __future__ import annotations
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from .. import clock, conf, dispatch, routing
 from ..definitions import registry
@@ -144,11 +144,9 @@ def send(
     observe.positions(run_id, written)
 
 
-def lone_insert(run_id: str, state: TurnState, db: str) -> Checkpoint | None:
+def lone_insert(run_id: str, state: TurnState) -> Checkpoint | None:
     """The new position, when one new position is all the turn has to write before its settle
-    and the database can write both in one statement (PostgreSQL): else None."""
-    if connections[db].vendor != "postgresql":
-        return None
+    (the settle then writes it too: ``RunQuerySet.settle(inserting=)``); else None."""
     unsaved = state.unsaved()
     if len(unsaved) != 1 or state.consumed or state.children or state.outgoing or state.freed:
         return None

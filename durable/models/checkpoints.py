@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,7 +52,7 @@ def _positions(found: Any, fields: tuple[str, ...], seq: int, ended: dict[str, A
     ORM would, with position ``seq`` as the same statement left it (``ended``): the reading saw
     the table as the statement began."""
     rows = json.loads(found) if isinstance(found, str) else found
-    timed = {name for name in fields if isinstance(Checkpoint._meta.get_field(name), models.DateTimeField)}
+    timed = _timed(fields)
     positions = []
     for values in rows:
         position = dict(zip(fields, values, strict=True))
@@ -62,6 +63,14 @@ def _positions(found: Any, fields: tuple[str, ...], seq: int, ended: dict[str, A
             position.update({name: value for name, value in ended.items() if name in position})
         positions.append(position)
     return positions
+
+
+@functools.cache
+def _timed(fields: tuple[str, ...]) -> frozenset[str]:
+    """Those of ``fields`` that hold a time (JSON carries them as ISO 8601 text)."""
+    return frozenset(
+        name for name in fields if isinstance(Checkpoint._meta.get_field(name), models.DateTimeField)
+    )
 
 
 def _pending(run_id: str, seq: int, attempt: int) -> dict[str, Any]:

@@ -11,7 +11,17 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.expressions import RawSQL
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
-from .base import RETRYABLE, Status, converted, insertion, returned, skip_locked, update_where, updating
+from .base import (
+    RETRYABLE,
+    Status,
+    converted,
+    insert,
+    insertion,
+    returned,
+    skip_locked,
+    update_where,
+    updating,
+)
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
 FIRST_CLAIM = "+first"
@@ -93,7 +103,8 @@ class RunQuerySet(models.QuerySet["Run"]):
         **fields: Any,
     ) -> bool:
         """End a turn: write its outcome and release the lease; with ``inserting``, insert that
-        row too, in the same statement (PostgreSQL; only if the settle is not refused).
+        row too, only if the settle is not refused: in the same statement on PostgreSQL (a
+        data-modifying WITH), in one transaction elsewhere.
 
         Refused (False) when the lease was lost or a wake arrived since the turn read the run.
         """
@@ -102,10 +113,16 @@ class RunQuerySet(models.QuerySet["Run"]):
         where = {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
         if inserting is None:
             return update_where(Run, self.db, fields, where) == 1
+        if connections[self.db].vendor != "postgresql":
+            with transaction.atomic(using=self.db):
+                if update_where(Run, self.db, fields, where) != 1:
+                    return False
+                insert(type(inserting), self.db, [inserting])
+                return True
         settle, params = updating(Run, self.db, fields, where)
-        insert, insert_params = insertion(type(inserting), self.db, [inserting], source="FROM settled")
+        adding, adding_params = insertion(type(inserting), self.db, [inserting], source="FROM settled")
         with connections[self.db].cursor() as cursor:
-            cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {insert}", [*params, *insert_params])
+            cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {adding}", [*params, *adding_params])
             return cursor.rowcount == 1
 
     def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:

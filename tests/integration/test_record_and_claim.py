@@ -16,6 +16,7 @@ import durable
 from durable import clock
 from durable.engine import histories, turn
 from durable.models import Checkpoint, Claim, Run
+from durable.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,6 +44,14 @@ def _started(durable_env):
     rows = list(Checkpoint.objects.filter(run_id=run.id).order_by("seq"))
     assert [r.status for r in rows] == ["pending", "pending"]
     return run, rows
+
+
+def _waiting_for_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH recorded AS%%'"
+        )
+        return cursor.fetchone() is not None
 
 
 def _record(row, output):
@@ -106,7 +115,8 @@ def test_a_wake_that_landed_while_the_claim_waited_makes_the_turn_read_again(pos
 
     recorder = threading.Thread(target=record_a)
     recorder.start()
-    recorder.join(0.5)  # it began, saw the table without b's result, and waits for the run's row
+    # It began, saw the table without b's result, and waits for the run's row.
+    wait_for(_waiting_for_a_lock, timeout=10, what="the recording statement to wait for the run's row")
     assert recorder.is_alive()
     release.set()
     other.join(10)
