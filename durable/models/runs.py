@@ -453,11 +453,12 @@ class Run(models.Model):
     input = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
+    # Their indexes are partial (Meta): most runs have neither.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children", db_index=False
     )
     continued_from = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_by"
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_by", db_index=False
     )
     namespace = models.CharField(max_length=100, blank=True, default="")
     tags = models.JSONField(default=list, blank=True)
@@ -500,20 +501,41 @@ class Run(models.Model):
             ("signal_run", "Can send a signal or an update to a run"),
             ("resume_run", "Can wake a waiting run now"),
         ]
+        # Every change of a run's status or timer writes a new entry in each index whose
+        # condition the row meets (PostgreSQL cannot update such a row in place): the indexes
+        # only some runs need are partial, so a turn or a timer pass writes four or five, not nine.
         indexes = [
             # With the id, a timer pass continues where its batch before ended among equal times.
             models.Index(fields=["status", "wake_at", "id"], name="durable_run_due"),
-            models.Index(fields=["status", "locked_until"], name="durable_run_lease"),
+            models.Index(
+                fields=["status", "locked_until"],
+                name="durable_run_lease",
+                condition=models.Q(status=Status.RUNNING),
+            ),
             models.Index(fields=["created_at"], name="durable_run_created"),
             # The retention sweep: finished runs of some statuses, oldest first.
-            models.Index(fields=["status", "finished_at"], name="durable_run_finished"),
+            models.Index(
+                fields=["status", "finished_at"],
+                name="durable_run_finished",
+                condition=models.Q(finished_at__isnull=False),
+            ),
             # The retention sweep's candidates, oldest first: finished roots only, in the order read.
             models.Index(
                 fields=["finished_at", "id"],
                 name="durable_run_root_finished",
                 condition=models.Q(parent__isnull=True, finished_at__isnull=False),
             ),
-            models.Index(fields=["singleton_key", "status"], name="durable_run_singleton"),
+            models.Index(
+                fields=["singleton_key", "status"],
+                name="durable_run_singleton",
+                condition=models.Q(singleton_key__isnull=False),
+            ),
+            models.Index(fields=["parent"], name="durable_run_parent", condition=models.Q(parent__isnull=False)),
+            models.Index(
+                fields=["continued_from"],
+                name="durable_run_continued",
+                condition=models.Q(continued_from__isnull=False),
+            ),
             # Runs waiting for a singleton slot, found by the timer sweep's repair pass.
             models.Index(
                 fields=["singleton_seq"], name="durable_run_waiting", condition=models.Q(admitted=False)
