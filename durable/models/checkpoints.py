@@ -508,7 +508,12 @@ class Checkpoint(models.Model):
         indexes = [
             # "Is any member of this fan still pending", in one probe; fan before status, so a lookup
             # of one position never prefers it to the (run, seq) index.
-            models.Index(fields=["run", "fan", "status"], name="durable_checkpoint_fan"),
+            # Partial: a position outside a fan writes no entry here when its status changes.
+            models.Index(
+                fields=["run", "fan", "status"],
+                name="durable_checkpoint_fan",
+                condition=models.Q(fan__isnull=False),
+            ),
             # The runs waiting for an event of this name, found by publish_event().
             models.Index(
                 fields=["name", "status"],

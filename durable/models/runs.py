@@ -530,7 +530,9 @@ class Run(models.Model):
                 name="durable_run_singleton",
                 condition=models.Q(singleton_key__isnull=False),
             ),
-            models.Index(fields=["parent"], name="durable_run_parent", condition=models.Q(parent__isnull=False)),
+            models.Index(
+                fields=["parent"], name="durable_run_parent", condition=models.Q(parent__isnull=False)
+            ),
             models.Index(
                 fields=["continued_from"],
                 name="durable_run_continued",
