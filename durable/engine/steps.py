@@ -25,10 +25,11 @@ from ..errors import (
     step_timeout_error,
 )
 from ..models import HELD, AttemptError, Checkpoint, Claim, Run
+from ..models.ahead import Ahead
 from ..replay.attempt import LATER, beat_grace, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, Record, check_size, roundtrip
 from ..replay.stepscope import StepInfo, parse_token
-from . import attempts, flow, handover, histories, leases, observe, turn
+from . import ahead, attempts, flow, handover, histories, leases, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -106,7 +107,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     # STEP_REDISPATCH_AFTER. A start that committed unseen finds the attempt started (stale
     # here): its hold then lapses and the attempt counts as lost, within a LEASE.
     started = _persistently(lambda: _start(run_id, seq, attempt, token, holder, clock.now(), settings), key)
-    row, held_back = started or (None, None)
+    row, held_back, read = started or (None, None, None)
     if row is None:
         return "stale"
     if isinstance(held_back, flow.Waits):
@@ -139,7 +140,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
             tracing.fail(span, error)
             if output is LATER:
                 return _await_completion(row, holder, beats)
-            return record(row, step, output, error, retryable, beats, began)
+            return record(row, step, output, error, retryable, beats, began, read=read)
     finally:
         # Recorded, or it never will be from here: either way this process holds it no longer,
         # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.
@@ -165,19 +166,20 @@ def _start(
     holder: str,
     now: datetime,
     settings: conf.Settings,
-) -> tuple[Checkpoint | None, flow.Waits | flow.Refused | None]:
+) -> tuple[Checkpoint | None, flow.Waits | flow.Refused | None, Ahead | None]:
     """Start the attempt (None if the message is stale) and, under a fleet-wide limit, take its
-    slot and rate token in the same transaction, or say why it waits instead of running."""
-    checkpoints = Checkpoint.objects.using(settings.DATABASE)
+    slot and rate token in the same transaction, or say why it waits instead of running; read
+    its run too, for a turn ahead of the result, when ``ahead`` may write one."""
     until = now + settings.LEASE
     if not flow.any_limited():
-        return checkpoints.take(run_id, seq, attempt, token, holder, now, until), None
+        row, read = ahead.take(run_id, seq, attempt, token, holder, now, until, settings)
+        return row, None, read
     with transaction.atomic(using=settings.DATABASE):
-        row = checkpoints.take(run_id, seq, attempt, token, holder, now, until)
+        row, read = ahead.take(run_id, seq, attempt, token, holder, now, until, settings)
         step = registry.steps.get(row.name) if row is not None else None
         if row is None or step is None or not step.limited:
-            return row, None
-        return row, flow.admit_start(row, step, now)
+            return row, None, read
+        return row, flow.admit_start(row, step, now), None
 
 
 def _await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
@@ -413,9 +415,11 @@ def record(
     began: float | None = None,
     *,
     inline: bool = True,
+    read: Ahead | None = None,
 ) -> str:
     """Record one attempt's result exactly once, then wake the run when it should be woken
-    (its next turn runs here when ``inline`` and this worker serves the run's queue).
+    (its next turn runs here when ``inline`` and this worker serves the run's queue). ``read``:
+    the run as the take read it, for a next turn written with the result (``ahead``).
 
     A transient database error is retried (a restart or a cut connection heals in seconds); a
     result the database refuses (say a NUL character) fails the attempt with that reason."""
@@ -423,6 +427,15 @@ def record(
     run_id, fan = row.run_id, row.fan
     key = (row.run_id, row.seq, row.attempt)
     claim = handover.claim(settings, began) if inline else None
+    if read is not None and claim is not None and _common_end(row, error, beats):
+        written = _persistently(
+            lambda: ahead.record(
+                row, read, output, settings, began, lambda: _observe(row, output, None, None)
+            ),
+            key,
+        )
+        if written is not None:
+            return written
     outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
         return "unrecorded"
@@ -518,9 +531,7 @@ def _write_result(
         error, trace = split_traceback(error)
     joins_later = False
     retry_at: datetime | None = None
-    if error is None and row.fan is None and (beats is None or beats.unsaved is None) and not row.flow_key:
-        # The common end of an attempt: its result and the wake (and claim) are all there is to
-        # write, and need no transaction of their own.
+    if _common_end(row, error, beats):  # no transaction of its own needed
         done = Checkpoint.objects.using(db).complete_and_wake(
             run_id, seq, attempt, output, now, now + settings.LEASE, claim, histories.RECORD_FIELDS
         )
@@ -567,6 +578,12 @@ def _write_result(
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
     return recorded or None, woken, joins_later, claimed, None
+
+
+def _common_end(row: Checkpoint, error: dict[str, Any] | None, beats: Beats | None) -> bool:
+    """Whether the attempt ends the common way: completed, outside a fan and a limit, no
+    progress left unsaved. Its result and the wake (and claim) are then all there is to write."""
+    return error is None and row.fan is None and (beats is None or beats.unsaved is None) and not row.flow_key
 
 
 def _observe(row: Checkpoint, output: Any, error: dict[str, Any] | None, retry_at: datetime | None) -> None:

@@ -94,10 +94,14 @@ def _repairing(run_id: str, settings: conf.Settings, turns: Callable[[], str]) -
             raise lost.error from None
     except (OperationalError, InterfaceError):
         # The database went away mid-turn. This message, the run's prompt, is spent, and a
-        # commit this process could not confirm may hold sends it never published: once the
-        # database answers, send the run's unstarted attempts and its turn again.
-        _when_the_database_answers(lambda: lifecycle.resend_unsent(run_id), settings)
+        # commit this process could not confirm may hold sends it never published.
+        resend_when_the_database_answers(run_id, settings)
         raise
+
+
+def resend_when_the_database_answers(run_id: str, settings: conf.Settings) -> None:
+    """Once the database answers, send the run's unstarted attempts and its turn again."""
+    _when_the_database_answers(lambda: lifecycle.resend_unsent(run_id), settings)
 
 
 def new_owner(settings: conf.Settings) -> str:

@@ -113,6 +113,20 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         statement. None when the message is not the one durable sent for it (token), the attempt
         is stale, settled or already started (a redelivery never runs an attempt twice as
         itself), or its run has finished."""
+        taken = returned(Checkpoint, self.db, *self.taking(run_id, seq, attempt, token, holder, now, until))
+        return taken[0] if taken else None
+
+    def taking(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        token: str | None,
+        holder: str,
+        now: datetime,
+        until: datetime,
+    ) -> tuple[str, list[Any]]:
+        """``take``'s statement (``RETURNING *``) and its parameters."""
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
         # Rows written before attempts had tokens match only a message without one.
@@ -138,8 +152,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             run_id,
             *UNFINISHED,
         ]
-        taken = returned(Checkpoint, self.db, sql, params)
-        return taken[0] if taken else None
+        return sql, params
 
     def hold_slot(self, pk: int, key: str, limit: int, now: datetime, *, behind: bool) -> bool:
         """Give the started attempt ``pk`` a slot of ``key`` if fewer than ``limit`` are held

@@ -85,13 +85,14 @@ class Context(
         renew: Callable[[], None],
         in_place: InPlaceRunner | None = None,
         stopped: Callable[[], BaseException | None] | None = None,
+        ahead: bool = False,
     ) -> None:
         self._facts = run
         self._in_place = in_place
         self._turn = state
         self._clock = clock
         self._limits = limits
-        self._init_stopping(stopped)
+        self._init_stopping(stopped, ahead=ahead)
         self._flush = self._sticky(flush)
         self._renew = self._sticky(renew)
         self._seq = 0
@@ -434,6 +435,7 @@ class Context(
         )
 
     def _run_local(self, rec: Record, step: Step) -> Any:
+        self._before_local_step()
         if self._held:
             # A local step may run long: the result held back is written before it starts.
             self._flush(self._turn)
@@ -533,14 +535,25 @@ def replay(
     renew: Callable[[], None],
     in_place: InPlaceRunner | None = None,
     stopped: Callable[[], BaseException | None] | None = None,
+    ahead: bool = False,
 ) -> Decision:
     """Run the body from the top against ``state`` and say how the run stands.
 
     ``stopped`` is the engine's in-memory word that the turn must stop (see ``Context``): what it
     returns is raised at the next primitive and, whatever the body made of it, out of replay().
+    ``ahead``: the turn runs before the run is held; NotAhead is raised out of replay() before a
+    local step would run.
     """
     ctx = Context(
-        run, state, clock=clock, limits=limits, flush=flush, renew=renew, in_place=in_place, stopped=stopped
+        run,
+        state,
+        clock=clock,
+        limits=limits,
+        flush=flush,
+        renew=renew,
+        in_place=in_place,
+        stopped=stopped,
+        ahead=ahead,
     )
     if run.cancel_request is not None and not run.cancel_request.get("interrupt"):
         return saga.unwind(

@@ -17,6 +17,10 @@ from .history import Decision
 from .positions import Positions
 
 
+class NotAhead(_ControlFlow):
+    """A turn replayed ahead of its write reached what only a turn holding the run may do."""
+
+
 class Stopping(Positions):
     """Suspension is sticky: once the turn decided to stop (a primitive that cannot answer yet,
     continue_as_new, a lost lease, a flush that lost a race, a change of code, a primitive
@@ -33,10 +37,19 @@ class Stopping(Positions):
     #: The thread running the body: the only one whose primitives are answered.
     _thread: int
 
-    def _init_stopping(self, stopped: Callable[[], BaseException | None] | None) -> None:
+    def _init_stopping(
+        self, stopped: Callable[[], BaseException | None] | None, *, ahead: bool = False
+    ) -> None:
         self._stopped = stopped
         self._stopping = None
         self._thread = threading.get_ident()
+        self._ahead = ahead
+
+    def _before_local_step(self) -> None:
+        """A turn replayed ahead of its write (``replay(ahead=True)``) stops before a local step
+        would run: what a step does cannot be taken back if the write is refused."""
+        if self._ahead:
+            raise self._stop(NotAhead("a local step would run"))
 
     def _stop(self, reason: BaseException) -> BaseException:
         """Note why the turn stops (the first reason wins); return the exception to raise."""

@@ -3,6 +3,7 @@ persist (pure data: the engine fills and writes it, the context changes it)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -66,6 +67,9 @@ class TurnState:
     freed: list[str] = field(default_factory=list)
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
+    #: ``ctx.logger``'s records, held back when a list (a turn replayed ahead of its write: they
+    #: are the run's only if the write is; see ``engine.ahead``); None: logged at once.
+    logs: list[logging.LogRecord] | None = None
 
     def buffered(self) -> list[BufferedSignal]:
         if self.signals is None:
