@@ -9,6 +9,7 @@ wake, claim or turn came in between, so the replay saw what a turn would have se
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -46,39 +47,57 @@ def take(
     suspended, admitted, and no other position of it pending (a pending one may change without
     its run's row, a fan member's result say); not for a fan member or a limited step. The
     positions are those before the take."""
-    connection = connections[db]
-    ops = connection.ops
-    taking, params = Checkpoint.objects.using(db).taking(run_id, seq, attempt, token, holder, now, until)
+    taken_columns, run_columns, reading = _reading(db, fields)
+    ops = connections[db].ops
+    taking, params = Checkpoint.objects.using(db).taking(
+        run_id,
+        seq,
+        attempt,
+        token,
+        holder,
+        now,
+        until,
+        returning=", ".join(map(ops.quote_name, taken_columns)),
+    )
+    with connections[db].cursor() as cursor:
+        cursor.execute(reading.format(taking=taking), [*params, Status.SUSPENDED, CheckpointStatus.PENDING])
+        rows = cursor.fetchall()
+    if not rows:
+        return None, None
+    (row,) = rows
+    split = len(taken_columns)
+    (taken,) = instances(Checkpoint, db, taken_columns, [row[:split]])
+    version = row[split]
+    if version is None:
+        return taken, None
+    (run,) = instances(Run, db, run_columns, [row[split + 1 : -1]])
+    ended = {"status": CheckpointStatus.PENDING}  # as before the take: the replay overwrites it
+    return taken, Ahead(run, version, _positions(row[-1], fields, -1, ended))
+
+
+@functools.cache
+def _reading(db: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """``take``'s columns (the attempt's, the run's) and its statement around ``{taking}``: the
+    columns named, so no row description is read (on this path, that cost more than the row)."""
+    ops = connections[db].ops
+    taken_columns = tuple(f.column for f in Checkpoint._meta.concrete_fields)
+    run_columns = tuple(f.column for f in Run._meta.concrete_fields)
     runs, positions = ops.quote_name(Run._meta.db_table), ops.quote_name(Checkpoint._meta.db_table)
-    run_columns = [f.column for f in Run._meta.concrete_fields]
-    read = ", ".join(f"r.{ops.quote_name(c)} AS {ops.quote_name('run__' + c)}" for c in run_columns)
     listed = ", ".join(ops.quote_name(Checkpoint._meta.get_field(name).column) for name in fields)
     sql = (
-        f"WITH taken AS ({taking}) SELECT taken.*, r.xmin::text AS durable_version, {read}, "
-        f"(SELECT json_agg(json_build_array({listed}) ORDER BY seq) FROM {positions} "
-        "WHERE run_id = taken.run_id) AS durable_history "
+        "WITH taken AS ({taking}) SELECT "
+        + ", ".join(f"taken.{ops.quote_name(c)}" for c in taken_columns)
+        + ", r.xmin::text, "
+        + ", ".join(f"r.{ops.quote_name(c)}" for c in run_columns)
+        + f", (SELECT json_agg(json_build_array({listed}) ORDER BY seq) FROM {positions} "
+        "WHERE run_id = taken.run_id) "
         f"FROM taken LEFT JOIN {runs} r ON r.id = taken.run_id AND r.status = %s AND r.admitted "
         # A fan member's or a limited step's result is never written ahead (see ``record``).
         "AND taken.fan IS NULL AND taken.flow_key IS NULL "
         f"AND NOT EXISTS (SELECT 1 FROM {positions} o WHERE o.run_id = taken.run_id "
         "AND o.seq <> taken.seq AND o.status = %s)"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, Status.SUSPENDED, CheckpointStatus.PENDING])
-        columns = tuple(column[0] for column in cursor.description)
-        rows = cursor.fetchall()
-    if not rows:
-        return None, None
-    (row,) = rows
-    split = columns.index("durable_version")
-    (taken,) = instances(Checkpoint, db, columns[:split], [row[:split]])
-    version = row[split]
-    if version is None:
-        return taken, None
-    named = tuple(c.removeprefix("run__") for c in columns[split + 1 : -1])
-    (run,) = instances(Run, db, named, [row[split + 1 : -1]])
-    ended = {"status": CheckpointStatus.PENDING}  # as before the take: the replay overwrites it
-    return taken, Ahead(run, version, _positions(row[-1], fields, -1, ended))
+    return taken_columns, run_columns, sql
 
 
 def complete_and_settle(

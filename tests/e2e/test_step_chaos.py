@@ -144,9 +144,9 @@ def ledger_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def durable_worker_options(ledger_dir):
+def durable_worker_options(ledger_dir, request):
     # No default worker: the test starts two of its own; this env reaches them and beat.
-    env = settings_env(SETTINGS)
+    env = settings_env(BROKER_SETTINGS if request.node.name.startswith(BROKER_TEST) else SETTINGS)
     return {"start": False, "env": {**env, LEDGER_ENV: str(ledger_dir), "DURABLE_LOG_LEVEL": "INFO"}}
 
 
@@ -330,3 +330,91 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
     assert len(died) == len(numbers) // DIES_EVERY
     death_ignored = sorted(run_id for run_id, attempt in died.items() if recorded[run_id, 0][2] <= attempt)
     assert not death_ignored, f"a process death did not count as a failed attempt:\n{describe(death_ignored)}"
+
+
+# -- every step through the broker --------------------------------------------------------------
+# Each result is written with the next turn when that turn only starts the next step (see
+# ``engine.ahead``): the same kills and cuts, on runs of consecutive dispatched steps.
+
+BROKER_TEST = "test_every_run_of_dispatched_steps_completes_through_the_broker"
+BROKER_SETTINGS = {**SETTINGS, "EAGER_STEPS": False}
+CHAINED = 6
+BROKER_RUNS = 40
+BROKER_CHAOS_SECONDS = 30
+BROKER_KILL_EVERY = (1.0, 2.0)
+
+
+@durable.step(retry=RETRY)
+def next_link(value):
+    _record()
+    info = durable.step_info()
+    if info.seq == 2 and value % DIES_EVERY == 0:
+        _die_on_first_execution()
+    time.sleep(0.02)
+    return value + 1
+
+
+@durable.workflow(name="tests.step_chaos.chained")
+def chained_flow(ctx, n):
+    value = n
+    for _ in range(CHAINED):
+        value = ctx.step(next_link, value)
+    return value
+
+
+def test_every_run_of_dispatched_steps_completes_through_the_broker(
+    postgres, redis_broker, durable_worker, ledger_dir
+):
+    seed = int(os.environ.get("DURABLE_CHAOS_SEED") or time.time())
+    rng = random.Random(seed)
+    token = uuid.uuid4().hex[:8]
+    print(f"\nbroker chaos seed {seed}, runs chained-{token}-*, logs in {durable_worker.workdir}")
+    numbers = {f"chained-{token}-{n}": n for n in range(BROKER_RUNS)}
+    ids = list(numbers)
+    with override_settings(DURABLE=BROKER_SETTINGS):
+        workers = [durable_worker.add_worker(name=f"w{i}", wait=False) for i in (1, 2)]
+        for worker in workers:
+            worker.wait_ready()
+        durable_worker.start_beat()
+        faults = Faults(workers, rng)
+        began = time.monotonic()
+        started, next_kill, next_cut = 0, began + rng.uniform(*BROKER_KILL_EVERY), began + CUT_EVERY
+        while (now := time.monotonic()) < began + BROKER_CHAOS_SECONDS:
+            due = min(BROKER_RUNS, int(BROKER_RUNS * (now - began) / (BROKER_CHAOS_SECONDS / 2)) + 1)
+            for run_id in ids[started:due]:
+                durable.start(chained_flow, numbers[run_id], run_id=run_id)
+            started = max(started, due)
+            if now >= next_kill:
+                faults.kill_pool_child()
+                next_kill = now + rng.uniform(*BROKER_KILL_EVERY)
+            if now >= next_cut:
+                faults.cut_connections()
+                next_cut += CUT_EVERY
+            time.sleep(0.05)
+        assert started == BROKER_RUNS
+
+        def all_terminal() -> bool:
+            return not Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).exists()
+
+        wait_for(all_terminal, CONVERGE_DEADLINE, interval=0.5, what="every run to end after the last fault")
+
+    runs = {run.id: run for run in Run.objects.filter(id__in=ids)}
+    print(f"faults: {faults.kills} pool children SIGKILLed, connections cut {faults.cuts}")
+    wrong = [
+        run_id
+        for run_id, run in runs.items()
+        if (run.status, run.output) != ("completed", numbers[run_id] + CHAINED)
+    ]
+    assert not wrong, f"{len(wrong)} runs did not complete with their output:\n{describe(wrong)}"
+    recorded = Counter(
+        Checkpoint.objects.filter(run_id__in=ids, status="completed").values_list("run_id", flat=True)
+    )
+    assert all(recorded[run_id] == CHAINED for run_id in ids), "a position missing or recorded twice"
+    executions = read_ledger(ledger_dir, ids)
+    per_attempt = Counter(
+        (run_id, seq, attempt) for run_id, done in executions.items() for seq, attempt in done
+    )
+    twice = sorted(key for key, count in per_attempt.items() if count > 1)
+    assert not twice, f"{len(twice)} attempts ran more than once (run, seq, attempt): {twice[:10]}"
+    died = list((ledger_dir / "died").iterdir())
+    assert len(died) == BROKER_RUNS // DIES_EVERY
