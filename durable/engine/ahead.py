@@ -14,24 +14,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
-from .. import clock, conf, dispatch
-from ..definitions import registry
+from .. import clock, conf, dispatch, tracing
+from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
 from ..models import Checkpoint, Run, Status
 from ..models import ahead as rows
 from ..models.ahead import Ahead
 from ..replay.context import replay
-from ..replay.history import COMPLETED
+from ..replay.history import COMPLETED, Decision
 from ..replay.stopping import NotAhead
-from ..replay.turnstate import RunFacts, TurnState
+from ..replay.turnstate import TurnState
 from ..statuses import Decided
 from . import attempts, events, handover, histories, lifecycle, observe, remote_turns, turn, writes
 
-log = logging.getLogger("durable.engine")
+T = TypeVar("T")
 
 
 def wanted(settings: conf.Settings) -> bool:
@@ -82,30 +82,59 @@ def record(
         body_input = workflow.body_input(run.input)
     except (WorkflowNotRegistered, InvalidInput):
         return None
-    now = clock.now()
+    attributes = {"durable.run_id": run.id, "durable.workflow": run.workflow, "durable.version": run.version}
+    with tracing.span(f"durable.turn {run.workflow}", run.id, attributes) as span:
+        now = clock.now()
+        replayed = _replayed(workflow, body_input, row, read, output, now, settings)
+        written = (
+            _write(row, read, output, now, settings, began, recorded_as, *replayed) if replayed else None
+        )
+        if span is not None:
+            span.set_attribute("durable.outcome", Decided.SUSPENDED if written == COMPLETED else "not ahead")
+    return written
+
+
+def _replayed(
+    workflow: Workflow,
+    body_input: Any,
+    row: Checkpoint,
+    read: Ahead,
+    output: Any,
+    now: datetime,
+    settings: conf.Settings,
+) -> tuple[Decision, TurnState] | None:
+    """The run's next turn, with this result, replayed before anything is written: its outcome
+    and what it would write; None if it would do anything a turn holding the run must do."""
+    run, db = read.run, settings.DATABASE
     positions = histories.records(read.positions)
     done = positions[row.seq]
     done.status, done.output, done.error, done.wake_at, done.finished_at = COMPLETED, output, None, None, now
     done.stored_as = (COMPLETED, done.attempt)
+    lost: list[BaseException] = []
+
+    def guarded(query: Callable[..., T]) -> Callable[..., T]:
+        # As in a turn: a failed query is never the body's to catch.
+        def call(*args: Any) -> T:
+            try:
+                return query(*args)
+            except (OperationalError, InterfaceError) as exc:
+                lost.append(exc)
+                raise NotAhead("the database failed a query of the body") from exc
+
+        return call
+
     state = TurnState(
         records=positions,
-        load_signals=lambda: histories.unconsumed_signals(run.id, settings.DATABASE),
+        load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
+        find_event=guarded(events.find),
+        find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
         exposed=dict(run.exposed or {}),
         logs=[],
     )
-    queue = run.queue or settings.DEFAULT_QUEUE
     try:
         outcome = replay(
             workflow,
-            RunFacts(
-                run.id,
-                run.workflow,
-                run.version,
-                run.namespace or None,
-                body_input,
-                run.deadline,
-                run.cancel_request,
-            ),
+            turn.facts(run, body_input),
             state,
             clock=clock.now,
             limits=turn.limits(settings),
@@ -113,13 +142,35 @@ def record(
             renew=lambda: None,
             # A next step this worker would run in place goes the usual way (its start is a
             # write of the turn): run here, it crosses no broker at all.
-            in_place=attempts.InPlace.offered(run.id, "", queue, settings),
+            in_place=attempts.InPlace.offered(run.id, "", run.queue or settings.DEFAULT_QUEUE, settings),
             ahead=True,
         )
     except NotAhead:
         return None
-    new = writes.lone_insert(run.id, state) if outcome.status == Decided.SUSPENDED else None
-    if new is None or state.exposed_changed or state.search_attributes is not None:
+    if (
+        lost
+        or outcome.status != Decided.SUSPENDED
+        or state.exposed_changed
+        or state.search_attributes is not None
+    ):
+        return None
+    return outcome, state
+
+
+def _write(
+    row: Checkpoint,
+    read: Ahead,
+    output: Any,
+    now: datetime,
+    settings: conf.Settings,
+    began: float | None,
+    recorded_as: Callable[[], None],
+    outcome: Decision,
+    state: TurnState,
+) -> str | None:
+    run = read.run
+    new = writes.lone_insert(run.id, state)
+    if new is None:
         return None
     written = state.unsaved()
     try:
@@ -145,8 +196,8 @@ def record(
     if not settled:
         # The run moved since the take: wake it, as recording a result does, for a turn that
         # reads it as it now stands.
-        now = clock.now()
-        queue = Run.objects.using(settings.DATABASE).wake(run.id, now, now + settings.LEASE)
+        at = clock.now()
+        queue = Run.objects.using(settings.DATABASE).wake(run.id, at, at + settings.LEASE)
         if queue:
             handover.next_turn(run.id, queue, settings, began)
         return COMPLETED

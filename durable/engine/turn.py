@@ -371,15 +371,7 @@ def _replay(
 ) -> Decision:
     return replay(
         workflow,
-        RunFacts(
-            run.id,
-            run.workflow,
-            run.version,
-            run.namespace or None,
-            body_input,
-            run.deadline,
-            run.cancel_request,
-        ),
+        facts(run, body_input),
         state,
         clock=clock.now,
         limits=limits(settings),
@@ -388,6 +380,13 @@ def _replay(
         in_place=attempts.InPlace.offered(run.id, owner, run.queue or settings.DEFAULT_QUEUE, settings),
         # Lease gone or time limit passed: in memory, so every primitive may ask.
         stopped=lambda: leases.stopping(run.id),
+    )
+
+
+def facts(run: Run, body_input: Any) -> RunFacts:
+    """What the replay core knows of ``run``."""
+    return RunFacts(
+        run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline, run.cancel_request
     )
 
 

@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -170,6 +170,33 @@ class Faults:
     def cut_connections(self) -> None:
         self.cuts.append(cut_database_connections())
 
+    def during(
+        self,
+        seconds: float,
+        kill_every: tuple[float, float],
+        spread: float,
+        start: Callable[[str], object],
+        ids: list[str],
+    ) -> int:
+        """For ``seconds``: start the runs ``ids`` evenly over ``spread``, SIGKILL a pool child
+        every ``kill_every`` (drawn uniformly), cut the connections every CUT_EVERY; return how
+        many runs were started."""
+        began = time.monotonic()
+        started, next_kill, next_cut = 0, began + self.rng.uniform(*kill_every), began + CUT_EVERY
+        while (now := time.monotonic()) < began + seconds:
+            due = min(len(ids), int(len(ids) * (now - began) / spread) + 1)
+            for run_id in ids[started:due]:
+                start(run_id)
+            started = max(started, due)
+            if now >= next_kill:
+                self.kill_pool_child()
+                next_kill = now + self.rng.uniform(*kill_every)
+            if now >= next_cut:
+                self.cut_connections()
+                next_cut += CUT_EVERY
+            time.sleep(0.1)
+        return started
+
 
 def read_ledger(path: Path, run_ids: list[str]) -> dict[str, list[tuple[int, int]]]:
     """Every execution the step bodies recorded, as (seq, attempt), per run."""
@@ -223,22 +250,13 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
         durable_worker.start_beat()
         faults = Faults(workers, rng)
 
-        chaos_began = time.monotonic()
-        started = 0
-        next_kill = chaos_began + rng.uniform(*KILL_EVERY)
-        next_cut = chaos_began + CUT_EVERY
-        while (now := time.monotonic()) < chaos_began + CHAOS_SECONDS:
-            due = min(RUNS, int(RUNS * (now - chaos_began) / START_SPREAD) + 1)
-            for run_id in ids[started:due]:
-                durable.start(step_chaos_flow, numbers[run_id], run_id=run_id)
-            started = max(started, due)
-            if now >= next_kill:
-                faults.kill_pool_child()
-                next_kill = now + rng.uniform(*KILL_EVERY)
-            if now >= next_cut:
-                faults.cut_connections()
-                next_cut += CUT_EVERY
-            time.sleep(0.1)
+        started = faults.during(
+            CHAOS_SECONDS,
+            KILL_EVERY,
+            START_SPREAD,
+            lambda run_id: durable.start(step_chaos_flow, numbers[run_id], run_id=run_id),
+            ids,
+        )
         faults.cut_connections()  # the minute's last cut, and its last fault
         last_fault, last_fault_at = time.monotonic(), timezone.now()
         assert started == RUNS and len(faults.cuts) == CHAOS_SECONDS // CUT_EVERY
@@ -377,20 +395,13 @@ def test_every_run_of_dispatched_steps_completes_through_the_broker(
             worker.wait_ready()
         durable_worker.start_beat()
         faults = Faults(workers, rng)
-        began = time.monotonic()
-        started, next_kill, next_cut = 0, began + rng.uniform(*BROKER_KILL_EVERY), began + CUT_EVERY
-        while (now := time.monotonic()) < began + BROKER_CHAOS_SECONDS:
-            due = min(BROKER_RUNS, int(BROKER_RUNS * (now - began) / (BROKER_CHAOS_SECONDS / 2)) + 1)
-            for run_id in ids[started:due]:
-                durable.start(chained_flow, numbers[run_id], run_id=run_id)
-            started = max(started, due)
-            if now >= next_kill:
-                faults.kill_pool_child()
-                next_kill = now + rng.uniform(*BROKER_KILL_EVERY)
-            if now >= next_cut:
-                faults.cut_connections()
-                next_cut += CUT_EVERY
-            time.sleep(0.05)
+        started = faults.during(
+            BROKER_CHAOS_SECONDS,
+            BROKER_KILL_EVERY,
+            BROKER_CHAOS_SECONDS / 2,
+            lambda run_id: durable.start(chained_flow, numbers[run_id], run_id=run_id),
+            ids,
+        )
         assert started == BROKER_RUNS
 
         def all_terminal() -> bool:
