@@ -185,3 +185,34 @@ def test_a_worker_that_sends_every_turn_records_the_usual_way(durable_env):
         durable_env.run_until_idle()
     assert durable.result(run.id) == [1, 2, 3]
     assert not _settles([q["sql"] for q in captured.captured_queries])
+
+
+@durable.workflow(name="tests.ahead.careless_wait")
+def careless_wait(ctx, _=None):
+    first = ctx.step(plain, 1)
+    try:
+        got = ctx.wait_for_signal("go")
+    except BaseException:  # noqa: BLE001 - a careless body
+        got = "caught"
+    return [first, got, ctx.step(plain, 2)]
+
+
+def test_a_query_that_fails_in_the_turn_ahead_leaves_the_write_to_the_usual_path(durable_env, monkeypatch):
+    """Even for a body that catches everything: nothing is written ahead, and the turn that runs
+    next reads the signal."""
+    from durable.engine import histories
+
+    load, failed = histories.unconsumed_signals, []
+
+    def fails_once(*args):
+        if not failed:
+            failed.append(True)
+            raise OperationalError("server closed the connection unexpectedly")
+        return load(*args)
+
+    run = durable.start(careless_wait)
+    durable.signal(run.id, "go", "now")
+    monkeypatch.setattr(histories, "unconsumed_signals", fails_once)
+    durable_env.run_until_idle()
+    assert failed
+    assert durable.result(run.id) == [1, "now", 2]
