@@ -41,6 +41,16 @@ def column_length(model: str, field: str) -> int:
     return length
 
 
+@functools.cache
+def all_columns(model: type[models.Model], db: str) -> str:
+    """Every column of ``model``, named, for a ``RETURNING``: a prepared statement (see the
+    example project's settings) that names them keeps its row type when a migration adds a
+    column, where one of ``*`` fails ("cached plan must not change result type") until its
+    connection closes."""
+    ops = connections[db].ops
+    return ", ".join(ops.quote_name(f.column) for f in model._meta.concrete_fields)
+
+
 def update_where(
     model: type[models.Model],
     db: str,
@@ -76,7 +86,7 @@ def updating(
 
 
 def returned(model: type[M], db: str, sql: str, params: list[Any] | tuple[Any, ...]) -> list[M]:
-    """The rows ``sql`` returns (``RETURNING *``, or some of the columns) as ``model`` instances:
+    """The rows ``sql`` returns (``RETURNING`` every column, or some) as ``model`` instances:
     what ``raw()`` builds, without setting up a raw query each time (on the paths every step
     takes, that cost more than the statement)."""
     with connections[db].cursor() as cursor:

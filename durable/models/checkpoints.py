@@ -16,6 +16,7 @@ from ..statuses import UNFINISHED, CheckpointStatus, FlowState
 from .base import (
     BEAT_HOLDER,
     RETRYABLE,
+    all_columns,
     insert,
     insertion,
     instances,
@@ -125,9 +126,9 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         holder: str,
         now: datetime,
         until: datetime,
-        returning: str = "*",
+        returning: str | None = None,
     ) -> tuple[str, list[Any]]:
-        """``take``'s statement (``RETURNING`` ``returning``) and its parameters."""
+        """``take``'s statement (``RETURNING`` ``returning``, else every column) and its parameters."""
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
         # Rows written before attempts had tokens match only a message without one.
@@ -140,7 +141,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             # An attempt in line for a slot or a rate token starts only once it is sent again.
             "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
-            f") RETURNING {returning}"
+            f") RETURNING {returning or all_columns(Checkpoint, self.db)}"
         )
         params = [
             at(now),

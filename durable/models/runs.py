@@ -14,6 +14,7 @@ from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import (
     RETRYABLE,
     Status,
+    all_columns,
     converted,
     insert,
     insertion,
@@ -62,7 +63,7 @@ class RunQuerySet(models.QuerySet["Run"]):
             "started_at = COALESCE(started_at, %s), "
             "updated_at = %s "
             "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
-            "AND admitted = %s RETURNING *"
+            f"AND admitted = %s RETURNING {all_columns(Run, self.db)}"
         )
         params = [
             Status.RUNNING,
@@ -203,7 +204,7 @@ class RunQuerySet(models.QuerySet["Run"]):
             f"{claiming}updated_at = %s "
             f"WHERE id = %s AND status IN (%s, %s, %s){' AND ' + only_if if only_if else ''} RETURNING "
             # The turn that claimed it needs the whole row; a wake alone, its queue.
-            + ("*" if claim is not None else "id, queue")
+            + (all_columns(Run, self.db) if claim is not None else "id, queue")
         )
         redrive = at(redrive_at)
         return sql, [redrive, redrive, *params, at(now), run_id, *UNFINISHED]
