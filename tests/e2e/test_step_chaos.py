@@ -198,6 +198,23 @@ class Faults:
         return started
 
 
+def _numbered(prefix: str, count: int, durable_worker) -> tuple[dict[str, int], random.Random]:
+    """Run ids of this test (a token of its own) to their numbers, and the chaos's random choices
+    (DURABLE_CHAOS_SEED replays them)."""
+    seed = int(os.environ.get("DURABLE_CHAOS_SEED") or time.time())
+    token = uuid.uuid4().hex[:8]
+    print(f"\n{prefix} seed {seed}, runs {prefix}-{token}-*, logs in {durable_worker.workdir}")
+    return {f"{prefix}-{token}-{n}": n for n in range(count)}, random.Random(seed)
+
+
+def _two_workers_and_beat(durable_worker, rng: random.Random) -> Faults:
+    workers = [durable_worker.add_worker(name=f"w{i}", wait=False) for i in (1, 2)]
+    for worker in workers:
+        worker.wait_ready()
+    durable_worker.start_beat()
+    return Faults(workers, rng)
+
+
 def read_ledger(path: Path, run_ids: list[str]) -> dict[str, list[tuple[int, int]]]:
     """Every execution the step bodies recorded, as (seq, attempt), per run."""
     executions = {}
@@ -237,19 +254,11 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
     postgres, redis_broker, durable_worker, ledger_dir
 ):
     began = time.monotonic()
-    seed = int(os.environ.get("DURABLE_CHAOS_SEED") or time.time())
-    rng = random.Random(seed)
-    token = uuid.uuid4().hex[:8]
-    print(f"\nstep chaos seed {seed}, runs stepchaos-{token}-*, logs in {durable_worker.workdir}")
-    numbers = {f"stepchaos-{token}-{n}": n for n in range(RUNS)}
+    numbers, rng = _numbered("stepchaos", RUNS, durable_worker)
     ids = list(numbers)
     with override_settings(DURABLE=SETTINGS):
-        workers = [durable_worker.add_worker(name=f"w{i}", wait=False) for i in (1, 2)]
-        for worker in workers:
-            worker.wait_ready()
-        durable_worker.start_beat()
-        faults = Faults(workers, rng)
-
+        faults = _two_workers_and_beat(durable_worker, rng)
+        workers = faults.workers
         started = faults.during(
             CHAOS_SECONDS,
             KILL_EVERY,
@@ -383,18 +392,10 @@ def chained_flow(ctx, n):
 def test_every_run_of_dispatched_steps_completes_through_the_broker(
     postgres, redis_broker, durable_worker, ledger_dir
 ):
-    seed = int(os.environ.get("DURABLE_CHAOS_SEED") or time.time())
-    rng = random.Random(seed)
-    token = uuid.uuid4().hex[:8]
-    print(f"\nbroker chaos seed {seed}, runs chained-{token}-*, logs in {durable_worker.workdir}")
-    numbers = {f"chained-{token}-{n}": n for n in range(BROKER_RUNS)}
+    numbers, rng = _numbered("chained", BROKER_RUNS, durable_worker)
     ids = list(numbers)
     with override_settings(DURABLE=BROKER_SETTINGS):
-        workers = [durable_worker.add_worker(name=f"w{i}", wait=False) for i in (1, 2)]
-        for worker in workers:
-            worker.wait_ready()
-        durable_worker.start_beat()
-        faults = Faults(workers, rng)
+        faults = _two_workers_and_beat(durable_worker, rng)
         started = faults.during(
             BROKER_CHAOS_SECONDS,
             BROKER_KILL_EVERY,
