@@ -156,9 +156,9 @@ def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
     error dict or a message) under the step's retry policy. A wrong or forged token raises
     ``InvalidInput``; one whose attempt was settled already raises ``DurableError``
     (code ``already_settled``). Either way nothing changes."""
-    from .engine import steps
+    from .engine import reported
 
-    steps.complete_step(token, output, error)
+    reported.complete_step(token, output, error)
 
 
 def cancel(

@@ -4,7 +4,7 @@ Each remote step this process knows becomes a Celery task under the step's name:
 step's body in a step scope whose heartbeats leave as ``durable.heartbeat`` messages. Its result
 goes back the way any Celery task used as a step reports: the message's ``link`` on success, its
 ``link_error`` on failure (forwarded as a ``durable.step_result`` message, see
-``engine.steps.task_failed``). Nothing here touches the database.
+``engine.reported.task_failed``). Nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .definitions import Step, Workflow, registry
 from .errors import InvalidInput, WorkflowNotRegistered
 from .replay import wire
 from .replay.attempt import run_attempt
-from .replay.context import replay
+from .replay.core import replay
 from .replay.history import Decision
 from .replay.stepscope import StepInfo
 from .statuses import Decided

@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from . import remote
-from .engine import entities, lifecycle, redispatch, remote_turns, steps, sweeps, turn, wakes
+from .engine import entities, lifecycle, redispatch, remote_turns, reported, steps, sweeps, turn, wakes
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -92,7 +92,7 @@ def step_result(
     """Record a Celery task step's result; Celery calls it as the ``link`` of a task used as a
     step, and a worker in another language may send it itself (``error`` set means the attempt
     failed). Only with the attempt's ``token``, which durable sent with the task."""
-    return steps.step_result(run_id, seq, attempt, output, error, token)
+    return reported.step_result(run_id, seq, attempt, output, error, token)
 
 
 @shared_task(name="durable.step_failed", ignore_result=True)
@@ -107,13 +107,13 @@ def step_failed(
     durable installed calls it in place with ``(request, exc, traceback)``; one that has not (a
     plain Celery worker) sends it as a message with only the failed task's id, the way Celery
     calls an errback it does not know. Either way the attempt is recorded as failed."""
-    return steps.task_failed(run_id, seq, attempt, failure, token)
+    return reported.task_failed(run_id, seq, attempt, failure, token)
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)
 def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
     """A step's heartbeat sent as a message, for workers that only speak Celery."""
-    return steps.heartbeat(run_id, seq, attempt, progress, token)
+    return reported.heartbeat(run_id, seq, attempt, progress, token)
 
 
 @shared_task(name="durable.remote_turn", **_RELIABLE)

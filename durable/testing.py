@@ -73,7 +73,7 @@ class DurableEnv:
         """Run an existing Celery task sent as a step, eagerly, and report it as its link would."""
         from celery import current_app
 
-        from .engine import steps
+        from .engine import reported
         from .errors import error_dict
 
         run_id, seq, attempt, token = message.options["headers"]["durable"]
@@ -84,9 +84,9 @@ class DurableEnv:
             args=message.args, kwargs=message.options.get("kwargs")
         )
         if result.successful():
-            steps.step_result(run_id, seq, attempt, output=result.result, token=token)
+            reported.step_result(run_id, seq, attempt, output=result.result, token=token)
         else:
-            steps.step_result(run_id, seq, attempt, error=error_dict(result.result), token=token)
+            reported.step_result(run_id, seq, attempt, error=error_dict(result.result), token=token)
 
     def _run_remote_step(
         self, message: dispatch.Message, run_id: str, seq: int, attempt: int, token: str
@@ -94,7 +94,7 @@ class DurableEnv:
         """Run a remote step here as its worker would: from the message alone, reporting its
         heartbeats and its result as messages (durable.heartbeat, durable.step_result)."""
         from .definitions import registry
-        from .engine import steps
+        from .engine import reported
         from .replay.attempt import run_attempt
         from .replay.stepscope import StepInfo
 
@@ -102,18 +102,18 @@ class DurableEnv:
         payload = {"args": list(message.args), "kwargs": message.options.get("kwargs", {})}
 
         def beat(progress: Any = None) -> None:
-            steps.heartbeat(run_id, seq, attempt, progress, token)
+            reported.heartbeat(run_id, seq, attempt, progress, token)
 
         info = StepInfo(run_id, seq, attempt, step.name, secret=token)
         output, error, retryable = run_attempt(step, info, payload, beat)
         if error is not None and not retryable:
             error = {**error, "non_retryable": True}
-        steps.step_result(run_id, seq, attempt, output=output, error=error, token=token)
+        reported.step_result(run_id, seq, attempt, output=output, error=error, token=token)
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from . import remote
-            from .engine import entities, redispatch, remote_turns, steps, turn, wakes
+            from .engine import entities, redispatch, remote_turns, reported, steps, turn, wakes
             from .engine.sweeps import SWEEPS
 
             self._handlers = {
@@ -121,8 +121,8 @@ class DurableEnv:
                 dispatch.REMOTE_TURN: lambda turn: remote.run_turn(turn),
                 dispatch.DECISION: lambda **decision: remote_turns.apply(decision),
                 dispatch.TURN_HEARTBEAT: remote_turns.heartbeat,
-                dispatch.HEARTBEAT: steps.heartbeat,
-                dispatch.STEP_RESULT: steps.step_result,
+                dispatch.HEARTBEAT: reported.heartbeat,
+                dispatch.STEP_RESULT: reported.step_result,
                 dispatch.ADVANCE: turn.advance,
                 dispatch.ADVANCE_BATCH: wakes.advance_batch,
                 dispatch.RUN_STEP: steps.run_step,

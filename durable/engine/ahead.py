@@ -24,7 +24,7 @@ from ..errors import InvalidInput, WorkflowNotRegistered
 from ..models import Checkpoint, Run, Status
 from ..models import ahead as rows
 from ..models.ahead import Ahead
-from ..replay.context import replay
+from ..replay.core import replay
 from ..replay.history import COMPLETED, Decision
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState

@@ -1,34 +1,28 @@
 """Execute one dispatched step attempt on a worker and record its result exactly once.
 
-A duplicate or stale delivery finds the attempt no longer pending and changes nothing.
+A duplicate or stale delivery finds the attempt no longer pending and changes nothing. A result
+that arrives as a message, for an attempt run elsewhere, is checked in ``reported`` and recorded
+here, by ``record``.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch, tracing
+from .. import clock, conf, tracing
 from ..definitions import Step, registry
-from ..errors import (
-    TRACEBACK,
-    DurableError,
-    InvalidInput,
-    WorkflowNotRegistered,
-    error_dict,
-    step_timeout_error,
-)
+from ..errors import WorkflowNotRegistered, step_timeout_error
 from ..models import HELD, AttemptError, Checkpoint, Claim, Run
 from ..models.ahead import Ahead
-from ..replay.attempt import LATER, beat_grace, split_traceback
-from ..replay.history import COMPLETED, FAILED, PENDING, Record, check_size, roundtrip
-from ..replay.stepscope import StepInfo, parse_token
+from ..replay.attempt import LATER, split_traceback
+from ..replay.history import COMPLETED, FAILED, PENDING, Record
+from ..replay.stepscope import StepInfo
 from . import ahead, attempts, flow, handover, histories, leases, observe, turn
 from .attempts import Beats
 
@@ -43,55 +37,6 @@ log = logging.getLogger("durable.engine")
 #: before each retry: a database restart or a cut connection heals within seconds.
 RECORD_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
 _TRANSIENT = (OperationalError, InterfaceError)
-#: What settling an attempt from a message reads of its checkpoint (and of its run).
-_ATTEMPT_FIELDS = (
-    "seq",
-    "name",
-    "status",
-    "attempt",
-    "fan",
-    "fail_fast",
-    "token",
-    "flow",
-    "flow_key",
-    "run__status",
-)
-
-
-def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: str) -> Checkpoint | None:
-    """The checkpoint of this attempt of a Celery task used as a step, if ``token`` is the one
-    durable sent with it and the attempt is still pending in an unfinished run."""
-    row = (
-        Checkpoint.objects.using(db)
-        .select_related("run")
-        .filter(run_id=run_id, seq=seq)
-        .only("input", *_ATTEMPT_FIELDS)
-        .first()
-    )
-    if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
-        return None
-    # Results of durable's own steps are recorded by the worker that ran them, never by a message.
-    if not reported_by_message(row.input) or not _same_token(row.token, token):
-        log.warning(
-            "durable: refused a result for %s#%s attempt %s: not a Celery task or remote step, "
-            "or not the token durable sent with it",
-            run_id,
-            seq,
-            attempt,
-        )
-        return None
-    return row
-
-
-def reported_by_message(payload: Any) -> bool:
-    """Whether an attempt's result and heartbeats come as messages: a Celery task or a remote step."""
-    return bool(payload) and bool(payload.get("task") or payload.get("remote"))
-
-
-def _same_token(expected: str | None, given: str | None) -> bool:
-    if expected is None or given is None:
-        return expected is given
-    return hmac.compare_digest(expected, given)
 
 
 def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> str:
@@ -192,217 +137,6 @@ def _await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
 
     # Not let go (a database down for good): the hold lapses and the attempt counts as lost.
     return "later" if _persistently(let_go, (row.run_id, row.seq, row.attempt)) else "stale"
-
-
-def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
-    """Settle the attempt that raised CompleteLater and handed out ``token``: with ``output``,
-    or failed with ``error`` (an exception, or an error dict / message), under the step's retry
-    policy. A wrong token, or one whose attempt is settled already, changes nothing and raises."""
-    settings = conf.get()
-    run_id, seq, attempt, secret = parse_token(token)
-    row = (
-        Checkpoint.objects.using(settings.DATABASE)
-        .select_related("run")
-        .filter(run_id=run_id, seq=seq, kind="step")
-        .only("run_id", *_ATTEMPT_FIELDS)
-        .first()
-    )
-    if row is None or not _same_token(row.token, secret) or row.attempt != attempt:
-        raise InvalidInput(
-            "this completion token matches no open step attempt: it is not one durable handed out, "
-            "or its attempt has ended and been retried; nothing changed"
-        )
-    if row.status != PENDING or row.run.is_finished:
-        raise DurableError(
-            f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled already "
-            f"({row.status}, run {row.run.status}); nothing changed",
-            code="already_settled",
-        )
-    try:
-        step: Step | None = registry.step(row.name)
-    except WorkflowNotRegistered:
-        step = None  # retried once a process with the step's code runs the run
-    retryable = True
-    if error is None:
-        output = roundtrip(output, what=f"the output of step {row.name!r}")
-        check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the output of step {row.name!r}")
-    elif isinstance(error, BaseException):
-        retryable = step is None or step.retry.is_retryable(error)
-        error = error_dict(error)
-    else:
-        error = _error_shape(error)
-    recorded = record(row, step, None if error is not None else output, error, retryable, None)
-    if recorded == "unrecorded":
-        raise DurableError(f"could not record the completion of step {row.name!r} now; try again")
-    if recorded == "stale":
-        raise DurableError(
-            f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled meanwhile; nothing changed",
-            code="already_settled",
-        )
-
-
-def step_result(
-    run_id: str, seq: int, attempt: int, output: Any = None, error: Any = None, token: str | None = None
-) -> str:
-    """Record the result a Celery task (or a worker in another language) reports for a step;
-    sent with only a completion token (no ``run_id``), it completes a step that raised
-    CompleteLater."""
-    if not run_id and token:
-        try:
-            complete_step(token, output, error)
-        except DurableError as exc:
-            log.warning("durable: refused a step completion sent as a message: %s", exc)
-            return "stale"
-        return "failed" if error is not None else "completed"
-    settings = conf.get()
-    row = _task_attempt(run_id, seq, attempt, token, settings.DATABASE)
-    if row is None:
-        return "stale"
-    # A Celery task retries by its own settings: what reaches durable is its final result. A
-    # remote step's failed attempt is retried by the step's policy, as a durable step's is.
-    remote = bool((row.input or {}).get("remote"))
-    step = registry.known_step(row.name) if remote else None
-    retryable = remote
-    if error is not None:
-        error = _error_shape(error)
-        retryable = remote and (step is None or _retryable(step, error))
-    else:
-        try:
-            output = roundtrip(output, what=f"the result of task {row.name!r}")
-            check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the result of task {row.name!r}")
-        except InvalidInput as exc:
-            error, retryable = {**exc.to_dict(), "code": "invalid_output"}, False
-    return record(row, step, output, error, retryable, None)
-
-
-def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], token: str | None) -> str:
-    """Record the failure of a Celery task used as a step, as its ``link_error`` reports it:
-    ``(request, exc, traceback)`` from a worker that has durable installed, or only the task's
-    id from one that has not (its exception is then read from the result backend, if this
-    process shares it, else the error says where to look).
-
-    Called in place, it forwards the failure as a ``durable.step_result`` message to the queue
-    the task's ``durable_attempt`` header names: the failing worker may have durable installed
-    and still no database (a remote box)."""
-    if len(failure) >= 2 and isinstance(failure[1], BaseException):
-        # A remote step run by durable's runner (durable.remote) raises its error as stored.
-        error = getattr(failure[1], "durable_error", None) or error_dict(failure[1])
-        if len(failure) >= 3 and isinstance(failure[2], str):
-            error = {**error, TRACEBACK: failure[2]}  # filed with the attempt's history
-        where = dispatch.attempt_of(failure[0])
-        if where is not None:
-            dispatch.step_result_from(where, error)
-            return "forwarded"
-    else:
-        task_id = failure[0] if failure and isinstance(failure[0], str) else None
-        error = dispatch.reported_failure(task_id) if task_id else None
-        if error is None:
-            error = {
-                "message": f"the Celery task failed on a worker without durable installed (task id "
-                f"{task_id}); its exception is in that worker's log and result backend",
-                "type": "TaskFailed",
-                "code": "task_failed",
-                "details": {"task_id": task_id},
-            }
-    return step_result(run_id, seq, attempt, error=error, token=token)
-
-
-def _retryable(step: Step, error: dict[str, Any]) -> bool:
-    """Whether the step's retry policy retries a failure reported as ``error``: not when the
-    worker marked it ``non_retryable``, nor when its type is listed in ``Retry(non_retryable=)``
-    (compared by name: the exception class lives in the worker's process)."""
-    if error.get("non_retryable") is True:
-        return False
-    kind = error.get("type")
-    for entry in step.retry.non_retryable:
-        names = (
-            {entry}
-            if isinstance(entry, str)
-            else {entry.__name__, f"{entry.__module__}.{entry.__qualname__}"}
-        )
-        if kind in names or (isinstance(entry, str) and entry.rpartition(".")[2] == kind):
-            return False
-    return True
-
-
-def _error_shape(error: Any) -> dict[str, Any]:
-    """The stored error shape from whatever a foreign worker sent as an error."""
-    if not isinstance(error, dict):
-        return {"message": str(error), "type": "Error", "code": None, "details": None}
-    shaped = {
-        "message": str(error.get("message") or error.get("type") or "the task failed"),
-        "type": str(error.get("type") or "Error"),
-        "code": error.get("code") if isinstance(error.get("code"), str) else None,
-        "details": error.get("details"),
-    }
-    if isinstance(error.get(TRACEBACK), str):
-        shaped[TRACEBACK] = error[TRACEBACK]  # filed with the attempt's history, not the error
-    if error.get("non_retryable") is True:
-        shaped["non_retryable"] = True
-    try:
-        return roundtrip(shaped, what="the error")
-    except InvalidInput:
-        return {**shaped, "details": None}
-
-
-def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
-    """A beat sent as a message by a worker that only speaks Celery, with the attempt's token.
-
-    False (nothing recorded) when the beat is not this attempt's to give, or when the step's run
-    was cancelled with ``interrupt=True``: either way, a caller that reads it should stop."""
-    settings = conf.get()
-    db = settings.DATABASE
-    try:
-        progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
-        if progress is not None:
-            check_size(progress, settings.MAX_PAYLOAD_BYTES, what="heartbeat progress")
-    except InvalidInput as exc:
-        log.warning("durable: heartbeat for %s#%s dropped: %s", run_id, seq, exc)
-        return False
-    row = _task_attempt(run_id, seq, attempt, token, db)
-    if row is None:
-        _keep_late_progress(run_id, seq, attempt, token, progress, db)
-        return False
-    if Run.objects.using(db).interrupted(run_id, seq):
-        return False
-    # The beat proves the attempt started and its worker alive: it is held until the beat's
-    # window ends, so it is neither sent again nor, once the beats stop, waited on forever.
-    now = clock.now()
-    beaten = Checkpoint.objects.using(db).beat_from_message(
-        run_id,
-        seq,
-        attempt,
-        token,
-        now,
-        now + _beat_window(row.name, settings),
-        progress,
-        progress is not None,
-    )
-    if not beaten:
-        # The result was recorded between the read above and this write (another process of
-        # the worker took it meanwhile).
-        _keep_late_progress(run_id, seq, attempt, token, progress, db)
-    return beaten
-
-
-def _keep_late_progress(
-    run_id: str, seq: int, attempt: int, token: str | None, progress: Any, db: str
-) -> None:
-    """A beat sent before the result but taken after it (two processes, or no order between
-    queues): the attempt's last progress is still kept, as for any step."""
-    if progress is not None and token:
-        Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress)
-
-
-def _beat_window(name: str, settings: conf.Settings) -> timedelta:
-    """How long one beat message keeps an attempt alive: STEP_REDISPATCH_AFTER, the time an
-    unstarted attempt is given, or the step's heartbeat_timeout with its grace when longer."""
-    step = registry.known_step(name)
-    window = settings.STEP_REDISPATCH_AFTER
-    if step is not None and step.heartbeat_timeout is not None:
-        grace = beat_grace(step.heartbeat_timeout, settings.HEARTBEAT_PERSIST_THROTTLE)
-        window = max(window, step.heartbeat_timeout + grace)
-    return window
 
 
 def record(

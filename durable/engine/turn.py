@@ -19,7 +19,7 @@ from .. import clock, conf, dispatch, errors, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import FIRST_CLAIM, Checkpoint, Run, Status
-from ..replay.context import replay
+from ..replay.core import replay
 from ..replay.history import Decision, Limits, Record
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided

@@ -180,7 +180,10 @@ def test_one_trace_from_start_through_the_dispatched_step_on_a_real_worker(
         # The turn after the step may run inside the step's span (replayed ahead): that turn's
         # span ends, and is exported, before the step's own.
         names = [s["name"] for s in spans]
-        done = "durable.step tests.e2e_observe.pack" in names and sum(n.startswith("durable.turn") for n in names) >= 2
+        done = (
+            "durable.step tests.e2e_observe.pack" in names
+            and sum(n.startswith("durable.turn") for n in names) >= 2
+        )
         return spans if done else None
 
     spans = wait_for(worker_spans, timeout=30, what="the worker's spans of the run")

@@ -6,7 +6,7 @@ import pytest
 from celery import shared_task
 
 import durable
-from durable.engine import steps
+from durable.engine import reported
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
@@ -63,10 +63,10 @@ def test_step_result_records_once_and_ignores_duplicates(durable_env):
     durable_env.run_next()
     durable_env.drop()
     token = Checkpoint.objects.get(run_id=run.id, seq=0).token
-    assert steps.step_result(run.id, 0, 1, output=666) == "stale"  # no token: not the link durable sent
-    assert steps.step_result(run.id, 0, 1, output=666, token="guessed") == "stale"
-    assert steps.step_result(run.id, 0, 1, output=2, token=token) == "completed"
-    assert steps.step_result(run.id, 0, 1, output=999, token=token) == "stale"
+    assert reported.step_result(run.id, 0, 1, output=666) == "stale"  # no token: not the link durable sent
+    assert reported.step_result(run.id, 0, 1, output=666, token="guessed") == "stale"
+    assert reported.step_result(run.id, 0, 1, output=2, token=token) == "completed"
+    assert reported.step_result(run.id, 0, 1, output=999, token=token) == "stale"
     assert Checkpoint.objects.get(run_id=run.id, seq=0).output == 2
 
 
@@ -75,7 +75,7 @@ def test_heartbeat_task_records_progress(durable_env):
     durable_env.run_next()
     durable_env.drop()
     token = Checkpoint.objects.get(run_id=run.id, seq=0).token
-    assert steps.heartbeat(run.id, 0, 1, {"done": 666}) is False  # no token
-    assert steps.heartbeat(run.id, 0, 1, {"done": 3}, token=token) is True
+    assert reported.heartbeat(run.id, 0, 1, {"done": 666}) is False  # no token
+    assert reported.heartbeat(run.id, 0, 1, {"done": 3}, token=token) is True
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert row.progress == {"done": 3} and row.last_heartbeat_at is not None

@@ -10,7 +10,8 @@ from typing import Any
 import durable
 from durable.definitions import Retry, Workflow
 from durable.errors import ApplicationError
-from durable.replay.context import RunFacts, TurnState, replay
+from durable.replay.context import RunFacts, TurnState
+from durable.replay.core import replay
 from durable.replay.history import COMPLETED, BufferedSignal, Decision, Limits, Record
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""Unit tests for durable.replay.context.replay(): steps, non-determinism and how the body ends."""
+"""Unit tests for durable.replay.core.replay(): steps, non-determinism and how the body ends."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import durable
 from durable.definitions import Workflow
 from durable.errors import ApplicationError, NonDeterminismError, StepFailed, _ControlFlow
 from durable.replay.attempt import beat_grace
-from durable.replay.context import TurnState, replay
+from durable.replay.context import TurnState
+from durable.replay.core import replay
 from durable.replay.history import COMPLETED, FAILED, PENDING, Record
 
 from .replaykit import LIMITS, RUN, T0, beating, calls, done, flaky, once, other, pair, remote, turn

@@ -233,7 +233,8 @@ def test_an_engine_stop_noticed_only_after_the_body_returned_is_still_raised() -
 
 def test_a_swallowed_control_flow_error_from_flush_sticks() -> None:
     from durable.definitions import Workflow
-    from durable.replay.context import TurnState, replay
+    from durable.replay.context import TurnState
+    from durable.replay.core import replay
 
     from .replaykit import LIMITS, RUN
 

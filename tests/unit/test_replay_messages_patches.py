@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import durable
-from durable.replay.context import TurnState, replay
+from durable.replay.context import TurnState
+from durable.replay.core import replay
 from durable.replay.history import COMPLETED, FAILED, Record
 from durable.replay.messages import started_run_id
 

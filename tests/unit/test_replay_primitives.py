@@ -1,4 +1,4 @@
-"""Unit tests for durable.replay.context.replay(): timers, signals, recorded values, patches, facts."""
+"""Unit tests for durable.replay.core.replay(): timers, signals, recorded values, patches, facts."""
 
 from __future__ import annotations
 
