@@ -15,6 +15,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch, errors
 from ..models import Checkpoint, Run, Status
+from ..models.base import commit_without_waiting
 from . import entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
 
 log = logging.getLogger("durable.engine")
@@ -22,9 +23,20 @@ log = logging.getLogger("durable.engine")
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
 MAX_BATCHES = 20
 
+#: Where this process's last timer pass stopped inside a backlog, per (database, namespace,
+#: status): the (due time, run id) of the last run it took. See ``sweep_timers``.
+_resume: dict[tuple[str, str | None, str], tuple[datetime, str]] = {}
+
 
 def sweep_timers() -> int:
-    """Send a turn to every run whose timer, retry backoff or safety-net wake is due."""
+    """Send a turn to every run whose timer, retry backoff or safety-net wake is due.
+
+    A pass cut short by ``MAX_BATCHES`` leaves the next pass of this process to go on from the
+    last run it took, as each batch does from the one before: a backlog is read once, not again
+    from its head (where the old index entries of every run taken so far wait for vacuum) at
+    each pass. A run that fell due behind that point meanwhile (a clock behind the others' set its
+    timer, say) is taken when a pass reaches the end of the backlog and goes over the head again.
+    """
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
     with transaction.atomic(using=settings.DATABASE):
@@ -33,19 +45,29 @@ def sweep_timers() -> int:
     batches = 0
     # One status at a time, so each batch continues its index range where the one before ended.
     for status in (Status.SUSPENDED, Status.PENDING):
-        after = None
+        key = (settings.DATABASE, settings.NAMESPACE, status)
+        after = _resume.pop(key, None)
+        resumed = after is not None
         while batches < MAX_BATCHES:
             batches += 1
             now = clock.now()
             with transaction.atomic(using=settings.DATABASE):
+                # A batch lost in a crash is due again, and taken again by the next pass.
+                commit_without_waiting(settings.DATABASE)
                 # The next safety-net wake; the turn sets the real one when it settles.
                 until = now + settings.RECONCILE_INTERVAL
                 due = runs.take_due(now, until, settings.TIMER_BATCH_SIZE, status=status, after=after)
                 dispatch.advance_many((run_id, queue) for run_id, queue, _ in due)
             woken += len(due)
-            if len(due) < settings.TIMER_BATCH_SIZE:
+            if len(due) == settings.TIMER_BATCH_SIZE:
+                after = max((was_due, run_id) for run_id, _, was_due in due)
+            elif resumed:  # the end of the backlog: once more from the head, for runs due behind
+                resumed, after = False, None
+            else:
                 break
-            after = max((was_due, run_id) for run_id, _, was_due in due)
+        else:
+            if after is not None:
+                _resume[key] = after
     return woken
 
 

@@ -32,6 +32,17 @@ def supports_skip_locked(alias: str) -> bool:
     return bool(connections[alias].features.has_select_for_update_skip_locked)
 
 
+def commit_without_waiting(db: str) -> None:
+    """Let the open transaction's commit return before the disk has it (PostgreSQL's
+    ``synchronous_commit`` off for this transaction alone). Only for writes a crash may lose
+    because whoever made them makes them again: a heartbeat, a sweep's batch. Any later commit
+    that waits for the disk (a turn's, say) makes this one durable as well."""
+    connection = connections[db]
+    if connection.vendor == "postgresql" and connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
 @functools.cache
 def column_length(model: str, field: str) -> int:
     """The ``max_length`` of a durable model's column: what a string stored there may hold."""

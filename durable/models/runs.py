@@ -440,7 +440,9 @@ def _batch(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
     each row and re-checks the query's condition on the row's latest version; SQLite has a single
     writer), and a condition repeated there would let PostgreSQL read the rows through the
     condition's index, every row that meets it, instead of the batch's few by primary key."""
-    with transaction.atomic(using=qs.db):  # one statement; Django wants FOR UPDATE inside one
+    # Compiled, not run: Django wants FOR UPDATE inside a transaction, and no savepoint (two
+    # round trips) inside the caller's.
+    with transaction.atomic(using=qs.db, savepoint=False):
         sql, params = qs.query.get_compiler(qs.db).as_sql()
     return f"WITH batch AS MATERIALIZED ({sql})", list(params)
 

@@ -263,6 +263,47 @@ def test_a_pass_over_a_backlog_wakes_each_run_once_batch_after_batch(durable_env
     assert sweeps.sweep_timers() == 0
 
 
+@override_settings(DURABLE={"TIMER_BATCH_SIZE": 2})
+def test_a_backlog_longer_than_a_pass_is_read_once_and_a_run_due_behind_is_not_left(durable_env, monkeypatch):
+    monkeypatch.setattr(sweeps, "MAX_BATCHES", 2)
+    monkeypatch.setattr(sweeps, "_resume", {})
+    now = clock.now()
+    _due_runs(9, now, wake_at=now - timedelta(seconds=100), id="backlog")  # due at once: id order
+
+    def a_pass():
+        with CaptureQueriesContext(connection) as captured:
+            woken = sweeps.sweep_timers()
+        resumed = ["(wake_at, id) >" in q["sql"] for q in captured.captured_queries if "ORDER BY" in q["sql"]]
+        return woken, resumed
+
+    # Each pass after the first goes on from where the one before stopped, not from the head.
+    assert a_pass() == (4, [False, True])
+    assert a_pass() == (4, [True, True])
+    # A run that fell due behind that point (as if timed by a clock running late) ...
+    _due_runs(1, now, wake_at=now - timedelta(seconds=100), id="backlog-0-behind")
+    # ... is taken when a pass reaches the end of the backlog and goes over the head again.
+    assert a_pass() == (2, [True, False])
+    assert sweeps.sweep_timers() == 0
+    woken = [run_id for message in durable_env.pending() for run_id in dispatch.woken(message)]
+    assert sorted(woken) == sorted([f"backlog-{i}" for i in range(9)] + ["backlog-0-behind-0"])
+    assert sweeps._resume == {}
+
+
+def test_a_timer_batch_commits_without_waiting_for_the_disk_on_postgres(
+    postgres, transactional_db, durable_env
+):
+    # Its writes are hints: a batch a crash loses is due again, and the next pass takes it again.
+    _due_runs(2, clock.now())
+    with CaptureQueriesContext(connection) as captured:
+        assert sweeps.sweep_timers() == 2
+    statements = [q["sql"] for q in captured.captured_queries]
+    at = statements.index("SET LOCAL synchronous_commit TO OFF")
+    assert statements[at - 1] == "BEGIN" and "ORDER BY" in statements[at + 1]  # the batch's own
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone() == ("on",)  # for that transaction alone
+
+
 def test_concurrent_timer_sweeps_split_the_batch_on_postgres(postgres, transactional_db):
     now = clock.now()
     _due_runs(10, now)
