@@ -111,12 +111,12 @@ def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
 # they query through the connection this one checks.
 @signals.task_prerun.connect
 @signals.task_postrun.connect
-def _close_old_connection(task: Any = None, **_: Any) -> None:
+def _close_old_connection(task: Any = None, signal: Any = None, **_: Any) -> None:
     """Before and after each durable task, drop its connection if broken or past ``CONN_MAX_AGE``."""
     from . import connections
 
     if connections.concerns_durable(task):
-        connections.close_if_unusable_or_obsolete(task)
+        connections.close_if_unusable_or_obsolete(task, starting=signal is signals.task_prerun)
 
 
 @signals.task_prerun.connect

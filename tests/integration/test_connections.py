@@ -36,7 +36,7 @@ def terminate_from_elsewhere() -> None:
         (pid,) = cursor.fetchone()
     other = connection.get_new_connection(connection.get_connection_params())
     try:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        other.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # returns once it is gone
     finally:
         other.close()
 
@@ -44,6 +44,24 @@ def terminate_from_elsewhere() -> None:
 def test_a_durable_task_reconnects_when_the_database_dropped_the_connection_it_kept(postgres):
     terminate_from_elsewhere()  # as a PostgreSQL restart does to an idle worker's connection
     assert run_in_worker("durable.sweep_timers") == 0  # not an OperationalError
+
+
+def test_a_kept_connection_is_pinged_at_a_task_start_only_when_the_database_may_have_dropped_it(
+    postgres, monkeypatch
+):
+    assert connection.settings_dict["CONN_HEALTH_CHECKS"]
+    pings = []
+    usable = connection.is_usable
+    monkeypatch.setattr(connection, "is_usable", lambda: pings.append(1) or usable())
+    run_in_worker("durable.sweep_timers")  # opens the connection the next tasks keep
+    pings.clear()
+    kept = connection.connection
+    assert run_in_worker("durable.sweep_timers") == 0
+    assert (pings, connection.connection) == ([], kept)  # nothing to read on it: no round trip
+    terminate_from_elsewhere()  # the server's goodbye now waits on the socket
+    pings.clear()
+    assert run_in_worker("durable.sweep_timers") == 0
+    assert pings == [1] and connection.connection is not kept  # pinged, found dropped, replaced
 
 
 def test_a_connection_error_inside_a_task_run_as_a_step_leaves_the_connection_closed(postgres):
