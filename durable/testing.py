@@ -211,6 +211,9 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
 
     if not any(name in request.fixturenames for name in ("db", "transactional_db", "django_db_setup")):
         request.getfixturevalue("db")
+    from .engine import sweeps
+
+    sweeps.reset_passes()
     freezer = freezegun.freeze_time(timezone.now(), tick=False)
     frozen = freezer.start()
     env = DurableEnv(frozen)

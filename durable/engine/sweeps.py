@@ -71,6 +71,12 @@ def sweep_timers() -> int:
     return woken
 
 
+def reset_passes() -> None:
+    """Start this process's next timer pass from the head of the due range (a test's fresh
+    environment: a pass of the test before left no place to go on from)."""
+    _resume.clear()
+
+
 def sweep_orphans() -> int:
     """Re-drive runs whose turn died holding its lease (past the budget they go ``dead``), and
     runs with a step attempt whose process stopped holding it (the turn counts it as lost);

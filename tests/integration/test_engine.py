@@ -266,7 +266,6 @@ def test_a_pass_over_a_backlog_wakes_each_run_once_batch_after_batch(durable_env
 @override_settings(DURABLE={"TIMER_BATCH_SIZE": 2})
 def test_a_backlog_longer_than_a_pass_is_read_once_and_a_run_due_behind_is_not_left(durable_env, monkeypatch):
     monkeypatch.setattr(sweeps, "MAX_BATCHES", 2)
-    monkeypatch.setattr(sweeps, "_resume", {})
     now = clock.now()
     _due_runs(9, now, wake_at=now - timedelta(seconds=100), id="backlog")  # due at once: id order
 
