@@ -49,8 +49,8 @@ def _quiet(connection: Any) -> bool:
     killed backend) sends its reason and closes the socket, so the socket of an idle connection
     has something to read. One with nothing to read is as good as the ``SELECT 1`` of
     ``CONN_HEALTH_CHECKS`` would find it, and that ping cost every task a round trip. Anything to
-    read (a notification, say) and the ping runs as before.
-    A peer that vanished without closing answers neither.
+    read (a notification, say) and the ping runs as before. A peer that vanished without closing
+    the socket answers neither: the first query then fails, as the ping would have.
     """
     raw = connection.connection
     if connection.vendor != "postgresql" or raw is None or raw.closed or raw.broken:
