@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -30,8 +30,6 @@ from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
 from ..statuses import Decided
 from . import attempts, events, handover, histories, lifecycle, observe, remote_turns, turn, writes
-
-T = TypeVar("T")
 
 
 def wanted(settings: conf.Settings) -> bool:
@@ -111,17 +109,8 @@ def _replayed(
     done.status, done.output, done.error, done.wake_at, done.finished_at = COMPLETED, output, None, None, now
     done.stored_as = (COMPLETED, done.attempt)
     lost: list[BaseException] = []
-
-    def guarded(query: Callable[..., T]) -> Callable[..., T]:
-        # As in a turn: a failed query is never the body's to catch.
-        def call(*args: Any) -> T:
-            try:
-                return query(*args)
-            except (OperationalError, InterfaceError) as exc:
-                lost.append(exc)
-                raise NotAhead("the database failed a query of the body") from exc
-
-        return call
+    # As in a turn: a failed query is never the body's to catch.
+    guarded = turn.guarding(lost, lambda _: NotAhead("the database failed a query of the body"))
 
     state = TurnState(
         records=positions,

@@ -234,19 +234,8 @@ def _turn(
         )
         Run.objects.using(db).release(run.id, owner, clock.now(), clock.now() + settings.RECONCILE_INTERVAL)
         return None
-    lost: list[_DatabaseLost] = []
-
-    def guarded(query: Callable[..., T]) -> Callable[..., T]:
-        # What the body's primitives ask of the database: a failure there is the turn's, not
-        # the body's, even if the body catches everything (``lost`` remembers it).
-        def call(*args: Any) -> T:
-            try:
-                return query(*args)
-            except (OperationalError, InterfaceError) as exc:
-                lost.append(_DatabaseLost(exc))
-                raise lost[-1] from exc
-
-        return call
+    lost: list[BaseException] = []
+    guarded = guarding(lost, _DatabaseLost)
 
     state = TurnState(
         # A first claim: nothing stored yet. A claim that read the positions: those.
@@ -381,6 +370,26 @@ def _replay(
         # Lease gone or time limit passed: in memory, so every primitive may ask.
         stopped=lambda: leases.stopping(run.id),
     )
+
+
+def guarding(
+    lost: list[BaseException], stop: Callable[[BaseException], BaseException]
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """A wrapper for what the body's primitives ask of the database: a failure there is the
+    turn's, not the body's. It raises ``stop(error)`` into the body and remembers it in ``lost``,
+    so the turn sees it even when the body catches everything."""
+
+    def guarded(query: Callable[..., T]) -> Callable[..., T]:
+        def call(*args: Any) -> T:
+            try:
+                return query(*args)
+            except (OperationalError, InterfaceError) as exc:
+                lost.append(stop(exc))
+                raise lost[-1] from exc
+
+        return call
+
+    return guarded
 
 
 def facts(run: Run, body_input: Any) -> RunFacts:
