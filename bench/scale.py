@@ -70,13 +70,29 @@ def _ensure_db(name: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def _run_id(at: str, salt: str) -> str:
+    """SQL for the id ``durable.start()`` gives a run started at ``at`` (``durable/ids.py``: a
+    version 7 UUID in hex, its random bits here drawn from ``salt``): the fill's rows lie in
+    the table and its indexes as the product's own would."""
+    ms = f"floor(extract(epoch FROM {at}) * 1000)"
+    fraction = f"floor((extract(epoch FROM {at}) * 1000 - {ms}) * 4096)"
+    return (
+        f"lpad(to_hex({ms}::bigint), 12, '0') || '7' || lpad(to_hex({fraction}::int), 3, '0') "
+        f"|| '8' || substr(md5({salt}), 1, 15)"
+    )
+
+
+#: What the fill's run ids look like; a database filled with other ids is filled again.
+RUN_IDS = "uuid7"
+
+
 def filled(db: str) -> dict | None:
     """What an earlier fill recorded, if the database holds one."""
     with _connect(db) as conn:
         if not conn.execute("SELECT to_regclass('bench_scale_fill')").fetchone()[0]:
             return None
         row = conn.execute("SELECT info FROM bench_scale_fill").fetchone()
-        return row[0] if row else None
+        return row[0] if row and row[0].get("run_ids") == RUN_IDS else None
 
 
 def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> dict:
@@ -89,38 +105,43 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
         conn.execute("TRUNCATE durable_signal, durable_checkpoint, durable_run RESTART IDENTITY CASCADE")
         conn.execute("DROP TABLE IF EXISTS bench_scale_fill")
         saved = _drop_checkpoint_indexes(conn)
+        # Times count from one instant: each statement is a transaction of its own, with a now()
+        # of its own, and a run's id (made of its start) must be the same in its checkpoints'.
+        started = conn.execute("SELECT now()").fetchone()[0].isoformat()
+        finished_id = _run_id("t", "i::text")
+        waiting_id = _run_id(f"('{started}'::timestamptz + i * interval '0.1 ms')", "'w' || i")
         try:
             for first in range(1, runs + 1, chunk):
                 last = min(first + chunk - 1, runs)
                 # Finished over the last ~6 days, 2% failed; ten completed steps each.
                 conn.execute(
-                    f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'f' || md5(i::text), 'bench.filled', '1', "
+                    f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT {finished_id}, 'bench.filled', '1', "
                     "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'completed' END, 'durable', "
                     "jsonb_build_object('order', i, 'items', jsonb_build_array('a', 'b')), "
                     "jsonb_build_object('total', i * 3), '', '[]', '{}', '{}', t, t, t, t + interval '2 s', "
                     "NULL, 0, 11, true FROM generate_series(%s::int, %s::int) i, "
-                    f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                    f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
                     (first, last),
                 )
                 conn.execute(
-                    f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT 'f' || md5(i::text), s, 'step', "
+                    f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT {finished_id}, s, 'step', "
                     "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
                     "jsonb_build_object('value', i + s), t, t, false, 0 FROM generate_series(%s::int, %s::int) i, "
                     f"generate_series(0, {steps - 1}) s, "
-                    f"LATERAL (SELECT now() - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                    f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
                     (first, last),
                 )
                 log(f"filled {last:,} of {runs:,} finished runs")
             # Waiting on a timer a month away: two steps done, the sleep pending.
             conn.execute(
-                f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT 'w' || md5(i::text), 'bench.parked', '1', "
+                f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT {waiting_id}, 'bench.parked', '1', "
                 "'suspended', 'durable', jsonb_build_object('order', i), NULL, '', '[]', '{}', '{}', now(), now(), "
                 "now(), NULL, now() + interval '30 days' + i * interval '1 ms', 0, 3, true "
                 "FROM generate_series(1, %s::int) i",
                 (waiting,),
             )
             conn.execute(
-                f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}, wake_at) SELECT 'w' || md5(i::text), s, "
+                f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}, wake_at) SELECT {waiting_id}, s, "
                 "CASE WHEN s < 2 THEN 'step' ELSE 'sleep' END, CASE WHEN s < 2 THEN 'bench.step' ELSE 'sleep' END, "
                 "CASE WHEN s < 2 THEN 'completed' ELSE 'pending' END, 1, '', "
                 "jsonb_build_object('args', jsonb_build_array(i, s)), CASE WHEN s < 2 THEN '{\"value\": 1}'::jsonb END, "
@@ -140,6 +161,7 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
         checkpoints = conn.execute("SELECT count(*) FROM durable_checkpoint").fetchone()[0]
         info = {
             "finished_runs": runs,
+            "run_ids": RUN_IDS,
             "waiting_runs": waiting,
             "checkpoints": checkpoints,
             "size_gib": round(size / 2**30, 2),
@@ -292,7 +314,7 @@ def _insert_swept(kind: str, count: int) -> None:
         "INSERT INTO durable_run (id, workflow, version, queue, namespace, tags, search_attributes, exposed, "
         "created_at, updated_at, started_at, recovery_attempts, wakes, admitted, "
         "status, locked_by, locked_until, wake_at, finished_at) "
-        f"SELECT 'b{kind[0]}' || md5(random()::text || i), 'bench.parked', '1', '{QUEUE}', '', '[]', '{{}}', "
+        f"SELECT {_run_id('clock_timestamp()', 'random()::text')}, 'bench.parked', '1', '{QUEUE}', '', '[]', '{{}}', "
         f"'{{}}', now() - interval '61 days', now(), now() - interval '61 days', 0, 1, true, {fields} "
         "FROM generate_series(1, %s) i",
         (count,),

@@ -85,7 +85,11 @@ def start(
     search_attributes: dict[str, Any] | None = None,
 ) -> RunHandle:
     """Create a run (or return the existing one with this ``run_id``); its first turn is sent on
-    commit. ``search_attributes`` are its first ones, checked by ``search_attributes_schema``."""
+    commit. ``search_attributes`` are its first ones, checked by ``search_attributes_schema``.
+
+    Without ``run_id`` the run gets a time-ordered id (a version 7 UUID in 32 hex digits): a run
+    started later sorts later, which keeps the rows of runs started together together. The id
+    shows when the run started; pass your own ``run_id`` for one that shows nothing."""
     from .engine import runs
 
     if run_id is not None:

@@ -100,8 +100,10 @@ class NamespaceFilter(_ChoicesFilter):
 
 
 def search(queryset: QuerySet[Run], term: str) -> QuerySet[Run]:
-    """Runs whose id starts with ``term``, of workflow ``term``, tagged ``term``, or, for
-    ``key=value``, whose search attribute ``key`` is ``value`` (a number or true/false as such)."""
+    """Runs whose id starts or ends with ``term`` (a time-ordered id's first digits are its
+    millisecond, shared by the runs started with it; its last ones are its own), of workflow
+    ``term``, tagged ``term``, or, for ``key=value``, whose search attribute ``key`` is ``value``
+    (a number or true/false as such)."""
     term = term.strip()
     if not term:
         return queryset
@@ -114,7 +116,7 @@ def search(queryset: QuerySet[Run], term: str) -> QuerySet[Run]:
         for value in {raw, *_typed(raw)}:
             attribute |= Q(searched=value)
         return queryset.filter(attribute)
-    found = Q(id__startswith=term) | Q(workflow__icontains=term)
+    found = Q(id__startswith=term) | Q(id__endswith=term) | Q(workflow__icontains=term)
     if _tags_contain_supported(queryset):
         found |= Q(tags__contains=[term])
     else:

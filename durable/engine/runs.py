@@ -8,13 +8,12 @@ turn of a run it makes ready is sent on commit.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import clock, conf, dispatch, guards, routing, tracing
+from .. import clock, conf, dispatch, guards, ids, routing, tracing
 from ..definitions import Workflow, registry
 from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound
@@ -166,7 +165,7 @@ def create(
     # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
     wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)
     run = _runs().create(
-        id=run_id or uuid.uuid4().hex,
+        id=run_id or ids.run_id(),
         workflow=definition.name,
         version=definition.version,
         queue=queue,

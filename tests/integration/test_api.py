@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -65,6 +66,16 @@ def test_start_returns_a_handle_and_the_run_completes(durable_env):
     run = durable.get_run(handle.id)
     assert (run.workflow, run.version, run.tags, run.input) == ("tests.api_echo", "1", ["x"], {"a": 1})
     assert run.started_at and run.finished_at and run.created_at <= run.finished_at
+
+
+def test_runs_started_one_after_another_get_ids_in_that_order(durable_env):
+    made = []
+    for i in range(20):
+        made.append(durable.start(echo_flow, i).id)
+        durable_env.advance_time("1ms")  # the frozen clock moves as a real one would
+    assert made == sorted(made)
+    assert {uuid.UUID(hex=run_id).version for run_id in made} == {7}
+    assert list(Run.objects.order_by("id").values_list("id", flat=True)) == made
 
 
 def test_start_is_idempotent_by_run_id(durable_env):
