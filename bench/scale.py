@@ -7,7 +7,8 @@
 The filled database (``durable_scale`` by default) holds 1,000,000 finished runs with ten
 completed steps each, and 100,000 runs waiting on a timer a month away with three positions
 each: about 10,300,000 checkpoints, written by ``generate_series`` (not through the API) and
-kept between runs. The empty one (``durable_scale_empty``) is migrated and emptied. Each is
+kept between runs. Its run ids take the form ``durable.start()`` gives them (time-ordered: see
+``durable/ids.py``); a database filled with ids of another form is filled again. The empty one (``durable_scale_empty``) is migrated and emptied. Each is
 measured in a subprocess of its own, one after the other, in the same run:
 
 - ``start``: ``durable.start()`` of ``bench.local10``, its message published to Redis.
