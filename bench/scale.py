@@ -8,8 +8,9 @@ The filled database (``durable_scale`` by default) holds 1,000,000 finished runs
 completed steps each, and 100,000 runs waiting on a timer a month away with three positions
 each: about 10,300,000 checkpoints, written by ``generate_series`` (not through the API) and
 kept between runs. Its run ids take the form ``durable.start()`` gives them (time-ordered: see
-``durable/ids.py``); a database filled with ids of another form is filled again. The empty one (``durable_scale_empty``) is migrated and emptied. Each is
-measured in a subprocess of its own, one after the other, in the same run:
+``durable/ids.py``); a database filled with ids of another form is filled again. The empty one
+(``durable_scale_empty``) is migrated and emptied. Each is measured in a subprocess of its own,
+one after the other, in the same run:
 
 - ``start``: ``durable.start()`` of ``bench.local10``, its message published to Redis.
 - ``turn``: ``durable.engine.turn.advance()`` of a started ``bench.local10`` (ten local steps).
@@ -110,6 +111,11 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
         # of its own, and a run's id (made of its start) must be the same in its checkpoints'.
         started = conn.execute("SELECT now()").fetchone()[0].isoformat()
         finished_id = _run_id("t", "i::text")
+        # Finished half a second apart, the last an hour before the fill.
+        finished_at = (
+            f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '0.5 s') "
+            "- interval '1 h' AS t) at"
+        )
         waiting_id = _run_id(f"('{started}'::timestamptz + i * interval '0.1 ms')", "'w' || i")
         try:
             for first in range(1, runs + 1, chunk):
@@ -120,16 +126,14 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
                     "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'completed' END, 'durable', "
                     "jsonb_build_object('order', i, 'items', jsonb_build_array('a', 'b')), "
                     "jsonb_build_object('total', i * 3), '', '[]', '{}', '{}', t, t, t, t + interval '2 s', "
-                    "NULL, 0, 11, true FROM generate_series(%s::int, %s::int) i, "
-                    f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                    "NULL, 0, 11, true FROM generate_series(%s::int, %s::int) i, " + finished_at,
                     (first, last),
                 )
                 conn.execute(
                     f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT {finished_id}, s, 'step', "
                     "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
                     "jsonb_build_object('value', i + s), t, t, false, 0 FROM generate_series(%s::int, %s::int) i, "
-                    f"generate_series(0, {steps - 1}) s, "
-                    f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '0.5 s') - interval '1 h' AS t) at",
+                    f"generate_series(0, {steps - 1}) s, " + finished_at,
                     (first, last),
                 )
                 log(f"filled {last:,} of {runs:,} finished runs")
