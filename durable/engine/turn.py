@@ -324,6 +324,14 @@ def finish(
         written = state.unsaved()
         _settle(run, owner, outcome, settings, state, inserting=new)
         writes.send(run.id, state, settings, written, namespace=run.namespace)
+    elif _settles_on_its_own(run, outcome) and (
+        held := writes.lone_held_result(run.id, owner, state, settings.DATABASE)
+    ):
+        # The result of the step run in place and the settle: one statement on PostgreSQL. A
+        # refused settle leaves the result written, as ``keep_held_results`` would.
+        written = state.unsaved()
+        _settle(run, owner, outcome, settings, state, rewriting=held)
+        writes.send(run.id, state, settings, written, namespace=run.namespace)
     else:
         try:
             with transaction.atomic(using=settings.DATABASE):
@@ -410,6 +418,11 @@ def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
         or state.exposed_changed
     ):
         return False
+    return _settles_on_its_own(run, outcome)
+
+
+def _settles_on_its_own(run: Run, outcome: Decision) -> bool:
+    """Whether the settle needs no other write of the turn in its transaction."""
     finishing_alone = not run.parent_id and not run.singleton_key  # else it tells its parent or line
     return outcome.status == Decided.SUSPENDED or (outcome.status == Decided.COMPLETED and finishing_alone)
 
@@ -421,6 +434,7 @@ def _settle(
     settings: conf.Settings,
     state: TurnState | None = None,
     inserting: Checkpoint | None = None,
+    rewriting: tuple[str, list[Any]] | None = None,
 ) -> None:
     fields = _run_fields(outcome)
     if state is not None and state.search_attributes is not None:
@@ -428,7 +442,9 @@ def _settle(
     if state is not None and state.exposed_changed:
         fields["exposed"] = state.exposed
     runs = Run.objects.using(settings.DATABASE)
-    if not runs.settle(run.id, owner, run.wakes, clock.now(), inserting=inserting, **fields):
+    if not runs.settle(
+        run.id, owner, run.wakes, clock.now(), inserting=inserting, rewriting=rewriting, **fields
+    ):
         raise _Stale()
     if outcome.status in (Decided.COMPLETED, Decided.FAILED, Decided.CANCELLED):
         lifecycle.finished(

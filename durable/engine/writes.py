@@ -3,6 +3,8 @@ attempts, replies, signals taken, messages), fenced by its lease or by its final
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 
 from .. import clock, conf, dispatch, routing
@@ -28,17 +30,20 @@ def keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> Non
     """A wake refused the settle, and the turn replays from what is stored: the results of
     attempts run in place that waited for the settle are facts whatever the replay decides, so
     they are written alone, under the lease (else the replay would count them lost)."""
-    held = [
-        rec
-        for rec in state.unsaved()
-        if rec.kind == "step" and rec.status == COMPLETED and rec.stored_as and rec.stored_as[0] == PENDING
-    ]
+    held = [rec for rec in state.unsaved() if _held(rec)]
     if not held:
         return
     with transaction.atomic(using=db):
         for rec in held:
             fields = {f: getattr(rec, f) for f in _WRITTEN}
             Checkpoint.objects.using(db).rewrite(run_id, rec.seq, rec.stored_as, owner=owner, **fields)
+
+
+def _held(rec: Record) -> bool:
+    """A result of an attempt run in place, held back for the turn's next write."""
+    return (
+        rec.kind == "step" and rec.status == COMPLETED and bool(rec.stored_as) and rec.stored_as[0] == PENDING
+    )
 
 
 def replies(state: TurnState) -> list[Record]:
@@ -147,13 +152,31 @@ def send(
 def lone_insert(run_id: str, state: TurnState) -> Checkpoint | None:
     """The new position, when one new position is all the turn has to write before its settle
     (the settle then writes it too: ``RunQuerySet.settle(inserting=)``); else None."""
+    rec = _lone(state)
+    if rec is None or rec.stored_as is not None or rec.kind == "reply":
+        return None
+    return _row(run_id, rec)
+
+
+def lone_held_result(run_id: str, owner: str, state: TurnState, db: str) -> tuple[str, list[Any]] | None:
+    """The write of a result run in place and held back, when it is all the turn has to write
+    before its settle (the settle then writes it too: ``RunQuerySet.settle(rewriting=)``); else
+    None. Under the lease, as ``keep_held_results`` writes it: a result is a fact whether or not
+    the settle goes through."""
+    rec = _lone(state)
+    if rec is None or not _held(rec):
+        return None
+    fields = {f: getattr(rec, f) for f in _WRITTEN}
+    return Checkpoint.objects.using(db).rewriting(run_id, rec.seq, rec.stored_as, owner, fields)
+
+
+def _lone(state: TurnState) -> Record | None:
+    """The turn's one unsaved position, when nothing else is left to write but the settle."""
     unsaved = state.unsaved()
     if len(unsaved) != 1 or state.consumed or state.children or state.outgoing or state.freed:
         return None
     (rec,) = unsaved
-    if rec.stored_as is not None or rec.failures or rec.kind == "reply" or entities.new_ops(unsaved):
-        return None
-    return _row(run_id, rec)
+    return None if rec.failures or entities.new_ops(unsaved) else rec
 
 
 def _row(run_id: str, rec: Record) -> Checkpoint:

@@ -376,13 +376,24 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
     ) -> bool:
         """Write a turn's new view of a position, if it is still in the state the turn read
         (and, given ``owner``, only while that turn still holds the run's lease)."""
+        if owner is None:
+            status, attempt = expected
+            where = {"run": run_id, "seq": seq, "status": status, "attempt": attempt}
+            return update_where(Checkpoint, self.db, fields, where) == 1
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(*self.rewriting(run_id, seq, expected, owner, fields))
+            return cursor.rowcount == 1
+
+    def rewriting(
+        self, run_id: str, seq: int, expected: tuple[str, int], owner: str, fields: dict[str, Any]
+    ) -> tuple[str, list[Any]]:
+        """``rewrite``'s statement under ``owner``'s lease, and its parameters."""
         status, attempt = expected
         where = {"run": run_id, "seq": seq, "status": status, "attempt": attempt}
-        if owner is None:
-            return update_where(Checkpoint, self.db, fields, where) == 1
         runs = connections[self.db].ops.quote_name(Run._meta.db_table)
         fence = f" AND EXISTS (SELECT 1 FROM {runs} WHERE id = %s AND locked_by = %s)"
-        return update_where(Checkpoint, self.db, fields, where, fence, (run_id, owner)) == 1
+        sql, params = updating(Checkpoint, self.db, fields, where, fence)
+        return sql, [*params, run_id, owner]
 
     def history(self, run_id: str, fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
         """``fields`` of ``run_id``'s positions in order, by one plain statement (a turn's read)."""

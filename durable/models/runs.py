@@ -101,17 +101,24 @@ class RunQuerySet(models.QuerySet["Run"]):
         wakes: int,
         now: datetime,
         inserting: models.Model | None = None,
+        rewriting: tuple[str, list[Any]] | None = None,
         **fields: Any,
     ) -> bool:
         """End a turn: write its outcome and release the lease; with ``inserting``, insert that
         row too, only if the settle is not refused: in the same statement on PostgreSQL (a
         data-modifying WITH), in one transaction elsewhere.
 
+        ``rewriting``: an UPDATE (statement, parameters) of one row written first, the settle
+        only if it changed that row; it stands even when the settle is refused (a result run in
+        place, written under the lease). One statement on PostgreSQL, one transaction elsewhere.
+
         Refused (False) when the lease was lost or a wake arrived since the turn read the run.
         """
         fields.setdefault("recovery_attempts", 0)
         fields.update(locked_by=None, locked_until=None, updated_at=now)
         where = {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
+        if rewriting is not None:
+            return self._settle_rewriting(rewriting, fields, where)
         if inserting is None:
             return update_where(Run, self.db, fields, where) == 1
         if connections[self.db].vendor != "postgresql":
@@ -124,6 +131,22 @@ class RunQuerySet(models.QuerySet["Run"]):
         adding, adding_params = insertion(type(inserting), self.db, [inserting], source="FROM settled")
         with connections[self.db].cursor() as cursor:
             cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {adding}", [*params, *adding_params])
+            return cursor.rowcount == 1
+
+    def _settle_rewriting(
+        self, rewriting: tuple[str, list[Any]], fields: dict[str, Any], where: dict[str, Any]
+    ) -> bool:
+        rewrite, rewrite_params = rewriting
+        if connections[self.db].vendor != "postgresql":
+            with transaction.atomic(using=self.db):
+                with connections[self.db].cursor() as cursor:
+                    cursor.execute(rewrite, rewrite_params)
+                    if cursor.rowcount != 1:
+                        return False
+                return update_where(Run, self.db, fields, where) == 1
+        settle, params = updating(Run, self.db, fields, where, " AND EXISTS (SELECT 1 FROM rewritten)")
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(f"WITH rewritten AS ({rewrite} RETURNING 1) {settle}", [*rewrite_params, *params])
             return cursor.rowcount == 1
 
     def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:

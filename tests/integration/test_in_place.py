@@ -65,6 +65,13 @@ def loses_lease(run_id):
     return "late"
 
 
+@durable.step(name="tests.in_place.wakes_its_run")
+def wakes_its_run(run_id):
+    RAN.append("ran")
+    durable.signal(run_id, "poke")  # a wake lands while the turn holds the run: its settle is refused
+    return "done"
+
+
 @durable.step(name="tests.in_place.cancels")
 def cancels(run_id):
     durable.cancel(run_id)
@@ -101,6 +108,11 @@ def crashing(ctx, _):
 @durable.workflow(name="tests.in_place.zombie")
 def zombie(ctx, _):
     return ctx.step(loses_lease, ctx.run_id)
+
+
+@durable.workflow(name="tests.in_place.woken")
+def woken(ctx, _):
+    return ctx.step(wakes_its_run, ctx.run_id)
 
 
 @durable.workflow(name="tests.in_place.cancelled")
@@ -206,6 +218,15 @@ def test_a_step_run_in_place_by_a_turn_that_lost_its_lease_records_nothing(env):
     # was written before it ran, for the next holder of the lease to count as lost.
     (row,) = _rows(run.id).values()
     assert (row.status, row.output, row.attempt) == ("pending", None, 1)
+
+
+def test_a_result_whose_settle_a_wake_refused_stands_and_the_step_does_not_run_again(env):
+    run = durable.start(woken)
+    env.run_until_idle()
+    assert durable.result(run.id) == "done"
+    assert RAN == ["ran"]
+    (row,) = _rows(run.id).values()
+    assert (row.status, row.attempt, row.output) == ("completed", 1, "done")
 
 
 def test_a_cancel_during_an_in_place_step_wins(env):
