@@ -4,9 +4,11 @@ The worker that ran a step would record the result, wake and claim the run, repl
 settle it with the next step's position: two statements, two commits. When the run waited for
 this step alone, the take read the run (see ``models.ahead``); the body is then replayed ahead of
 any write, and if the turn only starts the next step, the result, the settle and the new position
-are one statement, fenced by the version of the run's row the take read. Anything else (a
+are one statement, fenced by the version of the run's row the take read; if it only completes a
+run that tells no parent and no singleton line, the result and the settle are. Anything else (a
 wake, a claim or a turn in between, a turn that would run a local step, write anything more, or
-end the run) leaves it to the usual path, which records the result as if this were never tried.
+end the run otherwise) leaves it to the usual path, which records the result as if this were
+never tried.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..replay.history import COMPLETED, Decision
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
 from ..statuses import Decided
-from . import attempts, events, handover, histories, lifecycle, observe, remote_turns, turn, writes
+from . import attempts, events, flow, handover, histories, lifecycle, observe, remote_turns, turn, writes
 
 
 def wanted(settings: conf.Settings) -> bool:
@@ -88,7 +90,7 @@ def record(
             _write(row, read, output, now, settings, began, recorded_as, *replayed) if replayed else None
         )
         if span is not None:
-            span.set_attribute("durable.outcome", Decided.SUSPENDED if written == COMPLETED else "not ahead")
+            span.set_attribute("durable.outcome", replayed[0].status if written == COMPLETED else "not ahead")
     return written
 
 
@@ -136,9 +138,10 @@ def _replayed(
         )
     except NotAhead:
         return None
+    ends = outcome.status == Decided.COMPLETED and turn.settles_alone(run, state, outcome)
     if (
         lost
-        or outcome.status != Decided.SUSPENDED
+        or not (outcome.status == Decided.SUSPENDED or ends)
         or state.exposed_changed
         or state.search_attributes is not None
     ):
@@ -158,9 +161,14 @@ def _write(
     state: TurnState,
 ) -> str | None:
     run = read.run
-    new = writes.lone_insert(run.id, state)
-    if new is None:
+    ends = outcome.status == Decided.COMPLETED
+    new = None if ends else writes.lone_insert(run.id, state)
+    if new is None and not ends:
         return None
+    if ends:
+        settled = {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}
+    else:
+        settled = {"status": Status.SUSPENDED, "wake_at": outcome.wake_at}
     written = state.unsaved()
     try:
         recorded, settled = rows.complete_and_settle(
@@ -171,7 +179,7 @@ def _write(
             output,
             now,
             read.version,
-            {"status": Status.SUSPENDED, "wake_at": outcome.wake_at},
+            settled,
             new,
         )
     except (OperationalError, InterfaceError):
@@ -192,9 +200,13 @@ def _write(
         return COMPLETED
     for line in state.logs or ():
         logging.getLogger(line.name).handle(line)
-    observe.run_suspended(run, outcome.wake_at)
+    if ends:
+        ended = run.ended_as(Status.COMPLETED, output=outcome.output, finished_at=now, wake_at=None)
+        lifecycle.finished(ended, may_hold_slots=flow.may_hold_slots(state.records.values()))
+    else:
+        observe.run_suspended(run, outcome.wake_at)
     writes.send(run.id, state, settings, written, namespace=run.namespace)
-    if events.arrived_since(state.records):
+    if not ends and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return COMPLETED
 

@@ -316,7 +316,7 @@ def finish(
 
     The same writes whether the body was replayed here or on a remote worker (``remote_turns``);
     ``workflow`` is needed only to continue as new (looked up when None)."""
-    if _settles_alone(run, state, outcome):
+    if settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
     elif outcome.status == Decided.SUSPENDED and (new := writes.lone_insert(run.id, state)):
@@ -407,8 +407,8 @@ def facts(run: Run, body_input: Any) -> RunFacts:
     )
 
 
-def _settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
-    """Whether the settle is the turn's only write left."""
+def settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
+    """Whether the settle is the turn's only write left (and needs no transaction around it)."""
     if (
         state.unsaved()
         or state.consumed

@@ -3,8 +3,9 @@
 The worker that takes an attempt reads, in the same statement, the run as it then stands (its row,
 its row version and its positions). With the step's result in hand it replays the body ahead of
 recording; when the turn only starts the next step, the result, the settle and the next position
-are one statement, written only if the run's row is still the version read with the take: no
-wake, claim or turn came in between, so the replay saw what a turn would have seen.
+are one statement (when it only ends the run, the result and the settle), written only if the
+run's row is still the version read with the take: no wake, claim or turn came in between, so the
+replay saw what a turn would have seen.
 """
 
 from __future__ import annotations
@@ -109,11 +110,11 @@ def complete_and_settle(
     now: datetime,
     version: str,
     settled: dict[str, Any],
-    inserting: Checkpoint,
+    inserting: Checkpoint | None,
 ) -> tuple[bool, bool]:
     """``complete`` the attempt and, if it was and the run's row is still ``version`` (suspended),
-    settle the run with ``settled`` and insert ``inserting``, in one statement: (whether the
-    result was recorded, whether the run was settled with it)."""
+    settle the run with ``settled`` and insert ``inserting`` (if any), in one statement: (whether
+    the result was recorded, whether the run was settled with it)."""
     connection = connections[db]
     record, params = updating(Checkpoint, db, _completed(output, now), _pending(run_id, seq, attempt))
     fields = {**settled, "recovery_attempts": 0, "locked_by": None, "locked_until": None, "updated_at": now}
@@ -124,10 +125,13 @@ def complete_and_settle(
         {"id": run_id, "status": Status.SUSPENDED},
         " AND xmin::text = %s AND EXISTS (SELECT 1 FROM recorded)",
     )
-    adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
+    adding, adding_params = "", []
+    if inserting is not None:
+        adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
+        adding = f"added AS ({adding} RETURNING 1) "
     sql = (
-        f"WITH recorded AS ({record} RETURNING 1), settled AS ({settle} RETURNING 1), "
-        f"added AS ({adding} RETURNING 1) "
+        f"WITH recorded AS ({record} RETURNING 1), settled AS ({settle} RETURNING 1)"
+        f"{', ' if adding else ' '}{adding}"
         "SELECT (SELECT COUNT(*) FROM recorded), (SELECT COUNT(*) FROM settled)"
     )
     with connection.cursor() as cursor:

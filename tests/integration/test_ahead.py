@@ -78,6 +78,16 @@ def logs_between(ctx, _=None):
     return [first, ctx.step(plain, 2), ctx.step(plain, 3)]
 
 
+@durable.workflow(name="tests.ahead.child")
+def one_plain_step(ctx, i):
+    return ctx.step(plain, i)
+
+
+@durable.workflow(name="tests.ahead.parent")
+def waits_for_a_child(ctx, _=None):
+    return ctx.child(one_plain_step, 7) + 1
+
+
 @pytest.fixture(autouse=True)
 def _clear():
     RAN.clear()
@@ -92,10 +102,39 @@ def test_the_next_step_is_written_with_the_result(durable_env):
     with CaptureQueriesContext(connection) as captured:
         durable_env.run_until_idle()
     assert durable.result(run.id) == [1, 2, 3]
-    # The first and second steps' results went with the next step's position; the third's ends
-    # the run, the usual way.
-    assert len(_settles([q["sql"] for q in captured.captured_queries])) == 2
+    # The first and second steps' results went with the next step's position; the third's with
+    # the end of the run.
+    assert len(_settles([q["sql"] for q in captured.captured_queries])) == 3
     assert RAN == ["plain 1", "plain 2", "plain 3"]
+
+
+def test_the_last_result_ends_its_run_in_the_same_statement_and_the_end_is_told(durable_env):
+    ended = []
+
+    def completed(sender, run_id, status, output, **_):
+        ended.append((run_id, status, output))
+
+    durable.signals.run_completed.connect(completed)
+    try:
+        run = durable.start(one_plain_step, 5)
+        durable_env.run_until_idle()
+    finally:
+        durable.signals.run_completed.disconnect(completed)
+    assert durable.result(run.id) == 5
+    assert ended == [(run.id, "completed", 5)]
+    stored = durable.get_run(run.id)
+    assert (stored.locked_by, stored.wake_at, stored.finished_at is not None) == (None, None, True)
+
+
+def test_a_child_ends_the_usual_way_and_its_parent_hears_of_it(durable_env, monkeypatch):
+    write, written = rows.complete_and_settle, []
+    monkeypatch.setattr(
+        rows, "complete_and_settle", lambda *a, **k: written.append(k or a[6:8]) or write(*a, **k)
+    )
+    parent = durable.start(waits_for_a_child)
+    durable_env.run_until_idle()
+    assert durable.result(parent.id) == 8
+    assert written == []  # a child's end tells its parent, in the transaction that ends it
 
 
 def test_a_wake_while_the_step_ran_refuses_the_turn_ahead_and_the_run_goes_on(durable_env, monkeypatch):
@@ -107,8 +146,8 @@ def test_a_wake_while_the_step_ran_refuses_the_turn_ahead_and_the_run_goes_on(du
     durable_env.run_until_idle()
     assert durable.result(run.id) == ["signalled", 2]
     # The signal moved the run after the take: the result was recorded, the settle refused,
-    # and the run was woken for a turn that reads it as it stands.
-    assert written == [(True, False)]
+    # and the run was woken for a turn that reads it as it stands. The last result ended the run.
+    assert written == [(True, False), (True, True)]
     assert RAN == ["plain 2"]
 
 
@@ -153,6 +192,26 @@ def test_a_commit_never_confirmed_is_repaired(durable_env, monkeypatch):
     assert cut == [(True, True)]
     assert durable.result(run.id) == [1, 2, 3]
     assert RAN == ["plain 1", "plain 2", "plain 3"]
+
+
+def test_an_end_never_confirmed_leaves_the_run_ended_and_the_step_run_once(durable_env, monkeypatch):
+    """The connection is cut after the statement that ended the run committed: the try again
+    finds the attempt settled, and nothing is left to send or to run again."""
+    write, cut = rows.complete_and_settle, []
+
+    def committed_unseen(*args, **kwargs):
+        done = write(*args, **kwargs)
+        if not cut:
+            cut.append(done)
+            raise OperationalError("server closed the connection unexpectedly")
+        return done
+
+    monkeypatch.setattr(rows, "complete_and_settle", committed_unseen)
+    run = durable.start(one_plain_step, 4)
+    durable_env.run_until_idle()
+    assert cut == [(True, True)]
+    assert durable.result(run.id) == 4
+    assert RAN == ["plain 4"] and durable_env.pending() == []
 
 
 @durable.workflow(name="tests.ahead.fan")

@@ -28,6 +28,15 @@ def one_step(ctx: durable.Context, n: int) -> int:
     return ctx.step(count, n)
 
 
+@durable.workflow(name="tests.cut.step_then_clock")
+def step_then_clock(ctx: durable.Context, n: int) -> int:
+    # The clock read is a write of the turn after the step: the result is recorded the usual
+    # way, with the wake and the claim, not with the run's end.
+    done = ctx.step(count, n)
+    ctx.now()
+    return done
+
+
 def _drop_this_process_connection() -> None:
     """The database ends this process's session, as a restart does, unseen until the next query."""
     connection.ensure_connection()
@@ -71,7 +80,7 @@ def test_a_result_whose_commit_went_unseen_still_runs_the_turn_it_claimed(durabl
     turn, before the worker heard so: the retry finds the attempt settled, and the turn this
     worker claimed runs now rather than after its lease lapses."""
     RAN.clear()
-    run = durable.start(one_step, 5)
+    run = durable.start(step_then_clock, 5)
     durable_env.run_next()  # the first turn: it sends the step's message
     (message,) = durable_env.drop()
     committed = connection.commit
