@@ -165,10 +165,7 @@ def _write(
     new = None if ends else writes.lone_insert(run.id, state)
     if new is None and not ends:
         return None
-    if ends:
-        settled = {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}
-    else:
-        settled = {"status": Status.SUSPENDED, "wake_at": outcome.wake_at}
+    run_fields = turn.run_fields(outcome)
     written = state.unsaved()
     try:
         recorded, settled = rows.complete_and_settle(
@@ -179,7 +176,7 @@ def _write(
             output,
             now,
             read.version,
-            settled,
+            run_fields,
             new,
         )
     except (OperationalError, InterfaceError):
@@ -201,7 +198,7 @@ def _write(
     for line in state.logs or ():
         logging.getLogger(line.name).handle(line)
     if ends:
-        ended = run.ended_as(Status.COMPLETED, output=outcome.output, finished_at=now, wake_at=None)
+        ended = run.ended_as(Status.COMPLETED, output=outcome.output, finished_at=run_fields["finished_at"])
         lifecycle.finished(ended, may_hold_slots=flow.may_hold_slots(state.records.values()))
     else:
         observe.run_suspended(run, outcome.wake_at)

@@ -436,7 +436,7 @@ def _settle(
     inserting: Checkpoint | None = None,
     rewriting: tuple[str, list[Any]] | None = None,
 ) -> None:
-    fields = _run_fields(outcome)
+    fields = run_fields(outcome)
     if state is not None and state.search_attributes is not None:
         fields["search_attributes"] = state.search_attributes
     if state is not None and state.exposed_changed:
@@ -464,7 +464,8 @@ def _settle(
         observe.run_suspended(run, outcome.wake_at)
 
 
-def _run_fields(outcome: Decision) -> dict[str, Any]:
+def run_fields(outcome: Decision) -> dict[str, Any]:
+    """The run's columns a turn with ``outcome`` settles it with (besides the lease's)."""
     now = clock.now()
     if outcome.status in (Decided.COMPLETED, Decided.CONTINUED):
         return {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}

@@ -174,9 +174,9 @@ def test_log_lines_of_the_turn_ahead_are_written_once_and_name_the_body(durable_
     assert (line.run_id, line.seq, line.funcName) == (run.id, 0, "logs_between")
 
 
-def test_a_commit_never_confirmed_is_repaired(durable_env, monkeypatch):
-    """The connection is cut after the statement committed: the try again finds the attempt
-    settled, and the next step, written but never sent, is sent again."""
+def _first_write_ahead_committed_unseen(monkeypatch) -> list[tuple[bool, bool]]:
+    """Cut the connection after the first write ahead committed, before its answer came back;
+    return what that write did, once it has."""
     write, cut = rows.complete_and_settle, []
 
     def committed_unseen(*args, **kwargs):
@@ -187,6 +187,13 @@ def test_a_commit_never_confirmed_is_repaired(durable_env, monkeypatch):
         return done
 
     monkeypatch.setattr(rows, "complete_and_settle", committed_unseen)
+    return cut
+
+
+def test_a_commit_never_confirmed_is_repaired(durable_env, monkeypatch):
+    """The connection is cut after the statement committed: the try again finds the attempt
+    settled, and the next step, written but never sent, is sent again."""
+    cut = _first_write_ahead_committed_unseen(monkeypatch)
     run = durable.start(logs_between)
     durable_env.run_until_idle()
     assert cut == [(True, True)]
@@ -197,16 +204,7 @@ def test_a_commit_never_confirmed_is_repaired(durable_env, monkeypatch):
 def test_an_end_never_confirmed_leaves_the_run_ended_and_the_step_run_once(durable_env, monkeypatch):
     """The connection is cut after the statement that ended the run committed: the try again
     finds the attempt settled, and nothing is left to send or to run again."""
-    write, cut = rows.complete_and_settle, []
-
-    def committed_unseen(*args, **kwargs):
-        done = write(*args, **kwargs)
-        if not cut:
-            cut.append(done)
-            raise OperationalError("server closed the connection unexpectedly")
-        return done
-
-    monkeypatch.setattr(rows, "complete_and_settle", committed_unseen)
+    cut = _first_write_ahead_committed_unseen(monkeypatch)
     run = durable.start(one_plain_step, 4)
     durable_env.run_until_idle()
     assert cut == [(True, True)]
