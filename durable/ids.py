@@ -3,9 +3,11 @@ hexadecimal digits, like the ``uuid4().hex`` they replace.
 
 A run started later gets a larger id: to the millisecond across processes, and to a quarter of a
 microsecond within one (the twelve bits after the version carry the fraction of the millisecond,
-the RFC's third method). Runs started together then sit together: the primary key grows at its
-right edge rather than at random pages of an index of millions, and a sweep that takes the runs
-due at one instant in id order takes them oldest first, in the order their rows were written.
+the RFC's third method), as long as the clock does not step back; an id out of order costs only
+that locality and the order of runs due at the same instant, never correctness. Runs started
+together then sit together: the primary key grows at its right edge rather than at random pages of
+an index of millions, and a sweep that takes the runs due at one instant in id order takes them
+oldest first, in the order their rows were written.
 
 The id shows when its run started. A caller who wants an id that shows nothing passes its own
 ``run_id`` to ``durable.start()``.
