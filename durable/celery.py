@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from celery import signals
 
-from . import clock, conf, dispatch, routing, tracing
+from . import clock, conf, dispatch, routing, shutdown, tracing
 from .replay import stepscope
 
 log = logging.getLogger("durable.celery")
@@ -167,18 +168,30 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
 def _hand_back_leases(**_: Any) -> None:
     """Release the leases of turns this process still runs, so another worker continues at once."""
     from .engine import leases
-    from .models import Run
 
-    settings = conf.get()
-    for run_id, owner in list(leases.active.items()):
-        try:
-            queue = (
-                Run.objects.using(settings.DATABASE).filter(id=run_id).values_list("queue", flat=True).first()
-            )
-            if Run.objects.using(settings.DATABASE).release(run_id, owner, clock.now(), clock.now()):
-                dispatch.advance(run_id, queue or settings.DEFAULT_QUEUE)
-        except Exception:  # noqa: BLE001 - the orphan sweep recovers it after the lease
-            log.warning("durable: could not hand back the lease of run %s", run_id, exc_info=True)
+    leases.leave()
+
+
+def _worker_leaving(exc: BaseException) -> bool:
+    """Whether ``exc`` is this worker's shutdown raised inside a turn or a step (durable.shutdown)."""
+    from celery.exceptions import WorkerShutdown, WorkerTerminate
+    from celery.worker import state
+
+    if isinstance(exc, (WorkerShutdown, WorkerTerminate)) or state.should_terminate:
+        # A cold shutdown raises from its signal handler into whatever runs (the solo pool:
+        # NotImplementedError from kill_job): anything raised from then on is the shutdown's.
+        return True
+    greenlet = sys.modules.get("greenlet")
+    if greenlet is not None and isinstance(exc, greenlet.GreenletExit):
+        return True  # gevent kills the greenlets still running when its pool stops
+    # A prefork child told to end (SIGTERM from its pool or a whole process group, as systemd
+    # stops a unit) exits through billiard's handler, which notes it before raising SystemExit.
+    billiard = sys.modules.get("billiard.common")
+    told = getattr(billiard, "_should_have_exited", None) if billiard is not None else None
+    return isinstance(exc, SystemExit) and bool(told and told[0])
+
+
+shutdown.recognise(_worker_leaving)
 
 
 @signals.task_prerun.connect

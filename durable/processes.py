@@ -60,6 +60,18 @@ class CeleryProcess:
                 os.killpg(self.proc.pid, sig)
             self.proc.wait(timeout=30)
 
+    def send(self, sig: int, *, group: bool = False) -> None:
+        """Send ``sig`` to the main process, or with ``group`` to its whole process group (pool
+        children included), as systemd stops a unit."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if group else os.kill)(self.proc.pid, sig)
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to end; its exit code (``subprocess.TimeoutExpired`` past ``timeout``)."""
+        assert self.proc is not None, "start() the process first"
+        return self.proc.wait(timeout=timeout)
+
     def stop(self, timeout: float = 20) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

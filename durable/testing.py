@@ -337,6 +337,11 @@ class WorkerHandle:
     def stop(self) -> None:
         self.process.stop()
 
+    def signal(self, sig: int, *, group: bool = False) -> None:
+        """Send ``sig`` to the worker's main process (a warm shutdown for SIGTERM, a cold one for
+        SIGQUIT), or with ``group`` to every process of it, as ``systemctl stop`` does."""
+        self.process.send(sig, group=group)
+
     def restart(self, timeout: float = 60) -> WorkerHandle:
         """Start it again (stopping it first if it still runs), same name, env and log file."""
         self.restarts += 1
@@ -348,6 +353,10 @@ class WorkerHandle:
 
     def __repr__(self) -> str:
         return f"<WorkerHandle {self.name} {'alive' if self.alive else 'down'}>"
+
+
+#: The Celery execution pools a test worker may run (gevent needs the gevent package).
+POOLS = ("prefork", "threads", "solo", "gevent")
 
 
 class DurableWorker:
@@ -380,7 +389,12 @@ class DurableWorker:
         return self.primary.process
 
     def _handle(
-        self, name: str, env_overrides: dict[str, str], concurrency: int, queues: list[str] | None = None
+        self,
+        name: str,
+        env_overrides: dict[str, str],
+        concurrency: int,
+        queues: list[str] | None = None,
+        pool: str = "prefork",
     ) -> WorkerHandle:
         if any(w.name == name for w in self.workers):
             raise ValueError(f"a worker named {name!r} already exists")
@@ -392,7 +406,7 @@ class DurableWorker:
             self.app_name,
             "worker",
             "--loglevel=INFO",
-            "--pool=prefork",
+            f"--pool={pool}",
             f"--concurrency={concurrency}",
             "-Q",
             ",".join(queues or self.queues),
@@ -418,6 +432,7 @@ class DurableWorker:
         queues: list[str] | None = None,
         start: bool = True,
         wait: bool = True,
+        pool: str = "prefork",
     ) -> WorkerHandle:
         """Start one more worker process and return its handle.
 
@@ -425,9 +440,12 @@ class DurableWorker:
         ``{"DURABLE_INSTANCE_ID": "w2", "DURABLE_LEASE": "3s"}``). With ``wait=False`` it returns
         once spawned; call ``handle.wait_ready()`` (several workers then boot in parallel).
         ``queues`` replaces the queues it consumes (e.g. a namespace's ``["durable@tenant-a"]``).
+        ``pool``: Celery's execution pool (``prefork``, ``threads``, ``solo``, ``gevent``).
         """
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}")
         name = name or f"worker{len(self.workers) + 1}"
-        handle = self._handle(name, dict(env_overrides or {}), concurrency or self.concurrency, queues)
+        handle = self._handle(name, dict(env_overrides or {}), concurrency or self.concurrency, queues, pool)
         return handle.start(wait=wait) if start else handle
 
     def start_beat(self, env_overrides: dict[str, str] | None = None, *, name: str = "beat") -> CeleryProcess:

@@ -84,6 +84,40 @@ def release(run_id: str) -> None:
         _watched.pop(run_id, None)
 
 
+def leave(run_id: str | None = None) -> None:
+    """This process is leaving (a worker shutting down): hand back its turns' leases, each run's
+    turn sent again at once, and let its attempts' holds lapse now, so the next turn counts them
+    as lost instead of waiting a LEASE; those of ``run_id`` only, or all. Nothing is recorded as
+    an outcome: what the interrupted code was doing is done again elsewhere."""
+    settings = conf.get()
+    for held_run, owner in list(active.items()):
+        if run_id in (None, held_run):
+            _while_leaving(f"hand back run {held_run}", _hand_back, held_run, owner, settings)
+    for key, held in list(attempts.items()):
+        if run_id in (None, key[0]):
+            checkpoints = Checkpoint.objects.using(settings.DATABASE)
+            _while_leaving(f"let go of attempt {key}", checkpoints.renew_hold, *key, held[0], clock.now())
+
+
+def _hand_back(run_id: str, owner: str, settings: conf.Settings) -> None:
+    runs = Run.objects.using(settings.DATABASE)
+    queue = runs.filter(id=run_id).values_list("queue", flat=True).first()
+    if runs.release(run_id, owner, clock.now(), clock.now()):
+        dispatch.advance(run_id, queue or settings.DEFAULT_QUEUE)
+        log.warning("durable: this process is leaving; run %s handed back to another worker", run_id)
+
+
+def _while_leaving(what: str, write: Callable[..., object], *args: Any) -> None:
+    # The shutdown may have interrupted a query on this connection: a fresh one gets a second try.
+    for _ in range(2):
+        try:
+            write(*args)
+            return
+        except Exception:  # noqa: BLE001 - the lease or hold lapses instead, as if killed
+            connections[conf.get().DATABASE].close()
+    log.warning("durable: could not %s while leaving; the sweeps repair it after a LEASE", what)
+
+
 def is_lost(run_id: str) -> bool:
     return run_id in lost
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, tracing
+from .. import clock, conf, shutdown, tracing
 from ..definitions import Step, registry
 from ..errors import WorkflowNotRegistered, step_timeout_error
 from ..models import HELD, AttemptError, Checkpoint, Claim, Run
@@ -86,6 +86,10 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
             if output is LATER:
                 return _await_completion(row, holder, beats)
             return record(row, step, output, error, retryable, beats, began, read=read)
+    except BaseException as exc:
+        if shutdown.is_leaving(exc):
+            leases.leave(run_id)
+        raise
     finally:
         # Recorded, or it never will be from here: either way this process holds it no longer,
         # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch, errors, tracing
+from .. import clock, conf, dispatch, errors, shutdown, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import FIRST_CLAIM, Checkpoint, Run, Status
@@ -133,6 +133,10 @@ def _claimed(
             if span is not None:
                 span.set_attribute("durable.outcome", str(outcome))
             return outcome
+    except BaseException as exc:
+        if shutdown.is_leaving(exc):
+            leases.leave(run_id)
+        raise
     finally:
         leases.release(run_id)
 

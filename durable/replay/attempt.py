@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
+from .. import shutdown
 from ..definitions import Step
 from ..errors import (
     TRACEBACK,
@@ -74,7 +75,8 @@ def run_attempt(
     limit: durable's own, raised by ``guard``, which encloses the step's code, or Celery's soft one)
     is a ``StepTimeout`` (``timeout``); any other exception,
     KeyboardInterrupt and SystemExit included, is a failed attempt of its type. durable's control
-    flow (the turn stops: lease lost, time limit) passes through: the attempt is not over.
+    flow (the turn stops: lease lost, time limit) passes through: the attempt is not over; so does
+    what a worker that is shutting down raised (``durable.shutdown``): the attempt is lost.
     ``CompleteLater`` returns ``LATER`` as the output: the attempt stays open for
     ``durable.complete_step``.
     """
@@ -106,6 +108,8 @@ def run_attempt(
             True,
         )
     except BaseException as exc:  # noqa: BLE001 - any step error, KeyboardInterrupt and SystemExit included, is a failed attempt whose cause is kept
+        if shutdown.is_leaving(exc):
+            raise  # the worker is shutting down: the attempt is lost with its process, not failed
         log.info(
             "durable: step %s of run %s attempt %s failed: %r", step.name, info.run_id, info.attempt, exc
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from .. import shutdown
 from ..definitions import Workflow, body_scope
 from ..errors import InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
@@ -71,6 +72,9 @@ def replay(
             value = workflow.fn(ctx, run.input)
     except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
         escaped = exc
+    if escaped is not None and shutdown.is_leaving(escaped):
+        # The worker is shutting down around the body: nothing of this turn is the body's verdict.
+        raise escaped
     ended = stopping.ended(ctx, escaped)
     if ended is not None:
         return ended if ctx._nondeterminism is None else _failed(ctx._nondeterminism, state)
@@ -80,8 +84,8 @@ def replay(
     if cancelled is not None:
         return saga.unwind(ctx, cancelled) if cancelling.compensates(ctx) else cancelled
     if escaped is not None:
-        # So does an error escaping the body, KeyboardInterrupt and SystemExit included: they
-        # must not take the worker process down with them.
+        # So does an error escaping the body, KeyboardInterrupt and SystemExit included (unless
+        # the worker raised them to leave): they must not take the worker process down with them.
         failed = _failed(error or escaped, state)
         return saga.unwind(ctx, failed) if saga.needs_unwind(ctx) else failed
     if error is not None:

@@ -1,0 +1,150 @@
+"""Deploys under every pool: a worker told to stop in the middle of turns and steps fails no run.
+
+Each case starts real runs on a worker of one Celery pool (prefork, threads, solo, gevent), waits
+until a body is busy in Python work and a step is running, then stops the worker the way a deploy
+does: SIGTERM to the main process (a warm shutdown), SIGTERM to the whole process group (systemd's
+``KillMode=control-group``), SIGQUIT (a cold shutdown), or a second signal after the first (an
+impatient operator). The worker is then started again: every run completes, none fails or goes
+dead, and no step attempt runs twice.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import durable
+from durable.models import Run
+from durable.testing import settings_env, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+LEDGER = Path(tempfile.gettempdir()) / "durable-e2e-deploys"
+#: Seconds of Python work a body does on each of its turns.
+BUSY = 2.0
+#: Seconds a step sleeps.
+STEP = 2.5
+
+
+@pytest.fixture
+def durable_worker_options():
+    # The fixture's own worker is not started: each case starts one of the pool it tests.
+    # A short lease and quick sweeps, so a turn the shutdown could not hand back is still
+    # recovered within the test; the worker's name stays the same across its restart.
+    return {
+        "start": False,
+        "env": settings_env(
+            {
+                "LEASE": "4s",
+                "ORPHAN_SWEEP_INTERVAL": "1s",
+                "TIMER_SWEEP_INTERVAL": "1s",
+                "RECONCILE_INTERVAL": "5s",
+                "STEP_REDISPATCH_AFTER": "3s",
+            }
+        ),
+    }
+
+
+def _note(run_id: str, event: str) -> None:
+    LEDGER.mkdir(exist_ok=True)
+    with open(LEDGER / run_id, "a") as f:
+        f.write(f"{event}\n")
+
+
+def ledger(run_id: str) -> list[str]:
+    path = LEDGER / run_id
+    return path.read_text().split() if path.exists() else []
+
+
+@durable.step(timeout="30s")
+def nap(seconds: float) -> str:
+    info = durable.step_info()
+    _note(info.run_id, f"step:{info.seq}:{info.attempt}")
+    time.sleep(seconds)
+    return "rested"
+
+
+@durable.step(timeout="30s")
+def mark(value: str) -> str:
+    info = durable.step_info()
+    _note(info.run_id, f"mark:{info.seq}:{info.attempt}")
+    return value
+
+
+@durable.workflow(name="tests.deploy_busy")
+def busy_flow(ctx, seconds):
+    """Python work in the body on every turn (no primitive to stop at), then a step."""
+    _note(ctx.run_id, "body")
+    deadline = time.monotonic() + seconds
+    spins = 0
+    while time.monotonic() < deadline:
+        spins += 1
+    return ctx.step(mark, "done")
+
+
+@durable.workflow(name="tests.deploy_step")
+def step_flow(ctx, seconds):
+    return [ctx.step(nap, seconds), ctx.step(mark, "after")]
+
+
+def _twice(entries: list[str]) -> list[str]:
+    attempts = [e for e in entries if e.startswith(("step:", "mark:"))]
+    return sorted({e for e in attempts if attempts.count(e) > 1})
+
+
+def _busy_and_stepping(runs: list[str]) -> bool:
+    return all(ledger(r) for r in runs)
+
+
+HOWS = {
+    # name: (first signal, to the group?, second signal or None)
+    "warm": (signal.SIGTERM, False, None),
+    "systemd": (signal.SIGTERM, True, None),
+    "cold": (signal.SIGQUIT, False, None),
+    "second-signal": (signal.SIGINT, False, signal.SIGINT),
+}
+
+
+@pytest.mark.parametrize("how", list(HOWS))
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent"])
+def test_a_deploy_mid_turn_and_mid_step_fails_no_run_and_runs_no_attempt_twice(durable_worker, pool, how):
+    if pool == "gevent":
+        pytest.importorskip("gevent")
+    first, group, second = HOWS[how]
+    concurrency = 1 if pool == "solo" else 2
+    worker = durable_worker.add_worker(name=f"{pool}-{how}", pool=pool, concurrency=concurrency)
+    durable_worker.start_beat()
+    runs = [durable.start(busy_flow, BUSY).id, durable.start(step_flow, STEP).id]
+    if pool != "solo":
+        runs += [durable.start(busy_flow, BUSY).id, durable.start(step_flow, STEP).id]
+    # Solo runs one task at a time: the first run's body is busy; the others wait in line.
+    started = runs[:1] if pool == "solo" else runs
+    wait_for(lambda: _busy_and_stepping(started), 60, what="bodies busy and steps running")
+    time.sleep(0.5)
+
+    asked = time.monotonic()
+    worker.signal(first, group=group)
+    if second is not None:
+        time.sleep(0.5)
+        worker.signal(second)
+    worker.process.wait_exit(timeout=60)
+    took = time.monotonic() - asked
+    worker.start()
+
+    def ended():
+        return all(durable.get_run(r).status in ("completed", "failed", "dead", "cancelled") for r in runs)
+
+    wait_for(ended, 90, what="every run to end after the restart")
+    rows = {r.id: r for r in Run.objects.filter(id__in=runs)}
+    failures = {r: (rows[r].status, rows[r].error) for r in runs if rows[r].status != "completed"}
+    doubled = {r: _twice(ledger(r)) for r in runs if _twice(ledger(r))}
+    print(f"deploy {pool}/{how}: worker gone {took:.1f} s after the signal; {len(runs)} runs")
+    assert not failures, f"runs failed by the shutdown: {failures}\n{worker.logs()[-4000:]}"
+    assert not doubled, f"attempts run twice: {doubled}"
+    if how == "warm":
+        # A warm shutdown waits for the turns and steps in hand: the longest is a step.
+        assert took <= STEP + BUSY * 2 + 10, f"the warm shutdown took {took:.1f} s"
