@@ -14,7 +14,7 @@ Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs an
         ├── WorkerLost                 a step attempt's process died before its result was recorded
         ├── WaitTimeout (TimeoutError) a wait or durable.result() timed out
         ├── StepTimeout (TimeoutError) raised inside a step at its timeout (or heartbeat_timeout)
-        ├── NonDeterminismError        the body asked for other than its history holds
+        ├── NonDeterminismError        the body asked for other than its history holds (parks the run)
         ├── WorkflowNotRegistered      no workflow or step under that name (and version)
         ├── InvalidInput               refused input (code invalid_input; invalid_output for results)
         ├── QueueFull                  a singleton key has too many unfinished runs
