@@ -139,10 +139,11 @@ def _forget_trace(task: Any = None, **_: Any) -> None:
 
 @signals.worker_ready.connect
 def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
-    """A worker restarted under the same INSTANCE_ID takes its predecessor's leases back at once."""
+    """A worker restarted under the same INSTANCE_ID takes its predecessor's leases back at once,
+    and any starting worker sends a turn to the parked runs of the workflows it registered."""
     from django.db import connections
 
-    from .engine import leases, presence, sweeps
+    from .engine import blocked, leases, presence, sweeps
 
     try:
         # Noted here, in the worker's main process; its keeper thread renews the note.
@@ -158,6 +159,11 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
             )
     except Exception:  # noqa: BLE001 - the orphan sweep recovers them later anyway
         log.warning("durable: could not reclaim leases at start-up", exc_info=True)
+    try:
+        # This worker may carry the fix for runs parked by non-determinism: try them now.
+        blocked.resume_registered(conf.get())
+    except Exception:  # noqa: BLE001 - their backoff timers bring them back anyway
+        log.warning("durable: could not resume runs parked by non-determinism", exc_info=True)
     finally:
         # Pool children forked later must not inherit this connection.
         connections.close_all()

@@ -30,6 +30,8 @@ _MUST_BE_POSITIVE = {
     "PRESENCE_INTERVAL",
 }
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
+#: The values ON_NONDETERMINISM takes.
+NONDETERMINISM_CHOICES = ("park", "fail")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,11 @@ class Settings:
     #: Queues served by workers without database access (any language): every step sent to one
     #: is a remote step (see ``@durable.step(remote=True)``).
     REMOTE_QUEUES: tuple[str, ...] = ()
+    #: What a turn does when the body asks for other than its history holds (a change of code,
+    #: or a body that is not deterministic): "park" leaves the run suspended, retried with a
+    #: backoff and at every worker start until code that replays it is deployed; "fail" ends it
+    #: ``failed`` with the NonDeterminismError.
+    ON_NONDETERMINISM: str = "park"
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how
@@ -136,6 +143,14 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
             (
                 "NAMESPACE",
                 f"may hold only letters, digits, '_' and '-' (it names queues), got {raw['NAMESPACE']!r}",
+            )
+        )
+    if "ON_NONDETERMINISM" in raw and raw["ON_NONDETERMINISM"] not in NONDETERMINISM_CHOICES:
+        found.append(
+            (
+                "ON_NONDETERMINISM",
+                f'must be "park" (the default: the run waits for fixed code) or "fail" (the run '
+                f"fails), got {raw['ON_NONDETERMINISM']!r}",
             )
         )
     for key in ("INLINE_NEXT_TURN", "EAGER_STEPS"):

@@ -14,7 +14,7 @@ Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs an
         ├── WorkerLost                 a step attempt's process died before its result was recorded
         ├── WaitTimeout (TimeoutError) a wait or durable.result() timed out
         ├── StepTimeout (TimeoutError) raised inside a step at its timeout (or heartbeat_timeout)
-        ├── NonDeterminismError        the body asked for other than its history holds
+        ├── NonDeterminismError        the body asked for other than its history holds (parks the run)
         ├── WorkflowNotRegistered      no workflow or step under that name (and version)
         ├── InvalidInput               refused input (code invalid_input; invalid_output for results)
         ├── QueueFull                  a singleton key has too many unfinished runs
@@ -173,6 +173,28 @@ class NonDeterminismError(DurableError):
     """The workflow asked for something other than its history holds."""
 
     default_code = "non_determinism"
+
+
+#: Why a body asks for other than its history holds, and what to do: said by the error, the
+#: admin, the lifecycle signal's log line and ``manage.py durable replay``.
+NON_DETERMINISM_CAUSES = (
+    "either the workflow code changed under a running run (a step added, removed or reordered), "
+    "or the body is not deterministic: it calls random, reads the clock, iterates a set (or "
+    "anything else whose order varies), or reads data outside ctx"
+)
+NON_DETERMINISM_REMEDY = (
+    "use ctx.random(), ctx.uuid4() and ctx.now(), sorted() over sets, and steps for outside data; "
+    "ship a change of code behind ctx.patched() or as a new version"
+)
+
+
+def non_determinism_message(seq: int, recorded: tuple[str, str], requested: tuple[str, str]) -> str:
+    """What a ``NonDeterminismError`` says: what the body asked for at ``seq``, what the history
+    holds there, the usual causes and the remedy. It cannot tell which cause it was."""
+    return (
+        f"at position {seq} the workflow asked for {requested[0]} {requested[1]!r} where its history "
+        f"holds {recorded[0]} {recorded[1]!r}: {NON_DETERMINISM_CAUSES}. Fix: {NON_DETERMINISM_REMEDY}"
+    )
 
 
 class WorkflowNotRegistered(DurableError):

@@ -29,6 +29,13 @@ run_failed = Signal()
 run_cancelled = Signal()
 #: A run's turns crashed or lost their lease MAX_RECOVERY_ATTEMPTS times in a row.
 run_dead = Signal()
+#: A turn found the body asking for other than the run's history holds (a change of code, or a
+#: body that is not deterministic) and parked the run (ON_NONDETERMINISM "park"): nothing of the
+#: turn was written and the run stays ``suspended``, tried again at ``wake_at`` and at every
+#: worker start. Sent at every blocked turn, with ``error`` (its ``details``: ``seq``,
+#: ``recorded`` and ``requested`` as [kind, name], ``parked`` turns since ``parked_since``),
+#: ``wake_at`` and ``reason`` (what the admin says: where, the usual causes and the remedy).
+run_blocked = Signal()
 
 #: A step attempt started on a worker, or (local and in-place steps) ran inside a turn.
 step_started = Signal()

@@ -178,6 +178,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     )
     list_filter = (
         "status",
+        run_list.BlockedFilter,
         run_list.WorkflowFilter,
         run_list.VersionFilter,
         run_list.NamespaceFilter,

@@ -16,15 +16,20 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from durable import clock, conf, routing
+from durable.engine import blocked
 from durable.engine.diagnosis import WORKER_SILENT_AFTER
 from durable.engine.sweeps import SWEEPS
 from durable.models import AttemptError, Checkpoint, Presence, Run
 from durable.statuses import CheckpointStatus, RunStatus
 
+from .run_list import COUNT_LIMIT
+
 log = logging.getLogger("durable.admin")
 
 #: Attempt errors shown on a run's page (newest positions' last ones).
 MAX_ATTEMPT_ERRORS = 50
+#: Runs parked by non-determinism the health page lists (it counts the rest).
+MAX_BLOCKED_SHOWN = 20
 #: Seconds the health page waits for the broker and for workers to answer a ping.
 BROKER_TIMEOUT = 1.0
 
@@ -123,9 +128,22 @@ def health() -> dict[str, Any]:
         "sweeps": sweeps,
         "due_timers": runs.filter(status=RunStatus.SUSPENDED, wake_at__lte=now).count(),
         "pending_runs": runs.filter(status=RunStatus.PENDING).count(),
+        **blocked_runs(runs),
         "oldest_pending_step": oldest if oldest is not TIMED_OUT else None,
         "oldest_pending_age": (now - oldest) if oldest and oldest is not TIMED_OUT else None,
         "oldest_timed_out": oldest is TIMED_OUT,
+    }
+
+
+def blocked_runs(runs: Any) -> dict[str, Any]:
+    """The runs parked by non-determinism: how many (COUNT_LIMIT at most) and the first few,
+    each with what blocks it."""
+    parked = runs.blocked()
+    shown = list(parked.order_by("id").only("id", "workflow", "version", "error")[:MAX_BLOCKED_SHOWN])
+    return {
+        "blocked_count": parked[: COUNT_LIMIT + 1].count() if shown else 0,
+        "blocked_limit": COUNT_LIMIT,
+        "blocked": [{"run": run, "why": blocked.describe(run.error)} for run in shown],
     }
 
 

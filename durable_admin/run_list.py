@@ -62,6 +62,20 @@ class _ChoicesFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(**{self.field: value})
 
 
+class BlockedFilter(admin.SimpleListFilter):
+    """Runs parked by non-determinism: their turns wait for code that replays their history."""
+
+    title = "blocked"
+    parameter_name = "blocked"
+    NON_DETERMINISM = "non_determinism"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(self.NON_DETERMINISM, "blocked by non-determinism")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.blocked() if self.value() == self.NON_DETERMINISM else queryset  # type: ignore[attr-defined]
+
+
 class WorkflowFilter(_ChoicesFilter):
     """The workflows registered in this process (a run of another is found by searching)."""
 

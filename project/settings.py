@@ -205,6 +205,7 @@ _DURABLE_FROM_ENV = {
     "ENTITY_OPS_KEPT": int,
     "PRESENCE_INTERVAL": str,
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
+    "ON_NONDETERMINISM": str,
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

@@ -1,6 +1,6 @@
 """Why an unfinished run has not moved: what it waits for and, when it cannot progress on its
 own, the cause an operator can fix (no worker on its queue, no beat, its workflow unknown to
-every worker, a full concurrency limit). Read from the rows and the Presence heartbeats."""
+every worker, a full concurrency limit, a body blocked by non-determinism). Read from the rows and the Presence heartbeats."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from .. import clock, conf
 from ..models import Checkpoint, Presence, Run
 from ..models.flow import in_flight, in_line
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
+from . import blocked
 
 #: Pending positions described one by one; a wider fan is summed up.
 MAX_POSITIONS = 20
@@ -50,6 +51,9 @@ def explain(run: Run, now: datetime | None = None) -> list[Reason]:
     silent_since = now - settings.PRESENCE_INTERVAL * WORKER_SILENT_AFTER
     workers = [w for w in known if w.last_seen >= silent_since]
     reasons = [_turn(run, now)]
+    if blocked.is_blocked(run.error):
+        # It moves once code that replays its history is deployed, and not before.
+        reasons.append(Reason("non_determinism", blocked.describe(run.error), stuck=True))
     reasons += [reason for row in pending[:MAX_POSITIONS] for reason in _position(row, now, db)]
     if len(pending) > MAX_POSITIONS:
         reasons.append(Reason("more", f"... and more pending positions past #{pending[-1].seq}"))

@@ -101,6 +101,25 @@ def run_suspended(run: Run, wake_at: datetime | None) -> None:
     )
 
 
+def run_blocked(run: Run, error: dict[str, Any], wake_at: datetime, reason: str) -> None:
+    """A turn of ``run`` found non-determinism and parked it until ``wake_at``."""
+    facts = {
+        **_run_facts(run, clock.now()),
+        "status": Status.SUSPENDED,
+        "error": error,
+        "wake_at": wake_at,
+        "reason": reason,
+    }
+    _emit(
+        signals.run_blocked,
+        Run,
+        logging.WARNING,
+        "durable: run %s (%s) %s; next try at %s",
+        (run.id, run.workflow, reason, wake_at),
+        **facts,
+    )
+
+
 def run_ended(run: Run) -> None:
     """``run`` reached its terminal status (call inside the transaction that ended it)."""
     signal, level = _ENDED[Status(run.status)]

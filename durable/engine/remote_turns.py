@@ -114,4 +114,4 @@ def apply(message: dict[str, Any]) -> str:
             if Run.objects.using(db).release(run_id, owner, clock.now(), clock.now()):
                 dispatch.advance(run_id, run.queue or settings.DEFAULT_QUEUE)
         return "rerun"
-    return str(outcome.status)
+    return "blocked" if outcome.blocked else str(outcome.status)

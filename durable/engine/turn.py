@@ -25,6 +25,7 @@ from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
 from . import (
     attempts,
+    blocked,
     entities,
     events,
     flow,
@@ -70,6 +71,7 @@ def limits(settings: conf.Settings) -> Limits:
         max_payload_bytes=settings.MAX_PAYLOAD_BYTES,
         remote_queues=frozenset(settings.REMOTE_QUEUES),
         redispatch_limit=settings.STEP_REDISPATCH_LIMIT,
+        park_nondeterminism=settings.ON_NONDETERMINISM == "park",
     )
 
 
@@ -179,7 +181,7 @@ def _turns(
             first, history = False, None
             continue
         if outcome is not None:
-            return outcome.status
+            return "blocked" if outcome.blocked else outcome.status
         return "parked"
     runs.release(run_id, owner, clock.now(), clock.now())
     return "busy"
@@ -320,6 +322,9 @@ def finish(
 
     The same writes whether the body was replayed here or on a remote worker (``remote_turns``);
     ``workflow`` is needed only to continue as new (looked up when None)."""
+    if outcome.blocked:
+        blocked.park(run, owner, outcome, state, settings)  # nothing of the turn is written
+        return
     if settles_alone(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
@@ -471,8 +476,15 @@ def _settle(
 def run_fields(outcome: Decision) -> dict[str, Any]:
     """The run's columns a turn with ``outcome`` settles it with (besides the lease's)."""
     now = clock.now()
+    # A turn that settles got past where a parked run's turns were blocked: its error goes.
     if outcome.status in (Decided.COMPLETED, Decided.CONTINUED):
-        return {"status": Status.COMPLETED, "output": outcome.output, "finished_at": now, "wake_at": None}
+        return {
+            "status": Status.COMPLETED,
+            "output": outcome.output,
+            "error": None,
+            "finished_at": now,
+            "wake_at": None,
+        }
     if outcome.status == Decided.CANCELLED:
         return {"status": Status.CANCELLED, "error": outcome.error, "finished_at": now, "wake_at": None}
     if outcome.status == Decided.FAILED:
@@ -483,4 +495,4 @@ def run_fields(outcome: Decision) -> dict[str, Any]:
             "finished_at": now,
             "wake_at": None,
         }
-    return {"status": Status.SUSPENDED, "wake_at": outcome.wake_at}
+    return {"status": Status.SUSPENDED, "wake_at": outcome.wake_at, "error": None}

@@ -14,7 +14,7 @@ import durable
 
 from .. import clock, conf
 from ..durations import parse_duration
-from ..engine import histories, redispatch, retention, sweeps
+from ..engine import blocked, histories, redispatch, retention, sweeps
 from ..errors import DurableError
 from ..models import Run
 from ..statuses import TERMINAL
@@ -243,20 +243,37 @@ def _since(text: str | None) -> datetime | None:
 
 
 def _replay(options: dict[str, Any], out: Any, style: Any) -> None:
-    replayed = broken = 0
-    for verdict in histories.check_stored(
-        workflow=options["workflow"], since=_since(options["since"]), run_ids=options["runs"]
-    ):
+    selection = {
+        "workflow": options["workflow"],
+        "since": _since(options["since"]),
+        "run_ids": options["runs"],
+    }
+    parked = blocked.parked_among(histories.selected(**selection))
+    replayed = broken = resumes = 0
+    for verdict in histories.check_stored(**selection):
         replayed += 1
         where = f"{verdict.run_id} {verdict.workflow}@{verdict.version} ({verdict.positions} positions)"
         if verdict.ok:
-            if options["all"]:
+            if verdict.run_id in parked:
+                resumes += 1
+                out.write(
+                    style.SUCCESS(
+                        f"RESUMES {where}: blocked by non-determinism now, and this code replays it: "
+                        "deploy it and the run resumes by itself"
+                    )
+                )
+            elif options["all"]:
                 out.write(f"ok     {where}")
             continue
         broken += 1
+        if verdict.run_id in parked:
+            out.write(style.ERROR(f"BLOCKED {where}: {blocked.describe(parked[verdict.run_id])}"))
+            continue
         kind = type(verdict.error).__name__
         out.write(style.ERROR(f"BREAKS {where}: {kind}: {verdict.error}"))
     summary = f"replayed {replayed} stored histor{'y' if replayed == 1 else 'ies'}: {broken} would break"
+    if parked:
+        summary += f"; {len(parked)} blocked by non-determinism now, {resumes} of them replay on this code"
     if broken:
         raise CommandError(summary, returncode=1)
     out.write(style.SUCCESS(summary))

@@ -23,6 +23,7 @@ from .base import (
     update_where,
     updating,
 )
+from .blocked import BlockedRuns
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
 FIRST_CLAIM = "+first"
@@ -40,7 +41,7 @@ class Claim:
     queues: frozenset[str] | None
 
 
-class RunQuerySet(models.QuerySet["Run"]):
+class RunQuerySet(BlockedRuns, models.QuerySet["Run"]):
     def serving(self, namespace: str | None) -> RunQuerySet:
         """The runs of ``namespace``; every run when None (a process that serves them all)."""
         return self if not namespace else self.filter(namespace=namespace)

@@ -24,6 +24,7 @@ from ..errors import (
     StepFailed,
     Suspend,
     WorkerLost,
+    non_determinism_message,
     step_timeout_error,
 )
 from ..statuses import FlowState
@@ -215,10 +216,7 @@ class Context(
         self._take(seq)
         if rec is not None and (rec.kind != kind or rec.name != name):
             error = NonDeterminismError(
-                f"at position {seq} the history holds {rec.kind} {rec.name!r} but the workflow "
-                f"asked for {kind} {name!r}: the workflow code changed under a running run. Keep "
-                "workflow bodies deterministic; ship changes as a new version or behind "
-                "ctx.patched()",
+                non_determinism_message(seq, (rec.kind, rec.name), (kind, name)),
                 details={"seq": seq, "recorded": [rec.kind, rec.name], "requested": [kind, name]},
             )
             self._nondeterminism = error

@@ -76,9 +76,13 @@ def replay(
         # The worker is shutting down around the body: nothing of this turn is the body's verdict.
         raise escaped
     ended = stopping.ended(ctx, escaped)
+    if ctx._nondeterminism is not None and limits.park_nondeterminism:
+        # Whatever the body did with it: nothing of this turn counts, nothing is compensated.
+        return _failed(ctx._nondeterminism, state, blocked=True)
     if ended is not None:
         return ended if ctx._nondeterminism is None else _failed(ctx._nondeterminism, state)
-    # A change of code, or a primitive misused, fails the run even when the body caught it.
+    # A change of code (when not parked), or a primitive misused, fails the run even when the
+    # body caught it.
     error = ctx._nondeterminism or ctx._stopping
     cancelled = None if error is not None else cancelling.cancelled(ctx, escaped)
     if cancelled is not None:
@@ -99,7 +103,7 @@ def replay(
     return Decision(Decided.COMPLETED, output=output)
 
 
-def _failed(exc: BaseException, state: TurnState) -> Decision:
+def _failed(exc: BaseException, state: TurnState, *, blocked: bool = False) -> Decision:
     seqs: list[int] = []
     seen: set[int] = set()
     cursor: BaseException | None = exc
@@ -107,4 +111,4 @@ def _failed(exc: BaseException, state: TurnState) -> Decision:
         seen.add(id(cursor))
         seqs.extend(state.raised.get(id(cursor), []))
         cursor = cursor.__cause__ or cursor.__context__
-    return Decision(Decided.FAILED, error=error_dict(exc), failed_seqs=sorted(set(seqs)))
+    return Decision(Decided.FAILED, error=error_dict(exc), failed_seqs=sorted(set(seqs)), blocked=blocked)

@@ -85,6 +85,9 @@ class Limits:
     remote_queues: frozenset[str] = frozenset()
     #: How many times one attempt is sent again before it fails (STEP_REDISPATCH_LIMIT).
     redispatch_limit: int = 10
+    #: A body that asks for other than its history holds parks its run (ON_NONDETERMINISM
+    #: "park"): its turn ends ``blocked``, with nothing compensated; False fails the run.
+    park_nondeterminism: bool = True
 
 
 @dataclass
@@ -98,6 +101,9 @@ class Decision:
     failed_seqs: list[int] = field(default_factory=list)
     #: For ``continued``: the input of the run that continues this one.
     next_input: Any = None
+    #: The body asked for other than its history holds and the limits say park: ``error`` says
+    #: what; the engine writes nothing of the turn and parks the run until code that replays it.
+    blocked: bool = False
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ def decision_message(turn: dict[str, Any], state: TurnState, decision: Decision)
         "wake_at": _when(decision.wake_at),
         "failed_seqs": list(decision.failed_seqs),
         "next_input": decision.next_input,
+        "blocked": decision.blocked,
         "records": [record_out(rec) for rec in state.unsaved()],
         "dispatch": [rec.seq for rec in state.dispatch],
         "consumed": [{"id": s.id, "seq": s.consumed_seq} for s in state.consumed],
@@ -177,5 +178,6 @@ def decided_in(message: dict[str, Any]) -> tuple[TurnState, Decision]:
         wake_at=_parse(message.get("wake_at")),
         failed_seqs=list(message.get("failed_seqs") or []),
         next_input=message.get("next_input"),
+        blocked=bool(message.get("blocked")),
     )
     return state, decision

@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
+from django.test import override_settings
 
 import durable
 from durable.models import Checkpoint, Signal
@@ -158,7 +159,8 @@ def test_logger_is_quiet_while_replaying(durable_env, caplog):
     assert durable.result(run.id) is False
 
 
-def test_changed_workflow_code_fails_with_non_determinism(durable_env):
+@override_settings(DURABLE={"ON_NONDETERMINISM": "fail"})
+def test_changed_workflow_code_fails_with_non_determinism_when_set_to_fail(durable_env):
     calls = {"n": 0}
 
     @durable.step(name="tests.waits_other")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -257,6 +258,66 @@ def test_different_primitive_kind_at_a_position_is_non_determinism() -> None:
     assert "sleep 'sleep'" in outcome.error["message"]
     assert "step 'tests.unit_replay.remote'" in outcome.error["message"]
     assert calls == []
+
+
+@durable.step(name="tests.unit_replay.booked", local=True)
+def booked() -> str:
+    return "booked"
+
+
+@booked.compensation
+def unbook(out: str) -> None:
+    calls.append(f"undo {out}")
+
+
+def test_non_determinism_parks_by_default_with_nothing_compensated_even_when_caught() -> None:
+    def body(ctx: durable.Context, inp: Any) -> Any:
+        ctx.step(booked)
+        try:
+            return ctx.step(other)
+        except NonDeterminismError:
+            raise ValueError("the body failed on its own") from None
+
+    history = [done(0, booked.name, "booked"), done(1, "tests.unit_replay.remote", 1)]
+    t = turn(body, history)
+    assert t.outcome.blocked
+    assert t.outcome.error is not None and t.outcome.error["code"] == "non_determinism"
+    assert calls == [] and not t.state.unsaved()  # no compensation ran or was recorded
+
+
+def test_non_determinism_fails_and_compensates_when_the_limits_say_fail() -> None:
+    def body(ctx: durable.Context, inp: Any) -> Any:
+        ctx.step(booked)
+        try:
+            return ctx.step(other)
+        except NonDeterminismError:
+            raise ValueError("the body failed on its own") from None
+
+    history = [done(0, booked.name, "booked"), done(1, "tests.unit_replay.remote", 1)]
+    t = turn(body, history, limits=replace(LIMITS, park_nondeterminism=False))
+    assert not t.outcome.blocked
+    assert (t.outcome.status, t.outcome.error["code"]) == ("failed", "non_determinism")
+    assert calls == ["undo booked"]
+
+
+def test_the_error_says_what_the_body_asked_for_and_the_causes_without_claiming_a_change() -> None:
+    outcome = turn(lambda ctx, inp: ctx.step(other), [done(0, "tests.unit_replay.remote", 1)]).outcome
+    message = outcome.error["message"]
+    assert message.startswith(
+        "at position 0 the workflow asked for step 'tests.unit_replay.other' where its history holds "
+        "step 'tests.unit_replay.remote'"
+    )
+    assert "either the workflow code changed" in message and "not deterministic" in message
+    for cause_or_fix in (
+        "random",
+        "the clock",
+        "set",
+        "ctx.random()",
+        "ctx.now()",
+        "sorted()",
+        "ctx.patched()",
+    ):
+        assert cause_or_fix in message
 
 
 # -- how the body ends ---------------------------------------------------------------------

@@ -114,7 +114,10 @@ def test_an_exported_history_replays_through_the_testing_helper(tmp_path: Any) -
     path.write_text(json.dumps(exported))
     assert replay_history(path, Workflow(fn=original, name=RUN.workflow)).ok
     assert replay_history(json.dumps(exported), Workflow(fn=extended, name=RUN.workflow)).ok
-    with pytest.raises(NonDeterminismError, match="at position 0 the history holds step"):
+    with pytest.raises(
+        NonDeterminismError,
+        match="at position 0 the workflow asked for sleep 'sleep' where its history holds step",
+    ):
         replay_history(exported, Workflow(fn=reordered, name=RUN.workflow))
 
 
