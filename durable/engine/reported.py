@@ -42,6 +42,11 @@ _ATTEMPT_FIELDS = (
 def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: str) -> Checkpoint | None:
     """The checkpoint of this attempt of a Celery task used as a step, if ``token`` is the one
     durable sent with it and the attempt is still pending in an unfinished run."""
+    if not token:
+        log.warning(
+            "durable: refused a message for %s#%s attempt %s: it carries no token", run_id, seq, attempt
+        )
+        return None
     row = (
         Checkpoint.objects.using(db)
         .select_related("run")
@@ -69,9 +74,10 @@ def reported_by_message(payload: Any) -> bool:
     return bool(payload) and bool(payload.get("task") or payload.get("remote"))
 
 
-def _same_token(expected: str | None, given: str | None) -> bool:
-    if expected is None or given is None:
-        return expected is given
+def _same_token(expected: str | None, given: Any) -> bool:
+    # An attempt between two sends has no token: a message without one must match nothing.
+    if not expected or not given or not isinstance(given, str):
+        return False
     return hmac.compare_digest(expected, given)
 
 

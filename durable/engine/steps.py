@@ -44,6 +44,11 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
 
     The attempt is held by this process (renewed by the lease keeper) from the moment it starts
     until its result is recorded, so a death anywhere in between is known within a LEASE."""
+    if not token:
+        log.warning(
+            "durable: refused run_step for %s#%s attempt %s: it carries no token", run_id, seq, attempt
+        )
+        return "stale"
     settings = conf.get()
     began = time.monotonic()
     holder = leases.process_holder()

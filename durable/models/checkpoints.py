@@ -98,6 +98,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
     def begin(self, run_id: str, seq: int, attempt: int, token: str | None, now: datetime) -> bool:
         """A worker picked up this attempt of a Celery task used as a step; False if the token is
         not the attempt's, or the attempt is stale or already settled."""
+        if not token:  # an attempt between two sends has none: ``token=None`` would match it
+            return False
         return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(started_at=now))
 
     def take(
@@ -131,13 +133,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         """``take``'s statement (``RETURNING`` ``returning``, else every column) and its parameters."""
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
-        # Rows written before attempts had tokens match only a message without one.
-        token_matches = "token IS NULL" if token is None else "token = %s"
         sql = (
             f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
             "held_until = %s "
             "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
-            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} "
+            # ``token = NULL`` is never true: a message without a token takes nothing.
+            "AND enqueued_at IS NOT NULL AND started_at IS NULL AND token = %s "
             # An attempt in line for a slot or a rate token starts only once it is sent again.
             "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
@@ -150,7 +151,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             run_id,
             seq,
             attempt,
-            *([] if token is None else [token]),
+            token or None,
             run_id,
             *UNFINISHED,
         ]
@@ -477,11 +478,15 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         }
         if with_progress:
             fields["progress"] = progress
+        if not token:  # an attempt between two sends has none: ``token=None`` would match it
+            return False
         return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(**fields))
 
     def late_progress(self, run_id: str, seq: int, attempt: int, token: str, progress: Any) -> bool:
         """Keep ``progress`` from a beat of this attempt that arrived after its result was recorded
         (only with the attempt's token; a later attempt's row no longer matches)."""
+        if not token:
+            return False
         ended = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
         rows = self.filter(run_id=run_id, seq=seq, attempt=attempt, token=token, status__in=ended)
         return bool(rows.update(progress=progress))
