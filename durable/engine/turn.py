@@ -31,6 +31,7 @@ from . import (
     histories,
     leases,
     lifecycle,
+    namespaces,
     observe,
     remote_turns,
     runs,
@@ -111,9 +112,9 @@ def new_owner(settings: conf.Settings) -> str:
 
 def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
-    run = runs.claim(run_id, new_owner(settings), clock.now(), settings.LEASE)
+    run = runs.claim(run_id, new_owner(settings), clock.now(), settings.LEASE, settings.NAMESPACE)
     if run is None:
-        return "busy"
+        return "foreign" if namespaces.refused(run_id, "a turn", settings) else "busy"
     owner = run.locked_by or ""
     return _claimed(run, owner, settings, first=owner.endswith(FIRST_CLAIM))
 

@@ -111,12 +111,14 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         holder: str,
         now: datetime,
         until: datetime,
+        namespace: str | None = None,
     ) -> Checkpoint | None:
         """Start this attempt, held by ``holder`` until ``until``, and return its row, in one
         statement. None when the message is not the one durable sent for it (token), the attempt
         is stale, settled or already started (a redelivery never runs an attempt twice as
-        itself), or its run has finished."""
-        taken = returned(Checkpoint, self.db, *self.taking(run_id, seq, attempt, token, holder, now, until))
+        itself), or its run has finished or (with ``namespace``) is of another namespace."""
+        taking = self.taking(run_id, seq, attempt, token, holder, now, until, namespace=namespace)
+        taken = returned(Checkpoint, self.db, *taking)
         return taken[0] if taken else None
 
     def taking(
@@ -129,6 +131,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         now: datetime,
         until: datetime,
         returning: str | None = None,
+        namespace: str | None = None,
     ) -> tuple[str, list[Any]]:
         """``take``'s statement (``RETURNING`` ``returning``, else every column) and its parameters."""
         ops = connections[self.db].ops
@@ -142,7 +145,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             # An attempt in line for a slot or a rate token starts only once it is sent again.
             "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
-            f") RETURNING {returning or all_columns(Checkpoint, self.db)}"
+            f"{' AND namespace = %s' if namespace else ''}) RETURNING {returning or all_columns(Checkpoint, self.db)}"
         )
         params = [
             at(now),
@@ -154,6 +157,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             token or None,
             run_id,
             *UNFINISHED,
+            *([namespace] if namespace else []),
         ]
         return sql, params
 
