@@ -143,6 +143,27 @@ def tags(value: Any, *, max_bytes: int) -> list[str]:
     return list(value)
 
 
+def parse_json(text: str, field: str) -> Any:
+    """``text`` read as JSON, for a value typed by a person (a command's argument, a form's
+    field); ``InvalidInput`` naming ``field`` when it is not JSON, or JSON no call would store:
+    nested past Python's recursion limit, or an integer too long to read."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise refuse(field, _LONG_INTEGER) from None
+        raise refuse(field, f"is not JSON ({exc})") from None
+
+
+#: What a value holding an integer too long for ``str()`` / ``int()`` (and so for JSON) is told.
+_LONG_INTEGER = (
+    "holds an integer too long to write as text (more than Python's sys.get_int_max_str_digits() "
+    "digits); store it as a string"
+)
+
+
 def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
     """Return ``value`` as it reads back from JSON once stored, or refuse it naming ``field``.
 
@@ -155,11 +176,7 @@ def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
         raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
     except ValueError as exc:
         if "integer string conversion" in str(exc):
-            raise refuse(
-                field,
-                "holds an integer too long to write as text (more than Python's "
-                "sys.get_int_max_str_digits() digits); store it as a string",
-            ) from None
+            raise refuse(field, _LONG_INTEGER) from None
         raise refuse(
             field, f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
         ) from None
