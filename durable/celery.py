@@ -211,10 +211,16 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
     from .models import Checkpoint
 
     run_id, seq, attempt, *token = where
-    try:
-        Checkpoint.objects.using(conf.get().DATABASE).begin(
-            run_id, seq, attempt, token[0] if token else None, clock.now()
+    if not token or not token[0]:
+        log.warning(
+            "durable: a task message for %s#%s attempt %s carries no token: not marked started",
+            run_id,
+            seq,
+            attempt,
         )
+        return
+    try:
+        Checkpoint.objects.using(conf.get().DATABASE).begin(run_id, seq, attempt, token[0], clock.now())
     except DatabaseError:
         # A remote worker with durable installed may have no database: its beats say it started.
         log.info("durable: could not mark %s#%s attempt %s started here", run_id, seq, attempt)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from . import guards
 from .cron import Schedule, schedule_option
 from .durations import optional_duration
 from .errors import DurableError, InvalidInput, WorkflowNotRegistered
@@ -234,7 +235,7 @@ class Singleton:
                 f"the singleton key {self.key!r} could not be made from the input: {exc!r}"
             ) from None
         if not isinstance(key, str) or not key:
-            raise InvalidInput(f"the singleton key must be a non-empty string, got {key!r}")
+            raise InvalidInput(f"the singleton key must be a non-empty string, got {guards.shown(key)}")
         return key
 
 

@@ -305,12 +305,29 @@ def error_dict(exc: BaseException) -> dict[str, Any]:
     """Describe any exception as the JSON error shape stored on runs and checkpoints."""
     if isinstance(exc, DurableError):
         return exc.to_dict()
+    try:
+        code = getattr(exc, "code", None)
+    except Exception:  # noqa: BLE001 - a property that raises: the error has no code
+        code = None
     return {
-        "message": storable_text(str(exc) or type(exc).__name__),
+        "message": storable_text(_message_of(exc)),
         "type": type(exc).__name__,
-        "code": getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str) else None,
+        "code": code if isinstance(code, str) else None,
         "details": None,
     }
+
+
+def _message_of(exc: BaseException) -> str:
+    """What ``exc`` says of itself, even when its ``__str__`` (and ``__repr__``) raise: the run
+    still fails with the exception's type rather than crash each turn that tries to store it."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception as broken:  # noqa: BLE001 - whatever the user's __str__ raised
+        why = f"(its __str__ raised {type(broken).__name__})"
+    try:
+        return f"{exc!r} {why}"
+    except Exception:  # noqa: BLE001 - its __repr__ is broken too
+        return f"{type(exc).__name__} {why}"
 
 
 def cancelled_error(reason: str | None = None) -> dict[str, Any]:

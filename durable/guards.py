@@ -7,7 +7,9 @@ starts with the field and says what to fix, and whose ``details["field"]`` names
 from __future__ import annotations
 
 import json
+import math
 import re
+import reprlib
 from typing import Any
 
 from . import routing
@@ -32,10 +34,44 @@ def refuse(field: str, problem: str) -> InvalidInput:
     return InvalidInput(f"{field} {problem}", details={"field": field})
 
 
+class _Brief(reprlib.Repr):
+    """How ``shown`` draws a value ``repr()`` cannot: a few levels deep, a few items wide, and an
+    integer too long to convert to text by its number of digits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 4, 40, 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return super().repr_int(x, level)
+        except ValueError:
+            return f"<an integer of {_digits(x)} digits>"
+
+
+_BRIEF = _Brief()
+
+
 def shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut short: an error message never carries a whole oversized value."""
-    text = repr(value)
+    """``repr(value)`` cut short: an error message never carries a whole oversized value, and
+    showing a value nested thousands deep or an integer of thousands of digits never raises."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        text = _brief(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _brief(value: Any) -> str:
+    try:
+        return _BRIEF.repr(value)
+    except (RecursionError, ValueError):
+        return f"<a {type(value).__name__} that cannot be shown>"
+
+
+def _digits(value: int) -> int:
+    """About how many decimal digits ``value`` has (without converting it to a string)."""
+    return int(abs(value).bit_length() * math.log10(2)) + 1
 
 
 def text(value: Any, field: str, *, max_length: int, allow_empty: bool = False, kind: str = "string") -> str:
@@ -107,6 +143,27 @@ def tags(value: Any, *, max_bytes: int) -> list[str]:
     return list(value)
 
 
+def parse_json(text: str, field: str) -> Any:
+    """``text`` read as JSON, for a value typed by a person (a command's argument, a form's
+    field); ``InvalidInput`` naming ``field`` when it is not JSON, or JSON no call would store:
+    nested past Python's recursion limit, or an integer too long to read."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise refuse(field, _LONG_INTEGER) from None
+        raise refuse(field, f"is not JSON ({exc})") from None
+
+
+#: What a value holding an integer too long for ``str()`` / ``int()`` (and so for JSON) is told.
+_LONG_INTEGER = (
+    "holds an integer too long to write as text (more than Python's sys.get_int_max_str_digits() "
+    "digits); store it as a string"
+)
+
+
 def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
     """Return ``value`` as it reads back from JSON once stored, or refuse it naming ``field``.
 
@@ -117,7 +174,13 @@ def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except RecursionError:
         raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise refuse(field, _LONG_INTEGER) from None
+        raise refuse(
+            field, f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
+        ) from None
+    except TypeError as exc:
         raise refuse(
             field, f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
         ) from None

@@ -19,6 +19,12 @@ def queue_in(queue: str, namespace: str | None) -> str:
     return f"{queue}.{namespace}" if namespace and queue else queue
 
 
+def serves(worker: str | None, namespace: str | None) -> bool:
+    """Whether a process of namespace ``worker`` (its ``DURABLE["NAMESPACE"]``) does the work of
+    namespace ``namespace``: its own only; a process in no namespace does every namespace's."""
+    return not worker or (namespace or "") == worker
+
+
 def remote_base(queue: str, remote: set[str] | frozenset[str]) -> str | None:
     """The remote queue ``queue`` is, itself or in a namespace (``<remote>.<namespace>``); None
     when it is not one."""

@@ -22,9 +22,10 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 import durable
-from durable import conf
+from durable import conf, guards
 from durable.definitions import registry
 from durable.engine import redispatch
+from durable.errors import InvalidInput
 from durable.models import RETRYABLE, Checkpoint, Run
 from durable.statuses import UNFINISHED, CheckpointStatus
 
@@ -80,11 +81,10 @@ class SendForm(forms.Form):
         if not text:
             return None
         try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise forms.ValidationError(
-                f"The payload is not valid JSON ({exc}): fix it or leave it empty."
-            ) from None
+            return guards.parse_json(text, "the payload")
+        except InvalidInput as exc:
+            said = str(exc)
+            raise forms.ValidationError(f"{said[:1].upper()}{said[1:]}: fix it or leave it empty.") from None
 
 
 class RunActions:

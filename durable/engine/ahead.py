@@ -55,12 +55,14 @@ def take(
     until: datetime,
     settings: conf.Settings,
 ) -> tuple[Checkpoint | None, Ahead | None]:
-    """``CheckpointQuerySet.take``; when ``wanted``, the run too, as it stands, if it waits for
-    this position alone."""
-    db = settings.DATABASE
+    """``CheckpointQuerySet.take`` (of a run of this worker's namespace only); when ``wanted``,
+    the run too, as it stands, if it waits for this position alone."""
+    db, namespace = settings.DATABASE, settings.NAMESPACE
     if not wanted(settings):
-        return Checkpoint.objects.using(db).take(run_id, seq, attempt, token, holder, now, until), None
-    return rows.take(db, run_id, seq, attempt, token, holder, now, until, histories.RECORD_FIELDS)
+        return Checkpoint.objects.using(db).take(
+            run_id, seq, attempt, token, holder, now, until, namespace
+        ), None
+    return rows.take(db, run_id, seq, attempt, token, holder, now, until, histories.RECORD_FIELDS, namespace)
 
 
 def record(

@@ -128,6 +128,8 @@ def apply(name: str, key: str) -> int:
         # A rolling deploy: this worker lacks the code. The sweep prompts again later.
         log.warning("durable: entity %r is not registered here; its ops are left for another worker", name)
         return 0
+    if settings.NAMESPACE and not _ours(name, key, settings):
+        return 0
     # Taken before the pending ops are read: an op committed after this sends a prompt of its own.
     EntityPrompt.objects.using(settings.DATABASE).take(name, key)
     if not EntityOp.objects.using(settings.DATABASE).waiting(name, key):
@@ -152,6 +154,32 @@ def apply(name: str, key: str) -> int:
     return total
 
 
+def _ours(name: str, key: str, settings: conf.Settings) -> bool:
+    """Whether the key's oldest pending op was sent in this worker's namespace; if not, its prompt
+    was misrouted (or forged): it is left, untaken, to the workers of the op's namespace."""
+    theirs = ops_namespaces(name, key)
+    if not theirs or routing.serves(settings.NAMESPACE, theirs[0]):
+        return True
+    log.warning(
+        "durable: refused to apply the ops of entity %s:%s: they were sent in namespace %r and "
+        "this worker serves %r only (a misrouted or forged message); nothing changed",
+        name,
+        key,
+        theirs[0],
+        settings.NAMESPACE,
+    )
+    return False
+
+
+def _served(batch: list[EntityOp], settings: conf.Settings) -> list[EntityOp]:
+    """The ops of ``batch`` before the first one sent in a namespace this worker does not serve:
+    that one and those after it wait, in order, for its namespace's workers."""
+    for position, op in enumerate(batch):
+        if not routing.serves(settings.NAMESPACE, op.namespace):
+            return batch[:position]
+    return batch
+
+
 def _apply_batch(
     definition: Definition, key: str, settings: conf.Settings, *, careful: bool
 ) -> tuple[int, bool] | None:
@@ -166,7 +194,7 @@ def _apply_batch(
         )
     except InvalidInput as exc:
         # No state to start from: the key's ops fail with the reason, and none is applied.
-        batch = ops.next_pending(definition.name, key, BATCH)
+        batch = _served(ops.next_pending(definition.name, key, BATCH), settings)
         for op in batch:
             op.result, op.error = None, exc.to_dict()
         _settle(definition, key, batch, now, settings)
@@ -180,7 +208,7 @@ def _apply_batch(
             definition.version,
         )
         return 0, False
-    batch = ops.next_pending(definition.name, key, BATCH)
+    batch = _served(ops.next_pending(definition.name, key, BATCH), settings)
     if not batch:
         return 0, False
     state = row.state

@@ -25,7 +25,7 @@ from ..errors import WorkflowNotRegistered
 from ..models import Run, Status
 from ..replay import wire
 from ..replay.turnstate import RunFacts
-from . import histories, observe, turn, writes
+from . import histories, namespaces, observe, turn, writes
 
 log = logging.getLogger("durable.engine")
 
@@ -105,6 +105,9 @@ def apply(message: dict[str, Any]) -> str:
                     run_id,
                     extra={"run_id": run_id},
                 )
+                return "refused"
+            if not routing.serves(settings.NAMESPACE, run.namespace):
+                namespaces.warn(run_id, f"the decision of turn {owner}", run.namespace, settings)
                 return "refused"
             run.wakes = message.get("wakes", run.wakes)  # as the turn read them: a later wake reruns it
             turn.finish(run, owner, None, state, outcome, settings)

@@ -13,13 +13,14 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, dispatch, routing
 from ..definitions import Step, registry
 from ..errors import TRACEBACK, DurableError, InvalidInput, WorkflowNotRegistered, error_dict
 from ..models import Checkpoint, Run
 from ..replay.attempt import beat_grace
 from ..replay.history import PENDING, check_size, roundtrip
 from ..replay.stepscope import parse_token
+from . import namespaces
 from .steps import record
 
 log = logging.getLogger("durable.engine")
@@ -36,12 +37,18 @@ _ATTEMPT_FIELDS = (
     "flow",
     "flow_key",
     "run__status",
+    "run__namespace",
 )
 
 
 def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: str) -> Checkpoint | None:
     """The checkpoint of this attempt of a Celery task used as a step, if ``token`` is the one
     durable sent with it and the attempt is still pending in an unfinished run."""
+    if not token:
+        log.warning(
+            "durable: refused a message for %s#%s attempt %s: it carries no token", run_id, seq, attempt
+        )
+        return None
     row = (
         Checkpoint.objects.using(db)
         .select_related("run")
@@ -50,6 +57,9 @@ def _task_attempt(run_id: str, seq: int, attempt: int, token: str | None, db: st
         .first()
     )
     if row is None or row.status != PENDING or row.attempt != attempt or row.run.is_finished:
+        return None
+    if not routing.serves(conf.get().NAMESPACE, row.run.namespace):
+        namespaces.warn(run_id, f"a report for step attempt {seq}#{attempt}", row.run.namespace, conf.get())
         return None
     # Results of durable's own steps are recorded by the worker that ran them, never by a message.
     if not reported_by_message(row.input) or not _same_token(row.token, token):
@@ -69,9 +79,10 @@ def reported_by_message(payload: Any) -> bool:
     return bool(payload) and bool(payload.get("task") or payload.get("remote"))
 
 
-def _same_token(expected: str | None, given: str | None) -> bool:
-    if expected is None or given is None:
-        return expected is given
+def _same_token(expected: str | None, given: Any) -> bool:
+    # An attempt between two sends has no token: a message without one must match nothing.
+    if not expected or not given or not isinstance(given, str):
+        return False
     return hmac.compare_digest(expected, given)
 
 

@@ -23,7 +23,7 @@ from ..models.ahead import Ahead
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, Record
 from ..replay.stepscope import StepInfo
-from . import ahead, attempts, flow, handover, histories, leases, observe, turn
+from . import ahead, attempts, flow, handover, histories, leases, namespaces, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -44,6 +44,11 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
 
     The attempt is held by this process (renewed by the lease keeper) from the moment it starts
     until its result is recorded, so a death anywhere in between is known within a LEASE."""
+    if not token:
+        log.warning(
+            "durable: refused run_step for %s#%s attempt %s: it carries no token", run_id, seq, attempt
+        )
+        return "stale"
     settings = conf.get()
     began = time.monotonic()
     holder = leases.process_holder()
@@ -54,6 +59,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     started = _persistently(lambda: _start(run_id, seq, attempt, token, holder, clock.now(), settings), key)
     row, held_back, read = started or (None, None, None)
     if row is None:
+        namespaces.refused(run_id, f"step attempt {seq}#{attempt}", settings)
         return "stale"
     if isinstance(held_back, flow.Waits):
         if held_back.until is not None:

@@ -32,6 +32,7 @@ from . import (
     histories,
     leases,
     lifecycle,
+    namespaces,
     observe,
     remote_turns,
     runs,
@@ -113,9 +114,9 @@ def new_owner(settings: conf.Settings) -> str:
 
 def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
-    run = runs.claim(run_id, new_owner(settings), clock.now(), settings.LEASE)
+    run = runs.claim(run_id, new_owner(settings), clock.now(), settings.LEASE, settings.NAMESPACE)
     if run is None:
-        return "busy"
+        return "foreign" if namespaces.refused(run_id, "a turn", settings) else "busy"
     owner = run.locked_by or ""
     return _claimed(run, owner, settings, first=owner.endswith(FIRST_CLAIM))
 
@@ -194,12 +195,15 @@ def die(run: Run, settings: conf.Settings) -> None:
             lifecycle.finished(run.ended_as(Status.DEAD, error=error))
 
 
-def give_back(run: Run, owner: str, settings: conf.Settings) -> str:
+def give_back(run: Run, owner: str, settings: conf.Settings, state: TurnState | None = None) -> str:
     """Hand back a run whose turn ran past TURN_TIME_LIMIT, counted as a crashed turn; say what
-    became of it (``lost`` if this turn no longer held it)."""
+    became of it (``lost`` if this turn no longer held it). ``state``: the abandoned turn's, whose
+    results of steps run in place are written first, under its lease."""
     db = settings.DATABASE
     error = errors.turn_time_limit_exhausted(run.recovery_attempts + 1, settings.TURN_TIME_LIMIT)
     with transaction.atomic(using=db):
+        if state is not None:
+            writes.keep_held_results(run.id, owner, state, db)
         became = Run.objects.using(db).give_back(
             run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error
         )
@@ -298,9 +302,14 @@ def _turn(
         with transaction.atomic(using=db):
             _settle(run, owner, outcome, settings)
         return outcome
-    leases.watch(run.id, owner, settings.TURN_TIME_LIMIT, lambda: give_back(run, owner, settings))
+    leases.watch(run.id, owner, settings.TURN_TIME_LIMIT, lambda: give_back(run, owner, settings, state))
     try:
         outcome = _replay(run, owner, workflow, body_input, state, settings, guarded(flush), guarded(renew))
+    except leases.Interrupted:
+        # Stopped (past TURN_TIME_LIMIT, say, in a body that never reached a primitive): a step
+        # run in place before it completed, and stays so, rather than counting as lost.
+        writes.keep_held_results(run.id, owner, state, db)
+        raise
     finally:
         leases.unwatch(run.id)
     if lost:

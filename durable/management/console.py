@@ -12,19 +12,24 @@ from django.core.management.base import CommandError
 
 import durable
 
-from .. import clock, conf
+from .. import clock, conf, guards
 from ..durations import parse_duration
 from ..engine import blocked, histories, redispatch, retention, sweeps
-from ..errors import DurableError
+from ..errors import DurableError, InvalidInput
 from ..models import Run
-from ..statuses import TERMINAL
+from ..statuses import TERMINAL, RunStatus
 
 
 def add_subcommands(parser: Any, command: Any) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     listing = sub.add_parser("list", help="the newest runs, filtered")
-    listing.add_argument("--status", action="append", help="only runs with this status (repeatable)")
+    listing.add_argument(
+        "--status",
+        action="append",
+        choices=[s.value for s in RunStatus],
+        help="only runs with this status (repeatable)",
+    )
     listing.add_argument("--workflow", help="only runs of this workflow name")
     listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
 
@@ -106,9 +111,10 @@ def run(action: str, options: dict[str, Any], out: Any, style: Any) -> None:
 
 def _json_arg(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"{what} is not JSON ({exc}); quote it, e.g. '{{\"order\": 1}}'") from None
+        return guards.parse_json(text, what)
+    except InvalidInput as exc:
+        hint = "; quote it, e.g. '{\"order\": 1}'" if "is not JSON" in str(exc) else ""
+        raise CommandError(f"{exc}{hint}") from None
 
 
 def _when(run: Run, field: str) -> str:

@@ -43,6 +43,7 @@ def take(
     now: datetime,
     until: datetime,
     fields: tuple[str, ...],
+    namespace: str | None = None,
 ) -> tuple[Checkpoint | None, Ahead | None]:
     """``CheckpointQuerySet.take``, reading the run too when it waits for this position alone:
     suspended, admitted, and no other position of it pending (a pending one may change without
@@ -59,6 +60,7 @@ def take(
         now,
         until,
         returning=", ".join(map(ops.quote_name, taken_columns)),
+        namespace=namespace,
     )
     with connections[db].cursor() as cursor:
         cursor.execute(reading.format(taking=taking), [*params, Status.SUSPENDED, CheckpointStatus.PENDING])

@@ -98,6 +98,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
     def begin(self, run_id: str, seq: int, attempt: int, token: str | None, now: datetime) -> bool:
         """A worker picked up this attempt of a Celery task used as a step; False if the token is
         not the attempt's, or the attempt is stale or already settled."""
+        if not token:  # an attempt between two sends has none: ``token=None`` would match it
+            return False
         return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(started_at=now))
 
     def take(
@@ -109,12 +111,14 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         holder: str,
         now: datetime,
         until: datetime,
+        namespace: str | None = None,
     ) -> Checkpoint | None:
         """Start this attempt, held by ``holder`` until ``until``, and return its row, in one
         statement. None when the message is not the one durable sent for it (token), the attempt
         is stale, settled or already started (a redelivery never runs an attempt twice as
-        itself), or its run has finished."""
-        taken = returned(Checkpoint, self.db, *self.taking(run_id, seq, attempt, token, holder, now, until))
+        itself), or its run has finished or (with ``namespace``) is of another namespace."""
+        taking = self.taking(run_id, seq, attempt, token, holder, now, until, namespace=namespace)
+        taken = returned(Checkpoint, self.db, *taking)
         return taken[0] if taken else None
 
     def taking(
@@ -127,21 +131,21 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         now: datetime,
         until: datetime,
         returning: str | None = None,
+        namespace: str | None = None,
     ) -> tuple[str, list[Any]]:
         """``take``'s statement (``RETURNING`` ``returning``, else every column) and its parameters."""
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
-        # Rows written before attempts had tokens match only a message without one.
-        token_matches = "token IS NULL" if token is None else "token = %s"
         sql = (
             f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
             "held_until = %s "
             "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
-            f"AND enqueued_at IS NOT NULL AND started_at IS NULL AND {token_matches} "
+            # ``token = NULL`` is never true: a message without a token takes nothing.
+            "AND enqueued_at IS NOT NULL AND started_at IS NULL AND token = %s "
             # An attempt in line for a slot or a rate token starts only once it is sent again.
             "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
-            f") RETURNING {returning or all_columns(Checkpoint, self.db)}"
+            f"{' AND namespace = %s' if namespace else ''}) RETURNING {returning or all_columns(Checkpoint, self.db)}"
         )
         params = [
             at(now),
@@ -150,9 +154,10 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             run_id,
             seq,
             attempt,
-            *([] if token is None else [token]),
+            token or None,
             run_id,
             *UNFINISHED,
+            *([namespace] if namespace else []),
         ]
         return sql, params
 
@@ -477,11 +482,15 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         }
         if with_progress:
             fields["progress"] = progress
+        if not token:  # an attempt between two sends has none: ``token=None`` would match it
+            return False
         return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(**fields))
 
     def late_progress(self, run_id: str, seq: int, attempt: int, token: str, progress: Any) -> bool:
         """Keep ``progress`` from a beat of this attempt that arrived after its result was recorded
         (only with the attempt's token; a later attempt's row no longer matches)."""
+        if not token:
+            return False
         ended = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
         rows = self.filter(run_id=run_id, seq=seq, attempt=attempt, token=token, status__in=ended)
         return bool(rows.update(progress=progress))

@@ -46,13 +46,16 @@ class RunQuerySet(BlockedRuns, models.QuerySet["Run"]):
         """The runs of ``namespace``; every run when None (a process that serves them all)."""
         return self if not namespace else self.filter(namespace=namespace)
 
-    def claim(self, run_id: str, owner: str, now: datetime, lease: timedelta) -> Run | None:
+    def claim(
+        self, run_id: str, owner: str, now: datetime, lease: timedelta, namespace: str | None = None
+    ) -> Run | None:
         """Take the turn lease of an unfinished run whose lease is free or expired; return the row.
 
         Taking over a ``running`` run means its last turn died holding the lease: that counts
         as a recovery attempt. One statement: the UPDATE returns the claimed row. The lease is
         held by the row's ``locked_by``: ``owner``, or ``owner`` + FIRST_CLAIM when the run had
-        never started (so its turn knows it has no history to read).
+        never started (so its turn knows it has no history to read). With ``namespace``, only a
+        run of that namespace: a worker of one namespace never takes another's run.
         """
         ops = connections[self.db].ops
         at = ops.adapt_datetimefield_value
@@ -64,7 +67,8 @@ class RunQuerySet(BlockedRuns, models.QuerySet["Run"]):
             "started_at = COALESCE(started_at, %s), "
             "updated_at = %s "
             "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
-            f"AND admitted = %s RETURNING {all_columns(Run, self.db)}"
+            f"AND admitted = %s {'AND namespace = %s ' if namespace else ''}"
+            f"RETURNING {all_columns(Run, self.db)}"
         )
         params = [
             Status.RUNNING,
@@ -78,6 +82,7 @@ class RunQuerySet(BlockedRuns, models.QuerySet["Run"]):
             *UNFINISHED,
             at(now),
             True,
+            *([namespace] if namespace else []),
         ]
         claimed = returned(Run, self.db, sql, params)
         return claimed[0] if claimed else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import guards
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput
 from .history import COMPLETED, roundtrip
@@ -37,7 +38,7 @@ class SearchAttributes(Positions):
 def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
     """``mapping`` as an upsert takes it: names to JSON values, each of its schema's type."""
     if not isinstance(mapping, dict) or not all(isinstance(k, str) and k for k in mapping):
-        raise InvalidInput(f"search attributes are a dict of names to values, got {mapping!r}")
+        raise InvalidInput(f"search attributes are a dict of names to values, got {guards.shown(mapping)}")
     mapping = roundtrip(mapping, what="search attributes")
     schema = workflow.search_attributes_schema
     if schema is None:
@@ -53,5 +54,5 @@ def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
         )
         if value is not None and not fits:
             names = " or ".join(kind.__name__ for kind in kinds)
-            raise InvalidInput(f"search attribute {name!r} must be {names}, got {value!r}")
+            raise InvalidInput(f"search attribute {name!r} must be {names}, got {guards.shown(value)}")
     return mapping

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import durable
+from durable.models import Checkpoint
 from durable.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 TICKS = Path(tempfile.gettempdir()) / "durable-e2e-bodies"
 SHORT = {"DURABLE_TURN_TIME_LIMIT": "2s", "DURABLE_MAX_RECOVERY_ATTEMPTS": "1"}
 LONG = {"DURABLE_TURN_TIME_LIMIT": "10m"}
+SWEEPS = {"DURABLE_ORPHAN_SWEEP_INTERVAL": "1s", "DURABLE_TIMER_SWEEP_INTERVAL": "0.5s"}
 
 
 @pytest.fixture
@@ -63,6 +65,22 @@ def spinning(ctx, swallow):
                 pass
         except BaseException:  # noqa: BLE001 - swallows even the keeper's stop
             pass
+
+
+@durable.step(name="tests.e2e_bodies.noted")
+def noted(run_id):
+    """A step of no time, run in place (no timeout, on a worker of its queue): it notes each run."""
+    TICKS.mkdir(exist_ok=True)
+    with open(TICKS / f"{run_id}.step", "a") as f:
+        f.write("ran\n")
+    return "noted"
+
+
+@durable.workflow(name="tests.e2e_bodies.sleeps")
+def sleeping(ctx, seconds):
+    ctx.step(noted, ctx.run_id)
+    time.sleep(seconds)  # plain Python, no primitive: only the keeper can stop it
+    return "woke"
 
 
 @durable.workflow(name="tests.e2e_bodies.quick")
@@ -124,3 +142,30 @@ def test_cancel_stops_a_turn_that_never_calls_a_primitive(durable_worker):
     )
     assert durable.get_run(run.id).status == "cancelled"
     assert "stopping the turn of run" in worker.logs()
+
+
+@pytest.mark.parametrize("seconds", [4, 30], ids=["stopped-when-it-wakes", "abandoned"])
+def test_a_body_sleeping_past_turn_time_limit_after_a_step_in_place_names_the_limit(durable_worker, seconds):
+    """The step's result, held for the turn's next write, is written when the turn is stopped or
+    abandoned: the step ran once and completed, and the run's end names TURN_TIME_LIMIT."""
+    worker = durable_worker.add_worker(SHORT, concurrency=1)
+    durable_worker.start_beat({**SHORT, **SWEEPS})  # the lost turns and attempts are found by sweeps
+    run = durable.start(sleeping, seconds)
+    try:
+        record = wait_for(
+            lambda: (r := durable.get_run(run.id)).status in ("dead", "failed", "completed") and r,
+            120,
+            0.2,
+            "the run to end",
+        )
+    except AssertionError:
+        print(worker.logs()[-6000:])
+        raise
+    steps = Checkpoint.objects.filter(run_id=run.id, kind="step")
+    assert list(steps.values_list("status", "attempt")) == [("completed", 1)], (
+        record.error,
+        worker.logs()[-3000:],
+    )
+    assert (TICKS / f"{run.id}.step").read_text().split() == ["ran"]
+    assert "TURN_TIME_LIMIT" in record.error["message"], record.error
+    assert record.error["details"]["cause"] == "turn_time_limit", record.error

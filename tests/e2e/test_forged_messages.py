@@ -26,13 +26,14 @@ from celery import current_app
 import durable
 from durable import conf
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import DurableWorker, wait_for
+from durable.testing import DurableWorker, _purge, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 GATE_ENV = "FORGED_MESSAGES_GATE"
 HOLD_AT_MOST = 60  # seconds a step holds its worker process if the test never releases it
 FORGED_PROGRESS_BYTES = 20 * 1024 * 1024
+REMOTE_QUEUE = "forged-remote"  # consumed by no worker: its attempts are reported by the test
 
 
 def _hold_until_released() -> None:
@@ -71,6 +72,21 @@ def fan_member_flow(ctx, tag):
 @durable.workflow(name="tests.forged_in_place")
 def in_place_flow(ctx, tag):
     return ctx.step(held, tag)  # no timeout, on a worker of its queue: run inside the turn
+
+
+@durable.step(
+    name="tests.forged_remote",
+    remote=True,
+    queue=REMOTE_QUEUE,
+    retry=durable.Retry(max_attempts=3, initial="60s"),
+)
+def remote_step(tag):
+    raise AssertionError("no worker here serves the remote queue: the test reports for it")
+
+
+@durable.workflow(name="tests.forged_remote_flow")
+def remote_flow(ctx, tag):
+    return ctx.step(remote_step, tag)
 
 
 @pytest.fixture
@@ -161,3 +177,38 @@ def test_forged_heartbeat_does_not_store_twenty_megabytes_of_progress(
         (gate / f"{run_id}.release").touch()
     assert durable.result(run_id, timeout=30) == {"real": "x"}
     assert not forged_values(run_id)
+
+
+def test_a_result_without_a_token_does_not_settle_a_remote_step_in_its_backoff(
+    postgres, redis_broker, durable_worker
+):
+    """Between a failed attempt and the next send an attempt has no token: a step_result that
+    carries none must not find it equal."""
+    run_id = durable.start(remote_flow, "x").id
+    try:
+        sent = wait_for(
+            lambda: Checkpoint.objects.filter(run_id=run_id, seq=0, enqueued_at__isnull=False).first(),
+            30,
+            what="the remote attempt to be sent",
+        )
+        # The remote side reports attempt 1 failed, with its token: attempt 2 waits 60s.
+        forge(
+            "durable.step_result", run_id=run_id, seq=0, attempt=1, error={"message": "no"}, token=sent.token
+        )
+        wait_for(
+            lambda: Checkpoint.objects.filter(run_id=run_id, seq=0, attempt=2, token__isnull=True).exists(),
+            30,
+            what="attempt 1 to fail into its backoff",
+        )
+        forged = forge("durable.step_result", run_id=run_id, seq=0, attempt=2, output="FORGED")
+        line = wait_for(
+            lambda: handled(durable_worker, forged), 30, what="the worker to handle the forged message"
+        )
+        run = Run.objects.get(id=run_id)
+        assert run.status not in TERMINAL, (
+            f"the token-less step_result ended the run: {run.status} {run.output} ({line})"
+        )
+        row = Checkpoint.objects.get(run_id=run_id, seq=0)
+        assert (row.status, row.attempt, row.output) == ("pending", 2, None), line
+    finally:
+        _purge([REMOTE_QUEUE])

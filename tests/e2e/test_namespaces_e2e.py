@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from celery import current_app
 
 import durable
 from durable.models import Run
+from durable.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -63,3 +65,26 @@ def test_each_tenant_is_run_by_its_own_worker_and_swept_by_its_own_beat(durable_
     durable_worker.start_beat({"DURABLE_NAMESPACE": "tenant-a"}, name="beat-a")
     for run_id in runs["tenant-a"]:
         assert durable.result(run_id, timeout=60) == ["tenant-a"] * 3
+
+
+@durable.workflow(name="tests.ns_e2e.short_flow")
+def short_flow(ctx: durable.Context, _: object) -> list[str]:
+    return [ctx.step(executor), ctx.step(dispatched_executor)]
+
+
+@pytest.mark.parametrize("durable_worker", [QUEUES], indirect=True)
+def test_a_turn_misrouted_to_another_tenant_is_refused_and_left_to_its_own(durable_worker):
+    _tenant(durable_worker, "tenant-a")
+    run_id = durable.start(short_flow, namespace="tenant-b").id  # its own worker is not up yet
+    misrouted = current_app.send_task("durable.advance", args=[run_id], queue="durable.tenant-a").id
+    wait_for(
+        lambda: f"[{misrouted}] succeeded" in durable_worker.logs() or None,
+        30,
+        what="tenant-a's worker to handle the misrouted turn",
+    )
+    assert "refused a turn of run" in durable_worker.logs()
+    run = Run.objects.get(id=run_id)
+    assert (run.status, run.locked_by, run.started_at) == ("pending", None, None)
+
+    _tenant(durable_worker, "tenant-b")
+    assert durable.result(run_id, timeout=60) == ["tenant-b"] * 2

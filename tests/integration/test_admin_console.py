@@ -291,7 +291,9 @@ def test_the_send_form_delivers_a_signal_and_the_run_finishes(admin_client: Clie
 @pytest.mark.parametrize(
     ("kind", "payload", "said"),
     [
-        ("signal", '{"by": ', "The payload is not valid JSON"),
+        ("signal", '{"by": ', "The payload is not JSON"),
+        ("signal", "[" * 5000 + "]" * 5000, "nested deeper than 100 levels"),
+        ("update", "1" * 5001, "store it as a string"),
         ("update", '{"by": ""}', "an approval names who approved it"),
     ],
 )

@@ -98,6 +98,31 @@ def test_bad_json_is_refused_naming_the_argument_and_nothing_is_stored(durable_e
     assert not Run.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("start", "tests.console.fulfil", "[" * 5000 + "]" * 5000), "the input is nested deeper than 100"),
+        (("start", "tests.console.fulfil", "1" * 5001), "store it as a string"),
+        (
+            ("signal", "order-1", "delivered", "[" * 5000 + "]" * 5000),
+            "the payload is nested deeper than 100",
+        ),
+    ],
+    ids=["deep input", "huge input", "deep payload"],
+)
+def test_json_too_deep_or_too_long_is_refused_naming_the_argument(durable_env, args, said):
+    durable.start(fulfil, {"id": 1, "cents": 1}, run_id="order-1")
+    with pytest.raises(CommandError, match=said):
+        manage(*args)
+    assert list(Run.objects.values_list("id", flat=True)) == ["order-1"]
+    assert not Run.objects.get(id="order-1").signals.exists()
+
+
+def test_list_refuses_a_status_that_does_not_exist(durable_env):
+    with pytest.raises(CommandError, match="bogus"):
+        manage("list", "--status", "bogus")
+
+
 def test_an_api_error_becomes_a_command_error(durable_env):
     with pytest.raises(CommandError, match="no run has id 'nope'"):
         manage("signal", "nope", "delivered")
