@@ -15,8 +15,10 @@ from django.db.models.functions import Coalesce
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
 from .base import (
     BEAT_HOLDER,
+    IDS_PER_STATEMENT,
     RETRYABLE,
     all_columns,
+    chunked,
     insert,
     insertion,
     instances,
@@ -400,7 +402,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         return values_where(Checkpoint, self.db, fields, {"run": run_id}, ("seq",))
 
     def add(self, rows: list[Checkpoint]) -> None:
-        """Insert new positions in one statement (their ids are not read back)."""
+        """Insert new positions (their ids are not read back): one statement, or for a fan wider
+        than ``rows_per_insert`` one per slice, in the caller's transaction."""
         insert(Checkpoint, self.db, rows)
 
     def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
@@ -442,11 +445,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         (call before the run is reopened): a child position waits again for its run, retried
         with it; any other position is forgotten, so the next turn replays it as new."""
         ended = Exists(Run.objects.filter(id=run_id, status__in=RETRYABLE))
-        positions = self.filter(ended, run_id=run_id, seq__in=seqs)
-        positions.filter(kind="child", status=CheckpointStatus.FAILED).update(
-            status=CheckpointStatus.PENDING, error=None, finished_at=None
-        )
-        positions.exclude(kind="child").delete()
+        for batch in chunked(seqs, IDS_PER_STATEMENT):  # a wide fan's failures, a slice at a time
+            positions = self.filter(ended, run_id=run_id, seq__in=batch)
+            positions.filter(kind="child", status=CheckpointStatus.FAILED).update(
+                status=CheckpointStatus.PENDING, error=None, finished_at=None
+            )
+            positions.exclude(kind="child").delete()
 
     def beat(
         self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool
