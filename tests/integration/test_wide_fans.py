@@ -30,7 +30,7 @@ def wide_fan(ctx, n):
 
 
 def test_a_fan_of_ten_thousand_runs_to_completion(durable_env, postgres):
-    """The first turn writes 10,000 positions of 27 columns each: in slices, in its transaction."""
+    """The first turn writes 10,000 positions of 25 columns each: in slices, in its transaction."""
     run_id = durable.start(wide_fan, WIDE).id
     durable_env.run_until_idle(max_tasks=3 * WIDE)
     run = Run.objects.get(id=run_id)
