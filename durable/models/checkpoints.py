@@ -247,13 +247,16 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         forget: dict[str, Any] = {"enqueued_at": None, "wake_at": None, "token": None}
         if fresh_budget:
             forget["redispatches"] = 0
-        return self.filter(
-            run_id__in=run_ids,
-            kind="step",
-            status=CheckpointStatus.PENDING,
-            enqueued_at__isnull=False,
-            started_at__isnull=True,
-        ).update(**forget)
+        unsent = 0
+        for batch in chunked(run_ids, IDS_PER_STATEMENT):  # an operator may name any number
+            unsent += self.filter(
+                run_id__in=batch,
+                kind="step",
+                status=CheckpointStatus.PENDING,
+                enqueued_at__isnull=False,
+                started_at__isnull=True,
+            ).update(**forget)
+        return unsent
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
         return self._end(run_id, seq, attempt, _completed(output, now))

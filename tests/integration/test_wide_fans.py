@@ -11,7 +11,7 @@ from django.test import override_settings
 
 import durable
 from durable import clock
-from durable.engine import retention
+from durable.engine import redispatch, retention
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -97,3 +97,13 @@ def test_retrying_a_run_whose_wide_fan_failed_gives_every_member_a_fresh_attempt
     durable.retry("failed")
     assert Run.objects.get(id="failed").status == "pending"
     assert not Checkpoint.objects.filter(run_id="failed").exists()
+
+
+def test_redispatching_more_runs_than_one_statement_names(durable_env, postgres):
+    run_id = durable.start(wide_fan, 2).id
+    durable_env.run_next()  # the first turn sends both members
+    assert len(durable_env.drop()) == 2  # and the broker loses their messages
+    others = [f"gone-{i}" for i in range(PAST_ONE_STATEMENT)]
+    assert redispatch.redispatch([*others, run_id]) == 2
+    durable_env.run_until_idle()
+    assert Run.objects.get(id=run_id).output == 1
