@@ -25,7 +25,7 @@ from bench import env, report  # noqa: E402
 from bench.report import _ms, _verdict  # noqa: E402
 from bench.stats import Reps, ratio, summary, wait_until  # noqa: E402
 
-DB = "durable_fans"
+DB = os.environ.get("BENCH_FANS_DB", "durable_fans")
 REDIS = os.environ.get("BENCH_FANS_REDIS", "redis://127.0.0.1:6379/7")
 #: Tables a chord on the django-db result backend adds to the suite's ``env.TABLES``.
 CHORD_TABLES = ("django_celery_results_chordcounter", "django_celery_results_groupresult")

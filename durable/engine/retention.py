@@ -96,8 +96,8 @@ def delete_trees(root_ids: list[str]) -> int:
         doomed = [i for i in roots if i not in keep and _let_go(i, trees[i])]
         if not doomed:
             return 0
-        _, per_model = runs.filter(id__in=doomed).delete()
-    return per_model.get(Run._meta.label, 0)
+        # Each tree read root first, a level at a time: reversed, every run goes after its subtree.
+        return runs.delete_in_order([run_id for root in doomed for run_id, _ in reversed(trees[root])])
 
 
 def _trees(roots: list[str]) -> dict[str, list[tuple[str, str]]]:
@@ -107,7 +107,7 @@ def _trees(roots: list[str]) -> dict[str, list[tuple[str, str]]]:
     trees: dict[str, list[tuple[str, str]]] = {run_id: [(run_id, Status.COMPLETED)] for run_id in roots}
     frontier = list(roots)
     while frontier:
-        level = list(runs.filter(parent_id__in=frontier).values_list("id", "parent_id", "status"))
+        level = runs.children_of(frontier, "id", "parent_id", "status")
         frontier = []
         for run_id, parent_id, status in level:
             root_of[run_id] = root_of[parent_id]

@@ -27,6 +27,7 @@ from ..models import (
     Status,
     column_length,
 )
+from ..models.base import IDS_PER_STATEMENT, chunked
 from ..replay.history import ChildStart
 from ..replay.searchattributes import check_search_attributes
 from . import singletons
@@ -323,11 +324,12 @@ def _fresh_attempt(run: Run, seqs: list[int]) -> None:
     A step or a wait is replayed as new; a child keeps its id, so the child run itself is
     retried and its end settles the position again.
     """
-    children = run.checkpoints.filter(seq__in=seqs, kind="child")
-    for child_input in children.values_list("input", flat=True):
-        child_id = (child_input or {}).get("run_id")
-        if child_id and get_run(child_id).status in RETRYABLE:
-            retry(child_id)
+    for batch in chunked(seqs, IDS_PER_STATEMENT):  # every member of a wide fan may have failed
+        children = run.checkpoints.filter(seq__in=batch, kind="child")
+        for child_input in children.values_list("input", flat=True):
+            child_id = (child_input or {}).get("run_id")
+            if child_id and get_run(child_id).status in RETRYABLE:
+                retry(child_id)
     Checkpoint.objects.using(conf.get().DATABASE).reattempt(run.id, seqs)
 
 
@@ -359,17 +361,16 @@ def delete(run_id: str) -> int:
     with transaction.atomic(using=conf.get().DATABASE):
         get_run(run_id)
         ids, frontier = [run_id], [run_id]
-        while frontier:
-            frontier = list(_runs().filter(parent_id__in=frontier).values_list("id", flat=True))
-            ids.extend(frontier)
         # Unfinished singleton runs deleted here free their slots for the next in line.
-        lines = set(
-            _runs()
-            .filter(id__in=ids, status__in=UNFINISHED)
-            .exclude(singleton_key=None)
-            .values_list("singleton_key", "workflow")
-        )
-        _runs().filter(id__in=ids).delete()
+        lines: set[tuple[str, str]] = set()
+        while frontier:
+            level = _runs().children_of(frontier, "id", "status", "singleton_key", "workflow")
+            frontier = [child_id for child_id, *_ in level]
+            ids.extend(frontier)
+            lines |= {(key, name) for _, status, key, name in level if key and status in UNFINISHED}
+        root = _runs().filter(id=run_id, status__in=UNFINISHED).exclude(singleton_key=None)
+        lines |= set(root.values_list("singleton_key", "workflow"))
+        _runs().delete_in_order(ids[::-1])
         for key, workflow in lines:
             singletons.admit(key, workflow)
     return len(ids)

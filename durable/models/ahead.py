@@ -92,8 +92,10 @@ def _reading(db: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[s
         + ", ".join(f"taken.{ops.quote_name(c)}" for c in taken_columns)
         + ", r.xmin::text, "
         + ", ".join(f"r.{ops.quote_name(c)}" for c in run_columns)
-        + f", (SELECT json_agg(json_build_array({listed}) ORDER BY seq) FROM {positions} "
-        "WHERE run_id = taken.run_id) "
+        # Read only when the run was found waiting for this position alone: a fan member's
+        # take would otherwise read (and send back) every member of its fan, N times per fan.
+        + f", CASE WHEN r.id IS NOT NULL THEN (SELECT json_agg(json_build_array({listed}) ORDER BY seq) "
+        f"FROM {positions} WHERE run_id = taken.run_id) END "
         f"FROM taken LEFT JOIN {runs} r ON r.id = taken.run_id AND r.status = %s AND r.admitted "
         # A fan member's or a limited step's result is never written ahead (see ``record``).
         "AND taken.fan IS NULL AND taken.flow_key IS NULL "

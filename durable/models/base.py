@@ -4,9 +4,10 @@ guarded UPDATEs."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 
 from ..statuses import RunStatus
 
@@ -19,6 +20,23 @@ Status = models.TextChoices("Status", [(status.name, status.value) for status in
 RETRYABLE = (Status.FAILED, Status.DEAD, Status.CANCELLED)
 #: Who holds an attempt kept alive by heartbeat messages: its worker is no process of this fleet.
 BEAT_HOLDER = "heartbeat-message"
+
+#: The parameters one statement may carry. PostgreSQL's protocol counts them in 16 bits (at most
+#: 65,535) and SQLite allows 32,766 by default: a statement whose parameters grow with the work
+#: (a fan's positions, the runs of a tree) is cut into statements of at most this many, well below
+#: both, so a fan of any width is written rather than refused.
+PARAMS_PER_STATEMENT = 30_000
+#: The ids one ``IN (...)`` list names.
+IDS_PER_STATEMENT = 10_000
+
+
+def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """``items`` in slices of at most ``size``; one (possibly empty) slice when they fit in one."""
+    if len(items) <= size:
+        yield items
+        return
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:
@@ -174,11 +192,30 @@ def insertion(
     return head + "VALUES " + ", ".join([f"({placeholders})"] * len(rows)), params
 
 
+@functools.cache
+def rows_per_insert(model: type[models.Model]) -> int:
+    """The rows of ``model`` one INSERT writes at most: its columns times that stay within
+    PARAMS_PER_STATEMENT."""
+    columns = sum(1 for f in model._meta.concrete_fields if not f.primary_key)
+    return max(1, PARAMS_PER_STATEMENT // columns)
+
+
 def insert(model: type[models.Model], db: str, rows: list[models.Model]) -> None:
-    """Insert ``rows`` in one statement, without reading back their primary keys (what
-    ``bulk_create`` does, minus its own transaction and the compiling)."""
+    """Insert ``rows`` without reading back their primary keys (what ``bulk_create`` does, minus
+    the compiling): one statement when they fit in ``rows_per_insert``, else one per slice, all in
+    one transaction (the caller's, or one of their own), so they are written together or not."""
     if not rows:
         return
+    size = rows_per_insert(model)
+    if len(rows) <= size:
+        _insert(model, db, rows)
+        return
+    with transaction.atomic(using=db, savepoint=False):
+        for batch in chunked(rows, size):
+            _insert(model, db, list(batch))
+
+
+def _insert(model: type[models.Model], db: str, rows: list[models.Model]) -> None:
     sql, params = insertion(model, db, rows)
     with connections[db].cursor() as cursor:
         cursor.execute(sql, params)

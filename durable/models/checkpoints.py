@@ -15,8 +15,10 @@ from django.db.models.functions import Coalesce
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
 from .base import (
     BEAT_HOLDER,
+    IDS_PER_STATEMENT,
     RETRYABLE,
     all_columns,
+    chunked,
     insert,
     insertion,
     instances,
@@ -250,13 +252,16 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         forget: dict[str, Any] = {"enqueued_at": None, "wake_at": None, "token": None}
         if fresh_budget:
             forget["redispatches"] = 0
-        return self.filter(
-            run_id__in=run_ids,
-            kind="step",
-            status=CheckpointStatus.PENDING,
-            enqueued_at__isnull=False,
-            started_at__isnull=True,
-        ).update(**forget)
+        unsent = 0
+        for batch in chunked(run_ids, IDS_PER_STATEMENT):  # an operator may name any number
+            unsent += self.filter(
+                run_id__in=batch,
+                kind="step",
+                status=CheckpointStatus.PENDING,
+                enqueued_at__isnull=False,
+                started_at__isnull=True,
+            ).update(**forget)
+        return unsent
 
     def complete(self, run_id: str, seq: int, attempt: int, output: Any, now: datetime) -> bool:
         return self._end(run_id, seq, attempt, _completed(output, now))
@@ -405,7 +410,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         return values_where(Checkpoint, self.db, fields, {"run": run_id}, ("seq",))
 
     def add(self, rows: list[Checkpoint]) -> None:
-        """Insert new positions in one statement (their ids are not read back)."""
+        """Insert new positions (their ids are not read back): one statement, or for a fan wider
+        than ``rows_per_insert`` one per slice, in the caller's transaction."""
         insert(Checkpoint, self.db, rows)
 
     def insert_fenced(self, row: Checkpoint, owner: str) -> bool:
@@ -447,11 +453,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         (call before the run is reopened): a child position waits again for its run, retried
         with it; any other position is forgotten, so the next turn replays it as new."""
         ended = Exists(Run.objects.filter(id=run_id, status__in=RETRYABLE))
-        positions = self.filter(ended, run_id=run_id, seq__in=seqs)
-        positions.filter(kind="child", status=CheckpointStatus.FAILED).update(
-            status=CheckpointStatus.PENDING, error=None, finished_at=None
-        )
-        positions.exclude(kind="child").delete()
+        for batch in chunked(seqs, IDS_PER_STATEMENT):  # a wide fan's failures, a slice at a time
+            positions = self.filter(ended, run_id=run_id, seq__in=batch)
+            positions.filter(kind="child", status=CheckpointStatus.FAILED).update(
+                status=CheckpointStatus.PENDING, error=None, finished_at=None
+            )
+            positions.exclude(kind="child").delete()
 
     def beat(
         self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool

@@ -125,6 +125,17 @@ def test_fan_of_dispatched_steps_completes(durable_worker):
     assert Checkpoint.objects.filter(run_id=run.id, status="completed").count() == size
 
 
+def test_a_fan_wider_than_one_insert_completes(durable_worker, postgres):
+    """3,000 positions of 25 columns are past PostgreSQL's 65,535 parameters a statement: the
+    first turn writes them in slices (one INSERT of them all crashed every retry of the turn)."""
+    size = 3000
+    started = time.monotonic()
+    run = durable.start(fan_flow, size)
+    assert durable.result(run.id, timeout=150) == size * (size - 1) // 2
+    print(f"fan of {size} dispatched steps: {time.monotonic() - started:.1f} s")
+    assert Run.objects.get(id=run.id).recovery_attempts == 0
+
+
 def test_grandchild_dies_and_the_roots_saga_compensates(durable_worker):
     durable_worker.start_beat()
     key = f"tree-{time.time_ns()}"
