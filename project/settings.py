@@ -168,6 +168,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # The filesystem transport polls; the default second is too slow for workflows.
         "polling_interval": 0.05,
     }
+elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    # Publisher confirms: a publish returns once RabbitMQ has taken the message, so a message
+    # durable counts as sent is on the broker (see docs/production.md, RabbitMQ).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
 else:
     # Longer than any step's timeout, or Redis redelivers a running step (see README).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
