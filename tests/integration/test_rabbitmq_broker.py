@@ -19,9 +19,20 @@ from tests import rabbitmq
 SETTINGS = Path(__file__).resolve().parents[2] / "project" / "settings.py"
 
 
-def _example_settings(monkeypatch: pytest.MonkeyPatch, broker: str) -> dict:
+def _example_settings(monkeypatch: pytest.MonkeyPatch, broker: str, **env: str) -> dict:
     monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    monkeypatch.delenv("CELERY_QUORUM_QUEUES", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     return runpy.run_path(str(SETTINGS))
+
+
+QUORUM = {
+    "CELERY_TASK_DEFAULT_QUEUE_TYPE": "quorum",
+    "CELERY_TASK_CREATE_MISSING_QUEUE_TYPE": "quorum",
+    "CELERY_TASK_DEFAULT_EXCHANGE_TYPE": "topic",
+    "CELERY_TASK_CREATE_MISSING_QUEUE_EXCHANGE_TYPE": "topic",
+}
 
 
 def test_flush_broker_empties_the_queues_on_rabbitmq(rabbitmq_broker):
@@ -73,6 +84,14 @@ def test_flush_broker_refuses_a_broker_it_cannot_wipe(settings):
 def test_example_settings_on_amqp_turn_on_publisher_confirms(monkeypatch):
     values = _example_settings(monkeypatch, "amqp://guest:guest@127.0.0.1:5672/durable")
     assert values["CELERY_BROKER_TRANSPORT_OPTIONS"] == {"confirm_publish": True}
+    assert not QUORUM.keys() & values.keys()  # a queue's type is the project's choice
+
+
+def test_example_settings_declare_quorum_queues_when_asked(monkeypatch):
+    values = _example_settings(
+        monkeypatch, "amqp://guest:guest@127.0.0.1:5672/durable", CELERY_QUORUM_QUEUES="1"
+    )
+    assert {name: values.get(name) for name in QUORUM} == QUORUM
 
 
 def test_example_settings_on_redis_keep_the_visibility_timeout(monkeypatch):
