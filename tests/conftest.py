@@ -46,9 +46,10 @@ def redis_broker() -> None:
 
 @pytest.fixture
 def rabbitmq_broker() -> None:
-    """Skip (or fail in CI) unless the broker is RabbitMQ."""
+    """Skip unless the broker is RabbitMQ, even in CI: the suites on Redis and on the embedded
+    default run these files too, and CI's RabbitMQ suite runs them on amqp://."""
     if not on_rabbitmq():
-        _skip_or_fail("needs RabbitMQ: set CELERY_BROKER_URL=amqp://...")
+        pytest.skip("needs RabbitMQ: set CELERY_BROKER_URL=amqp://... (CI's rabbitmq suite does)")
 
 
 @pytest.fixture
