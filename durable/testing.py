@@ -267,13 +267,31 @@ def cut_database_connections() -> int:
 
 
 def flush_broker(queues: list[str]) -> str:
-    """Lose every message on the Redis broker, as a broker restart without persistence does:
-    FLUSHDB its database, or, on db 0 (shared by convention), only kombu's keys and ``queues``.
-    Say which was done."""
-    import redis
+    """Lose the messages waiting on the broker, as a broker restart without persistence does;
+    say what was done.
+
+    Redis: FLUSHDB its database, or, on db 0 (shared by convention), only kombu's keys and
+    ``queues`` (messages a worker holds unacknowledged go too). RabbitMQ: purge ``queues``
+    through kombu (a message a worker holds unacknowledged stays with it: RabbitMQ purges only
+    the ready ones)."""
     from django.conf import settings
 
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    url = str(settings.CELERY_BROKER_URL)
+    if url.startswith(("redis://", "rediss://")):
+        return _flush_redis(url, queues)
+    if url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        purged, found = _purge(queues)
+        return f"purged {purged} messages from {found} queue(s)"
+    raise DurableError(
+        f"flush_broker() wipes Redis or RabbitMQ, not {url.partition(':')[0]!r}: run the test "
+        "with CELERY_BROKER_URL=redis://... or amqp://..."
+    )
+
+
+def _flush_redis(url: str, queues: list[str]) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url)
     if client.connection_pool.connection_kwargs.get("db", 0) != 0:
         client.flushdb()
         return "FLUSHDB"
@@ -487,15 +505,19 @@ class DurableWorker:
             beat.stop()
 
 
-def _purge(queues: list[str]) -> None:
+def _purge(queues: list[str]) -> tuple[int, int]:
+    """Purge ``queues``; return how many messages went and how many of the queues existed."""
     from celery import current_app
 
+    purged = found = 0
     with current_app.connection_for_write() as connection:
-        channel = connection.default_channel
         for queue in queues:
-            # A queue that does not exist yet holds nothing to purge.
-            with contextlib.suppress(Exception):
-                channel.queue_purge(queue)
+            # A channel each: on RabbitMQ, purging a queue that does not exist yet (it holds
+            # nothing) closes the channel it was asked on.
+            with contextlib.suppress(Exception), connection.channel() as channel:
+                purged += channel.queue_purge(queue) or 0
+                found += 1
+    return purged, found
 
 
 @pytest.fixture

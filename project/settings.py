@@ -168,6 +168,19 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # The filesystem transport polls; the default second is too slow for workflows.
         "polling_interval": 0.05,
     }
+elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    # Publisher confirms: a publish returns once RabbitMQ has taken the message, so a message
+    # durable counts as sent is on the broker (see docs/production.md, RabbitMQ).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    if env_flag("CELERY_QUORUM_QUEUES", False):
+        # Replicated queues for every queue Celery declares (durable's `durable`, `durable.NS`
+        # and remote queues are declared on first use), behind topic exchanges so that Celery's
+        # native delayed delivery carries durable's few countdown messages. A queue's type is
+        # fixed when declared: a broker holding classic queues of these names refuses the switch.
+        CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+        CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = "quorum"
+        CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
+        CELERY_TASK_CREATE_MISSING_QUEUE_EXCHANGE_TYPE = "topic"
 else:
     # Longer than any step's timeout, or Redis redelivers a running step (see README).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}

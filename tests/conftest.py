@@ -26,6 +26,10 @@ def on_redis() -> bool:
     return settings.CELERY_BROKER_URL.startswith("redis")
 
 
+def on_rabbitmq() -> bool:
+    return settings.CELERY_BROKER_URL.startswith(("amqp", "pyamqp"))
+
+
 @pytest.fixture
 def postgres() -> None:
     """Skip (or fail in CI) unless the suite runs on PostgreSQL."""
@@ -38,3 +42,19 @@ def redis_broker() -> None:
     """Skip (or fail in CI) unless the broker is Redis."""
     if not on_redis():
         _skip_or_fail("needs Redis: set CELERY_BROKER_URL=redis://...")
+
+
+@pytest.fixture
+def rabbitmq_broker() -> None:
+    """Skip unless the broker is RabbitMQ, even in CI: the suites on Redis and on the embedded
+    default run these files too, and CI's RabbitMQ suite runs them on amqp://."""
+    if not on_rabbitmq():
+        pytest.skip("needs RabbitMQ: set CELERY_BROKER_URL=amqp://... (CI's rabbitmq suite does)")
+
+
+@pytest.fixture
+def server_broker() -> None:
+    """Skip (or fail in CI) unless the broker is a server the suite can wipe and cut: Redis or
+    RabbitMQ (not the embedded filesystem transport)."""
+    if not (on_redis() or on_rabbitmq()):
+        _skip_or_fail("needs a broker server: set CELERY_BROKER_URL=redis://... or amqp://...")

@@ -3,8 +3,8 @@
 Hundreds of runs of a workflow with local and dispatched steps, a retry, a fan of five, a child
 run, a timer and a signal.
 Meanwhile a random worker is SIGKILLed (pool included) and restarted every few seconds, the
-broker's Redis database is flushed once and the workers' PostgreSQL connections are terminated
-once. Then the chaos stops and every run must complete with the right output, every step must be
+broker is wiped once (Redis: its database flushed; RabbitMQ: durable's queues purged) and the
+workers' PostgreSQL connections are terminated once. Then the chaos stops and every run must complete with the right output, every step must be
 recorded exactly once, and a side-effect ledger (a file per run, written by the step bodies, so
 it outlives any worker) must show that every step ran.
 
@@ -161,7 +161,7 @@ def describe(run_ids) -> str:
     return "\n".join(lines)
 
 
-def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, redis_broker, durable_worker):
+def test_runs_converge_through_kills_broker_wipe_and_cut_connections(postgres, server_broker, durable_worker):
     began = time.monotonic()
     seed = int(os.environ.get("DURABLE_CHAOS_SEED") or time.time())
     rng = random.Random(seed)

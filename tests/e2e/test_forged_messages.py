@@ -133,7 +133,7 @@ def forged_values(run_id: str) -> list[tuple[int, str, Any]]:
 
 @pytest.mark.parametrize("flow", [dispatched_flow, fan_member_flow, in_place_flow], ids=lambda f: f.name)
 def test_forged_step_result_for_an_ordinary_step_changes_nothing(
-    postgres, redis_broker, durable_worker, gate, flow
+    postgres, server_broker, durable_worker, gate, flow
 ):
     run_id = start_and_wait_until_running(gate, flow)
     try:
@@ -155,7 +155,7 @@ def test_forged_step_result_for_an_ordinary_step_changes_nothing(
 
 
 def test_forged_heartbeat_does_not_store_twenty_megabytes_of_progress(
-    postgres, redis_broker, durable_worker, gate
+    postgres, server_broker, durable_worker, gate
 ):
     run_id = start_and_wait_until_running(gate, dispatched_flow)
     try:

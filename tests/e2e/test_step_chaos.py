@@ -251,7 +251,7 @@ def summarize_reruns(per_attempt: Counter, per_position: Counter) -> str:
 
 
 def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
-    postgres, redis_broker, durable_worker, ledger_dir
+    postgres, server_broker, durable_worker, ledger_dir
 ):
     began = time.monotonic()
     numbers, rng = _numbered("stepchaos", RUNS, durable_worker)
@@ -390,7 +390,7 @@ def chained_flow(ctx, n):
 
 
 def test_every_run_of_dispatched_steps_completes_through_the_broker(
-    postgres, redis_broker, durable_worker, ledger_dir
+    postgres, server_broker, durable_worker, ledger_dir
 ):
     numbers, rng = _numbered("chained", BROKER_RUNS, durable_worker)
     ids = list(numbers)
