@@ -1,0 +1,274 @@
+"""The servers themselves restart: PostgreSQL (a minor upgrade, a failover) and Redis.
+
+Each test starts a server of its own on a free port (never the shared 5432 / 6379), a real
+worker and beat on it, and a batch of runs with steps (one run in place, a fan through the
+broker) and timers. In the middle of the batch the server restarts (PostgreSQL: ``pg_ctl
+restart -m fast``, or stopped for 20 s; Redis: stopped and started again, every message in it
+lost). The worker and beat are never restarted: they must reconnect by themselves, and every run
+must end within two RECONCILE_INTERVALs of the server being back. The step bodies write a ledger
+(a file per run, one line per execution) that must show no attempt ran twice.
+
+The worker imports this module (``--include``), so the workflow is registered on both sides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from celery import current_app
+from django.core.management import call_command
+from django.db import connection
+from django.db.models import Count, Max
+from django.test import override_settings
+from django.utils import timezone
+
+import durable
+from durable.models import TERMINAL, Checkpoint, Run
+from durable.testing import settings_env, wait_for
+from tests.conftest import _skip_or_fail, on_postgres
+from tests.e2e.servers import PostgresServer, RedisServer, free_port, postgres_bindir
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# Only these differ from the defaults, here and (as DURABLE_<KEY>) in the worker and beat: the
+# lease and the orphan sweep keep their production ratio (30 s, 5 s) to the reconcile interval.
+SETTINGS = {"LEASE": "3s", "RECONCILE_INTERVAL": "6s", "ORPHAN_SWEEP_INTERVAL": "2s"}
+RECONCILE = timedelta(seconds=6)
+RUNS = 16
+OUTAGE = 20  # seconds the PostgreSQL server stays down in the outage test
+LEDGER_ENV = "DURABLE_RESTARTS_LEDGER"
+DATABASE = "test_durable_server_restarts"
+
+
+def _record() -> None:
+    """Append this execution to its run's ledger before the step's work (one short append)."""
+    info = durable.step_info()
+    with open(Path(os.environ[LEDGER_ENV]) / info.run_id, "a") as f:
+        f.write(f"{info.seq} {info.attempt}\n")
+
+
+@durable.step
+def inc(n: int) -> int:
+    _record()
+    time.sleep(0.1)
+    return n + 1
+
+
+@durable.workflow(name="tests.server_restarts")
+def restarts_flow(ctx, n):
+    a = ctx.step(inc, n)  # run in place by the turn (EAGER_STEPS)
+    ctx.sleep("1s")
+    fan = ctx.map(inc, [a, a + 1])  # a fan's members always cross the broker
+    ctx.sleep("1s")
+    return ctx.step(inc, sum(fan))
+
+
+def expected(n: int) -> int:
+    return 2 * n + 6
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    path = tmp_path / "ledger"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(autouse=True)
+def short_intervals() -> Iterator[None]:
+    with override_settings(DURABLE=SETTINGS):
+        yield
+
+
+@pytest.fixture
+def postgres_server(transactional_db) -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of the test's own, migrated, and this process's database pointed at it.
+
+    The worker fixture reads the database name from this process's connection, and the worker's
+    DATABASE_URL (see ``durable_worker_options``) names the cluster's port.
+    """
+    if not on_postgres():
+        _skip_or_fail("needs PostgreSQL: set DATABASE_URL=postgres://...")
+    bindir = postgres_bindir()
+    if bindir is None:
+        _skip_or_fail("needs a PostgreSQL server's binaries in /usr/lib/postgresql/*/bin")
+    server = PostgresServer(bindir, free_port())
+    saved = dict(connection.settings_dict)
+    try:
+        server.init().start()
+        server.create_database(DATABASE)
+        connection.close()
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(server.port), NAME=DATABASE)
+        call_command("migrate", verbosity=0, interactive=False)
+        yield server
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+        server.remove()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, and this process's Celery app publishing to it."""
+    if shutil.which("redis-server") is None:
+        _skip_or_fail("needs redis-server on the PATH")
+    server = RedisServer(free_port())
+    try:
+        server.start()
+        with celery_broker(server.url):
+            yield server
+    finally:
+        server.remove()
+
+
+@contextlib.contextmanager
+def celery_broker(url: str) -> Iterator[None]:
+    """Publish this process's messages to ``url``: the app's connection pools are rebuilt."""
+    conf = current_app.conf
+    saved = conf.broker_url, conf.broker_transport, conf.broker_transport_options
+
+    def drop_pools() -> None:
+        # kombu keeps the pools by broker URL: the app looks its own up again at its next publish.
+        current_app._pool = None
+        current_app.amqp._producer_pool = None
+
+    drop_pools()
+    # The embedded default names its transport apart from the URL: Redis's is the URL's.
+    conf.broker_url, conf.broker_transport, conf.broker_transport_options = (
+        url,
+        None,
+        {"visibility_timeout": 3600},
+    )
+    try:
+        yield
+    finally:
+        drop_pools()
+        conf.broker_url, conf.broker_transport, conf.broker_transport_options = saved
+
+
+@pytest.fixture
+def durable_worker_options(request: pytest.FixtureRequest, ledger: Path) -> dict:
+    env = {**settings_env(SETTINGS), LEDGER_ENV: str(ledger)}
+    if "postgres_server" in request.fixturenames:
+        env["DATABASE_URL"] = request.getfixturevalue("postgres_server").url("postgres")
+    if "redis_server" in request.fixturenames:
+        env["CELERY_BROKER_URL"] = request.getfixturevalue("redis_server").url
+    return {"env": env}
+
+
+def start_batch() -> dict[str, int]:
+    return {durable.start(restarts_flow, n).id: n for n in range(RUNS)}
+
+
+def wait_until_mid_batch(ids: dict[str, int]) -> str:
+    """Until some steps are recorded, one is running and no run has ended; say what is in flight."""
+    steps = Checkpoint.objects.filter(run_id__in=ids, kind="step")
+
+    def in_flight() -> bool:
+        done = steps.filter(status="completed").count()
+        return done >= RUNS // 2 and steps.filter(status="pending", started_at__isnull=False).exists()
+
+    wait_for(in_flight, 60, interval=0.05, what="steps of the batch to be recorded while one runs")
+    assert not Run.objects.filter(id__in=ids, status__in=TERMINAL).exists(), "the batch ended too soon"
+    running = steps.filter(status="pending", started_at__isnull=False).count()
+    sent = steps.filter(status="pending", started_at__isnull=True).count()
+    timers = Checkpoint.objects.filter(run_id__in=ids, kind="sleep", status="pending").count()
+    return f"{running} steps running, {sent} sent and not taken, {timers} timers pending"
+
+
+def wait_for_batch_end(ids: dict[str, int]) -> None:
+    wait_for(
+        lambda: not Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).exists(),
+        90,
+        interval=0.25,
+        what="every run of the batch to end",
+    )
+
+
+def check_batch(ids: dict[str, int], ledger: Path, back: datetime, what: str, flight: str) -> None:
+    """Every run completed with its output, no attempt ran twice, each position recorded once,
+    and the last run ended within two reconcile intervals of ``back``."""
+    runs = {run.id: run for run in Run.objects.filter(id__in=ids)}
+    ended = sum(run.status == "completed" for run in runs.values())
+    last = max(run.finished_at for run in runs.values() if run.finished_at)
+    executions = Counter(
+        (path.name, line) for path in ledger.iterdir() for line in path.read_text().splitlines()
+    )
+    twice = [key for key, count in executions.items() if count > 1]
+    positions = Checkpoint.objects.filter(run_id__in=ids).values("run_id", "seq").annotate(n=Count("id"))
+    recorded_twice = [row for row in positions if row["n"] > 1]
+    lost = Checkpoint.objects.filter(run_id__in=ids).aggregate(attempts=Max("attempt"))["attempts"]
+    print(
+        f"\n{what} ({flight}): {ended}/{len(ids)} runs ended, {len(twice)} attempts run twice, "
+        f"{len(recorded_twice)} positions recorded twice, {sum(executions.values())} executions for "
+        f"{len(ids) * 4} positions (highest attempt {lost}); last run ended "
+        f"{(last - back).total_seconds():.2f} s after the server was back"
+    )
+    assert {run_id: (run.status, run.output) for run_id, run in runs.items()} == {
+        run_id: ("completed", expected(n)) for run_id, n in ids.items()
+    }
+    assert not twice, f"attempts executed twice: {twice}"
+    assert not recorded_twice
+    assert last - back <= 2 * RECONCILE, timeline(max(runs.values(), key=lambda run: run.finished_at), back)
+
+
+def timeline(run: Run, back: datetime) -> str:
+    """The positions of ``run``, in seconds from ``back``: where its time went."""
+
+    def at(moment: datetime | None) -> str:
+        return f"{(moment - back).total_seconds():+.2f}" if moment else "-"
+
+    lines = [f"the last run to end, started {at(run.created_at)}, ended {at(run.finished_at)}:"]
+    for c in Checkpoint.objects.filter(run_id=run.id).order_by("seq"):
+        lines.append(
+            f"  {c.seq} {c.kind} attempt {c.attempt}: sent {at(c.enqueued_at)} started {at(c.started_at)} "
+            f"due {at(c.wake_at)} ended {at(c.finished_at)}"
+        )
+    return "\n".join(lines)
+
+
+def test_runs_end_within_two_reconcile_intervals_of_a_postgres_restart(
+    postgres_server, durable_worker, ledger
+):
+    durable_worker.start_beat()
+    ids = start_batch()
+    flight = wait_until_mid_batch(ids)
+    postgres_server.restart()
+    back = timezone.now()
+    connection.close()  # this process's connection died with the server too
+    wait_for_batch_end(ids)
+    check_batch(ids, ledger, back, "PostgreSQL restart", flight)
+
+
+def test_runs_end_within_two_reconcile_intervals_of_a_postgres_outage_of_twenty_seconds(
+    postgres_server, durable_worker, ledger
+):
+    durable_worker.start_beat()
+    ids = start_batch()
+    flight = wait_until_mid_batch(ids)
+    postgres_server.stop()
+    time.sleep(OUTAGE)
+    postgres_server.start()
+    back = timezone.now()
+    connection.close()
+    wait_for_batch_end(ids)
+    check_batch(ids, ledger, back, f"PostgreSQL down {OUTAGE} s", flight)
+
+
+def test_runs_end_within_two_reconcile_intervals_of_a_redis_restart(redis_server, durable_worker, ledger):
+    durable_worker.start_beat()
+    ids = start_batch()
+    flight = wait_until_mid_batch(ids)
+    redis_server.restart()
+    back = timezone.now()
+    wait_for_batch_end(ids)
+    check_batch(ids, ledger, back, "Redis restart", flight)
