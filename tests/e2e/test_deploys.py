@@ -163,15 +163,19 @@ def test_a_deploy_mid_turn_and_mid_step_fails_no_run_and_runs_no_attempt_twice(d
         killed = f", SIGKILLed {STOP_TIMEOUT} s after the signal"
     took = time.monotonic() - asked
     worker.start()
+    back = time.monotonic()
 
     def ended():
         return all(durable.get_run(r).status in ("completed", "failed", "dead", "cancelled") for r in runs)
 
     wait_for(ended, 90, what="every run to end after the restart")
+    recovered = time.monotonic() - back
     rows = {r.id: r for r in Run.objects.filter(id__in=runs)}
     failures = {r: (rows[r].status, rows[r].error) for r in runs if rows[r].status != "completed"}
     doubled = {r: _twice(ledger(r)) for r in runs if _twice(ledger(r))}
-    print(f"deploy {pool}/{how}: worker gone {took:.1f} s after the signal{killed}; {len(runs)} runs")
+    print(
+        f"deploy {pool}/{how}: worker gone {took:.1f} s after the signal{killed}; {len(runs)} runs, ended {recovered:.1f} s after it was back"
+    )
     assert not failures, f"runs failed by the shutdown: {failures}\n{worker.logs()[-4000:]}"
     assert not doubled, f"attempts run twice: {doubled}"
     if how == "warm":
