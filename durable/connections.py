@@ -29,6 +29,17 @@ def close_if_unusable_or_obsolete(task: Any, *, starting: bool = False) -> None:
     """
     if getattr(getattr(task, "request", None), "is_eager", False):
         return  # run inside the caller's process and transaction: its connection is the caller's
+    _check(starting=starting)
+
+
+def check_after_long_call() -> None:
+    """Check durable's connection before its next query, as at a task's start, after a call that
+    may have run long inside the task (a step's body): the database may have dropped the
+    connection meanwhile (a restart, a failover), and the step's result must not be lost to it."""
+    _check(starting=True)
+
+
+def _check(*, starting: bool) -> None:
     connection = connections[conf.get().DATABASE]
     if connection.in_atomic_block:
         return  # never under a transaction someone still holds open

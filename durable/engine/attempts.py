@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, conf, dispatch
+from .. import clock, conf, connections, dispatch
 from ..definitions import Step
 from ..errors import StepCancelled, StepTimeout, step_timeout_error
 from ..models import Checkpoint, Run
@@ -110,7 +110,7 @@ def execute(
         guard.beat()
         beats(progress)
 
-    return run_attempt(
+    result = run_attempt(
         step,
         info,
         payload,
@@ -119,6 +119,8 @@ def execute(
         max_bytes=settings.MAX_PAYLOAD_BYTES,
         guard=guard,
     )
+    connections.check_after_long_call()
+    return result
 
 
 def _not_recorded(why: str) -> bool:

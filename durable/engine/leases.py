@@ -157,6 +157,8 @@ def _renew_forever() -> None:
                 with _lock:
                     if active.get(run_id) == owner:
                         lost.add(run_id)
+            elif renewed is None:
+                _retry_soon(_renewed, run_id, every)
         for key, held in list(attempts.items()):
             if time.monotonic() - held[1] < every:
                 continue
@@ -164,13 +166,23 @@ def _renew_forever() -> None:
             # A hold declared lost (False) is left to the turn that counts it; the step's result
             # will be refused as stale if its attempt moved on meanwhile.
             checkpoints = Checkpoint.objects.using(settings.DATABASE)
-            _try(
+            renewed = _try(
                 checkpoints.renew_hold, *key, held[0], clock.now() + settings.LEASE, what=f"the hold of {key}"
             )
+            if renewed is None:
+                held[1] -= every  # tried again at the next wake-up, as a lease is
         _watch_turns(settings)
         presence.tick()
         # Renewals are rare (only long turns and steps): hold no connection between them.
         connections[settings.DATABASE].close()
+
+
+def _retry_soon(renewed: dict[str, float], run_id: str, every: float) -> None:
+    """Renew at the next wake-up a lease whose renewal failed: the database may be back by then,
+    and the orphan sweep judges a lease left lapsed after an outage at its next pass."""
+    with _lock:
+        if run_id in renewed:
+            renewed[run_id] -= every
 
 
 def _try(renew: Callable[..., bool], *args: Any, what: str) -> bool | None:

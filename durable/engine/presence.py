@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from .. import clock, conf
 from ..definitions import registry
@@ -59,11 +59,24 @@ def _write() -> None:
     )
 
 
+def _sweep_name(task: str) -> str:
+    namespace = conf.get().NAMESPACE
+    return f"{task}@{namespace}" if namespace else task
+
+
 def sweep_ran(task: str, did: int) -> None:
     """Note a sweep's pass (one UPDATE): the health page and stuck runs read when beat last swept."""
     settings = conf.get()
-    who = f"{task}@{settings.NAMESPACE}" if settings.NAMESPACE else task
-    Presence.objects.using(settings.DATABASE).seen(Presence.SWEEP, who, clock.now(), detail={"did": did})
+    Presence.objects.using(settings.DATABASE).seen(
+        Presence.SWEEP, _sweep_name(task), clock.now(), detail={"did": did}
+    )
+
+
+def last_pass(task: str) -> datetime | None:
+    """When the sweep sent as ``task`` last noted a pass (in this namespace), if it ever did."""
+    settings = conf.get()
+    passes = Presence.objects.using(settings.DATABASE).filter(kind=Presence.SWEEP, who=_sweep_name(task))
+    return passes.values_list("last_seen", flat=True).first()
 
 
 def prune() -> int:

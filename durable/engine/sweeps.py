@@ -20,6 +20,9 @@ from . import entities, flow, lifecycle, presence, redispatch, retention, schedu
 
 log = logging.getLogger("durable.engine")
 
+#: The orphan sweep's task: its passes are noted in the Presence table.
+ORPHANS = "durable.sweep_orphans"
+
 #: Batches one timer pass takes at most, so one pass stays short under a backlog.
 MAX_BATCHES = 20
 
@@ -83,24 +86,41 @@ def sweep_orphans() -> int:
     probe the queues holding step messages not taken for a while (``redispatch``)."""
     settings = conf.get()
     redispatch.probe_queues()
-    recovered = lapsed_attempts()
+    before = abandoned_before(clock.now())
+    recovered = lapsed_attempts(before)
     for _ in range(MAX_BATCHES):
-        taken = recover(clock.now(), settings.TIMER_BATCH_SIZE)
+        taken = recover(clock.now(), settings.TIMER_BATCH_SIZE, stale_before=before)
         recovered += taken
         if taken < settings.TIMER_BATCH_SIZE:
             break
     return recovered
 
 
-def lapsed_attempts() -> int:
-    """Wake the runs whose started step attempts lost their holder, a batch at a time."""
+def abandoned_before(now: datetime) -> datetime | None:
+    """The instant a lease or hold must have lapsed before to count as abandoned: None for now,
+    or, when the orphan sweep's passes stopped for a while, the last one before the gap.
+
+    Passes stop when the database is away (a restart, a failover, an outage) or beat is, and a
+    holder could not renew while the database was away either: a hold that lapsed in the gap
+    belongs to a process that may well live on. It is judged at the next pass, once its holder
+    (who retries a failed renewal within a second) had the time to renew it.
+    """
+    last = presence.last_pass(ORPHANS)
+    if last is not None and now - last > 2 * conf.get().ORPHAN_SWEEP_INTERVAL:
+        return last
+    return None
+
+
+def lapsed_attempts(before: datetime | None = None) -> int:
+    """Wake the runs whose started step attempts lost their holder (their hold lapsed, before
+    ``before`` if given), a batch at a time."""
     settings = conf.get()
     woken = 0
     for _ in range(MAX_BATCHES):
         now = clock.now()
         with transaction.atomic(using=settings.DATABASE):
             attempts = Checkpoint.objects.using(settings.DATABASE).serving(settings.NAMESPACE)
-            run_ids = attempts.lapsed(now, settings.TIMER_BATCH_SIZE)
+            run_ids = attempts.lapsed(min(now, before or now), settings.TIMER_BATCH_SIZE)
             _wake(run_ids, now, settings)
         woken += len(run_ids)
         if len(run_ids) < settings.TIMER_BATCH_SIZE:
@@ -172,7 +192,7 @@ class Sweep:
 
 #: Every sweep, in the order ``manage.py durable sweep`` and ``durable_env.sweep()`` run them.
 SWEEPS = (
-    Sweep("durable.sweep_orphans", sweep_orphans, "ORPHAN_SWEEP_INTERVAL", "recovered {} orphaned run(s)"),
+    Sweep(ORPHANS, sweep_orphans, "ORPHAN_SWEEP_INTERVAL", "recovered {} orphaned run(s)"),
     Sweep("durable.sweep_timers", sweep_timers, "TIMER_SWEEP_INTERVAL", "woke {} due run(s)"),
     Sweep(
         "durable.sweep_schedules",

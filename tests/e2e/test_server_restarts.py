@@ -13,9 +13,7 @@ The worker imports this module (``--include``), so the workflow is registered on
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,8 +21,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from celery import current_app
-from django.core.management import call_command
 from django.db import connection
 from django.db.models import Count, Max
 from django.test import override_settings
@@ -33,8 +29,7 @@ from django.utils import timezone
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
 from durable.testing import settings_env, wait_for
-from tests.conftest import _skip_or_fail, on_postgres
-from tests.e2e.servers import PostgresServer, RedisServer, free_port, postgres_bindir
+from tests.e2e.conftest import servers_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -45,7 +40,6 @@ RECONCILE = timedelta(seconds=6)
 RUNS = 16
 OUTAGE = 20  # seconds the PostgreSQL server stays down in the outage test
 LEDGER_ENV = "DURABLE_RESTARTS_LEDGER"
-DATABASE = "test_durable_server_restarts"
 
 
 def _record() -> None:
@@ -89,80 +83,8 @@ def short_intervals() -> Iterator[None]:
 
 
 @pytest.fixture
-def postgres_server(transactional_db) -> Iterator[PostgresServer]:
-    """A PostgreSQL cluster of the test's own, migrated, and this process's database pointed at it.
-
-    The worker fixture reads the database name from this process's connection, and the worker's
-    DATABASE_URL (see ``durable_worker_options``) names the cluster's port.
-    """
-    if not on_postgres():
-        _skip_or_fail("needs PostgreSQL: set DATABASE_URL=postgres://...")
-    bindir = postgres_bindir()
-    if bindir is None:
-        _skip_or_fail("needs a PostgreSQL server's binaries in /usr/lib/postgresql/*/bin")
-    server = PostgresServer(bindir, free_port())
-    saved = dict(connection.settings_dict)
-    try:
-        server.init().start()
-        server.create_database(DATABASE)
-        connection.close()
-        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(server.port), NAME=DATABASE)
-        call_command("migrate", verbosity=0, interactive=False)
-        yield server
-    finally:
-        connection.close()
-        connection.settings_dict.clear()
-        connection.settings_dict.update(saved)
-        server.remove()
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    """A redis-server of the test's own, and this process's Celery app publishing to it."""
-    if shutil.which("redis-server") is None:
-        _skip_or_fail("needs redis-server on the PATH")
-    server = RedisServer(free_port())
-    try:
-        server.start()
-        with celery_broker(server.url):
-            yield server
-    finally:
-        server.remove()
-
-
-@contextlib.contextmanager
-def celery_broker(url: str) -> Iterator[None]:
-    """Publish this process's messages to ``url``: the app's connection pools are rebuilt."""
-    conf = current_app.conf
-    saved = conf.broker_url, conf.broker_transport, conf.broker_transport_options
-
-    def drop_pools() -> None:
-        # kombu keeps the pools by broker URL: the app looks its own up again at its next publish.
-        current_app._pool = None
-        current_app.amqp._producer_pool = None
-
-    drop_pools()
-    # The embedded default names its transport apart from the URL: Redis's is the URL's.
-    conf.broker_url, conf.broker_transport, conf.broker_transport_options = (
-        url,
-        None,
-        {"visibility_timeout": 3600},
-    )
-    try:
-        yield
-    finally:
-        drop_pools()
-        conf.broker_url, conf.broker_transport, conf.broker_transport_options = saved
-
-
-@pytest.fixture
 def durable_worker_options(request: pytest.FixtureRequest, ledger: Path) -> dict:
-    env = {**settings_env(SETTINGS), LEDGER_ENV: str(ledger)}
-    if "postgres_server" in request.fixturenames:
-        env["DATABASE_URL"] = request.getfixturevalue("postgres_server").url("postgres")
-    if "redis_server" in request.fixturenames:
-        env["CELERY_BROKER_URL"] = request.getfixturevalue("redis_server").url
-    return {"env": env}
+    return {"env": {**settings_env(SETTINGS), LEDGER_ENV: str(ledger), **servers_env(request)}}
 
 
 def start_batch() -> dict[str, int]:
