@@ -180,7 +180,7 @@ def test_forged_heartbeat_does_not_store_twenty_megabytes_of_progress(
 
 
 def test_a_result_without_a_token_does_not_settle_a_remote_step_in_its_backoff(
-    postgres, redis_broker, durable_worker
+    postgres, server_broker, durable_worker
 ):
     """Between a failed attempt and the next send an attempt has no token: a step_result that
     carries none must not find it equal."""
