@@ -92,11 +92,11 @@ def leave(run_id: str | None = None) -> None:
     settings = conf.get()
     for held_run, owner in list(active.items()):
         if run_id in (None, held_run):
-            _while_leaving(f"hand back run {held_run}", _hand_back, held_run, owner, settings)
+            while_leaving(f"hand back run {held_run}", _hand_back, held_run, owner, settings)
     for key, held in list(attempts.items()):
         if run_id in (None, key[0]):
             checkpoints = Checkpoint.objects.using(settings.DATABASE)
-            _while_leaving(f"let go of attempt {key}", checkpoints.renew_hold, *key, held[0], clock.now())
+            while_leaving(f"let go of attempt {key}", checkpoints.renew_hold, *key, held[0], clock.now())
 
 
 def _hand_back(run_id: str, owner: str, settings: conf.Settings) -> None:
@@ -107,8 +107,9 @@ def _hand_back(run_id: str, owner: str, settings: conf.Settings) -> None:
         log.warning("durable: this process is leaving; run %s handed back to another worker", run_id)
 
 
-def _while_leaving(what: str, write: Callable[..., object], *args: Any) -> None:
-    # The shutdown may have interrupted a query on this connection: a fresh one gets a second try.
+def while_leaving(what: str, write: Callable[..., object], *args: Any) -> None:
+    """``write(*args)`` as this process leaves, best effort: the shutdown may have interrupted a
+    query on this connection, so a fresh one gets a second try; a failure is logged."""
     for _ in range(2):
         try:
             write(*args)

@@ -310,6 +310,13 @@ def _turn(
         # run in place before it completed, and stays so, rather than counting as lost.
         writes.keep_held_results(run.id, owner, state, db)
         raise
+    except BaseException as exc:
+        if shutdown.is_leaving(exc):
+            # So does one whose worker is shutting down: a deploy must not run it again.
+            leases.while_leaving(
+                "keep results of steps run in place", writes.keep_held_results, run.id, owner, state, db
+            )
+        raise
     finally:
         leases.unwatch(run.id)
     if lost:

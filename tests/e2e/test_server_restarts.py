@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 # Only these differ from the defaults, here and (as DURABLE_<KEY>) in the worker and beat: the
 # lease and the orphan sweep keep their production ratio (30 s, 5 s) to the reconcile interval.
-SETTINGS = {"LEASE": "3s", "RECONCILE_INTERVAL": "6s", "ORPHAN_SWEEP_INTERVAL": "2s"}
-RECONCILE = timedelta(seconds=6)
+SETTINGS = {"LEASE": "3s", "RECONCILE_INTERVAL": "10s", "ORPHAN_SWEEP_INTERVAL": "2s"}
+RECONCILE = timedelta(seconds=10)
 RUNS = 16
 OUTAGE = 20  # seconds the PostgreSQL server stays down in the outage test
 LEDGER_ENV = "DURABLE_RESTARTS_LEDGER"
