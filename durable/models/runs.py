@@ -12,11 +12,9 @@ from django.db.models.expressions import RawSQL
 
 from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
 from .base import (
-    IDS_PER_STATEMENT,
     RETRYABLE,
     Status,
     all_columns,
-    chunked,
     converted,
     insert,
     insertion,
@@ -26,6 +24,7 @@ from .base import (
     updating,
 )
 from .blocked import BlockedRuns
+from .trees import RunTrees
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
 FIRST_CLAIM = "+first"
@@ -43,7 +42,7 @@ class Claim:
     queues: frozenset[str] | None
 
 
-class RunQuerySet(BlockedRuns, models.QuerySet["Run"]):
+class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
     def serving(self, namespace: str | None) -> RunQuerySet:
         """The runs of ``namespace``; every run when None (a process that serves them all)."""
         return self if not namespace else self.filter(namespace=namespace)
@@ -441,27 +440,6 @@ class RunQuerySet(BlockedRuns, models.QuerySet["Run"]):
         # The dead turn may have committed sends it never published: the next turn sends again.
         Checkpoint.objects.using(self.db).unsend([run_id for run_id, _ in outcome["parked"]])
         return outcome
-
-    def children_of(self, parents: list[str], *fields: str) -> list[tuple[Any, ...]]:
-        """``fields`` of the runs whose parent is one of ``parents``: one statement per
-        IDS_PER_STATEMENT parents, so a level of a tree as wide as a fan is read too."""
-        found: list[tuple[Any, ...]] = []
-        for batch in chunked(parents, IDS_PER_STATEMENT):
-            found += self.filter(parent_id__in=batch).values_list(*fields)
-        return found
-
-    def delete_in_order(self, run_ids: list[str]) -> int:
-        """Delete these runs, each after every run of ``run_ids`` that descends from it (a
-        subtree's ids read a level at a time, reversed), IDS_PER_STATEMENT at a time, with what
-        cascades from each slice; return how many runs went. Call inside a transaction.
-
-        A slice's cascade never reaches past the slice (its runs' descendants went before), so no
-        statement names more ids than a slice: deleting a root alone would name its whole subtree
-        in one ``IN`` list, past what PostgreSQL's protocol carries for a tree of a wide fan."""
-        deleted = 0
-        for batch in chunked(run_ids, IDS_PER_STATEMENT):
-            deleted += self.filter(id__in=batch).delete()[1].get(Run._meta.label, 0)
-        return deleted
 
     def give_back(
         self, run_id: str, owner: str, now: datetime, max_attempts: int, error: dict[str, Any]

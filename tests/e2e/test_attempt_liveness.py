@@ -165,7 +165,9 @@ def test_a_result_whose_connection_was_cut_is_still_recorded_once(durable_worker
     assert ran(run.id) == ["cuts:1"]
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert (row.status, row.attempt) == ("completed", 1)
-    assert "could not record" in durable_worker.logs()  # the first try met the cut
+    # Recorded on a connection checked after the step's body (the server's goodbye is on the
+    # cut socket by then), or, when the check came first, by the retry after the first try met
+    # the cut: either way once.
 
 
 def test_keyboard_interrupt_in_a_step_fails_the_attempt_with_its_cause(durable_worker):
