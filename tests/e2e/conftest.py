@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from celery import current_app
@@ -16,6 +17,14 @@ from tests.e2e.servers import PostgresServer, RedisServer, free_port, postgres_b
 
 #: The test database made on a PostgreSQL server of the test's own.
 DATABASE = "test_durable_server_restarts"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    """A folder where step bodies note each execution (a file per run), outliving any worker."""
+    path = tmp_path / "ledger"
+    path.mkdir()
+    return path
 
 
 @pytest.fixture

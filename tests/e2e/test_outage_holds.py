@@ -45,13 +45,6 @@ def outage_flow(ctx, n):
     return ctx.step(long_step, n)
 
 
-@pytest.fixture
-def ledger(tmp_path: Path) -> Path:
-    path = tmp_path / "ledger"
-    path.mkdir()
-    return path
-
-
 @pytest.fixture(autouse=True)
 def lease() -> Iterator[None]:
     with override_settings(DURABLE=SETTINGS):

@@ -69,13 +69,6 @@ def expected(n: int) -> int:
     return 2 * n + 6
 
 
-@pytest.fixture
-def ledger(tmp_path: Path) -> Path:
-    path = tmp_path / "ledger"
-    path.mkdir()
-    return path
-
-
 @pytest.fixture(autouse=True)
 def short_intervals() -> Iterator[None]:
     with override_settings(DURABLE=SETTINGS):
