@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, check_size, roundtrip
+from .history import COMPLETED, check_size, stored
 from .waits import Waits
 
 
@@ -75,7 +75,7 @@ class Updates(Waits):
         ):
             raise InvalidInput(f"update {update.id} ({update.name!r}) was already answered by ctx.reply()")
         what = f"the reply to update {update.name!r}"
-        answer = roundtrip(value, what=what)
+        answer = stored(value, what=what)
         check_size(answer, self._limits.max_payload_bytes, what=what)
         if self._position("reply", update.name) is not None:
             return  # recorded, and written onto the update, by the turn that made it

@@ -1,0 +1,167 @@
+"""Standard Python types cross every durable boundary and come back typed: step arguments and
+results, workflow input and output, signals, children, exposed values, on the first turn as on
+every replay (API.md §10, Values)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import override_settings
+
+import durable
+from durable.models import Checkpoint, Run
+
+pytestmark = pytest.mark.django_db
+
+VALUES = {
+    "price": Decimal("12.34"),
+    "at": datetime(2026, 12, 3, 7, 15, 30, 123456, tzinfo=UTC),
+    "day": date(2026, 12, 3),
+    "clock": time(8, 30),
+    "lasts": timedelta(hours=1, microseconds=5),
+    "id": uuid.UUID("0190c3a8-59b4-7c4e-9a58-2f0c1c1f0e11"),
+    "raw": b"\x00\x01\xff",
+    "pair": (1, "a"),
+    "set": {"x", "y"},
+    "frozen": frozenset({1, 2}),
+}
+
+#: (turn, what the body saw) of every turn, replays included.
+seen: list[tuple[str, object]] = []
+#: What the step function was called with.
+called: list[object] = []
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    seen.clear()
+    called.clear()
+
+
+def typed(value):
+    """A value's types all the way down: equal values of other types compare unequal here."""
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [typed(item) for item in value])
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, sorted(map(repr, value)))
+    return (type(value).__name__, value)
+
+
+@durable.step(name="tests.values.echo")
+def echo(value):
+    called.append(value)
+    return value
+
+
+@durable.step(name="tests.values.echo_local", local=True)
+def echo_local(value):
+    called.append(value)
+    return value
+
+
+@durable.workflow(name="tests.values.through_steps")
+def through_steps(ctx, given):
+    seen.append(("input", given))
+    dispatched = ctx.step(echo, given)
+    seen.append(("dispatched", dispatched))
+    local = ctx.step(echo_local, given)
+    seen.append(("local", local))
+    ctx.sleep("1m")  # a later turn replays all of the above from the history
+    seen.append(("after sleep", dispatched))
+    return {"dispatched": dispatched, "local": local}
+
+
+@durable.workflow(name="tests.values.signals")
+def signals(ctx, _):
+    payload = ctx.wait_for_signal("paid")
+    seen.append(("signal", payload))
+    ctx.expose("paid", payload)
+    return payload
+
+
+@durable.workflow(name="tests.values.child")
+def child(ctx, given):
+    return {"child got": given}
+
+
+@durable.workflow(name="tests.values.parent")
+def parent(ctx, given):
+    answer = ctx.child(child, given)
+    seen.append(("child", answer))
+    return answer
+
+
+def test_steps_receive_and_return_typed_values_on_the_first_turn_and_every_replay(durable_env):
+    run = durable.start(through_steps, VALUES)
+    durable_env.run_until_idle()
+    durable_env.advance_time("2m")
+    assert durable.get_run(run.id).status == "completed"
+    assert [typed(value) for value in called] == [typed(VALUES)] * 2
+    turns = [label for label, _ in seen]
+    assert turns.count("after sleep") == 1 and turns.count("input") >= 2  # at least one replay
+    for label, value in seen:
+        assert typed(value) == typed(VALUES), label
+    assert typed(durable.result(run.id)) == typed({"dispatched": VALUES, "local": VALUES})
+
+
+def test_rows_keep_tagged_json_a_query_can_read(durable_env):
+    run = durable.start(through_steps, {"price": Decimal("12.34")})
+    durable_env.run_until_idle()
+    assert Run.objects.get(id=run.id).input == {"price": {"__durable__": "decimal", "v": "12.34"}}
+    step = Checkpoint.objects.get(run_id=run.id, kind="step", name="tests.values.echo")
+    assert step.output == {"price": {"__durable__": "decimal", "v": "12.34"}}
+
+
+def test_a_signal_payload_and_an_exposed_value_come_back_typed(durable_env):
+    run = durable.start(signals)
+    durable_env.run_until_idle()
+    durable.signal(run.id, "paid", VALUES)
+    durable_env.run_until_idle()
+    assert typed(durable.result(run.id)) == typed(VALUES)
+    assert [typed(value) for _, value in seen] == [typed(VALUES)]
+    assert typed(durable.query(run.id, "paid")) == typed(VALUES)
+
+
+def test_a_child_receives_and_returns_typed_values(durable_env):
+    run = durable.start(parent, VALUES)
+    durable_env.run_until_idle()
+    assert typed(durable.result(run.id)) == typed({"child got": VALUES})
+    assert seen and all(typed(value) == typed({"child got": VALUES}) for _, value in seen)
+
+
+def test_an_input_with_no_json_form_is_refused_naming_its_path_before_anything_is_stored(durable_env):
+    with pytest.raises(durable.InvalidInput) as refused:
+        durable.start(through_steps, {"order": {"items": [{"price": 1}, {"price": float("nan")}]}})
+    assert "the input of workflow 'tests.values.through_steps' at order.items[1].price" in str(refused.value)
+    assert not Run.objects.exists()
+
+
+def test_a_naive_datetime_is_refused_under_use_tz_and_accepted_without_it(durable_env):
+    naive = datetime(2026, 1, 1, 12, 0)
+    with pytest.raises(durable.InvalidInput, match="at when is a naive datetime"):
+        durable.start(through_steps, {"when": naive})
+    with override_settings(USE_TZ=False):
+        run = durable.start(through_steps, {"when": naive})
+    assert Run.objects.get(id=run.id).input == {"when": {"__durable__": "datetime", "v": naive.isoformat()}}
+
+
+def test_a_step_returning_a_model_instance_fails_its_run_saying_pass_the_pk(durable_env):
+    @durable.step(name="tests.values.returns_a_run")
+    def returns_a_run():
+        return {"run": Run.objects.first()}
+
+    @durable.workflow(name="tests.values.model_output")
+    def model_output(ctx, _):
+        return ctx.step(returns_a_run)
+
+    run = durable.start(model_output)
+    durable_env.run_until_idle()
+    with pytest.raises(durable.RunFailed) as failed:
+        durable.result(run.id)
+    assert failed.value.code == "invalid_output"
+    assert "at run is a Django model instance (Run); pass its pk" in failed.value.message

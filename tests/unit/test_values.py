@@ -1,0 +1,192 @@
+"""The value converter: standard types round-trip through tagged JSON, plain JSON is untouched,
+and a value with no JSON form is refused naming where it sits and what to pass instead."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import json
+import uuid
+from datetime import UTC, date, datetime, time, timedelta, timezone
+from decimal import Decimal
+from typing import NamedTuple
+
+import pytest
+
+from durable.errors import InvalidInput
+from durable.values import TAG, accept_naive_datetimes, decode, encode
+
+
+def through_a_row(value):
+    """What a body reads back once ``value`` was stored as JSON and loaded again."""
+    return decode(json.loads(json.dumps(encode(value, what="the value"))))
+
+
+STANDARD = [
+    datetime(2026, 12, 3, 7, 15, 30, 123456, tzinfo=UTC),
+    datetime(2026, 12, 3, 7, 15, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+    date(2026, 2, 28),
+    time(23, 59, 59, 999999),
+    timedelta(days=-3, seconds=5, microseconds=7),
+    Decimal("12.34"),
+    Decimal("0.10"),  # the exponent is kept: 0.10 is not written back as 0.1
+    Decimal("-1E+30"),
+    uuid.UUID("0190c3a8-59b4-7c4e-9a58-2f0c1c1f0e11"),
+    b"\x00\xffbytes",
+    b"",
+    (1, "two", 3.0),
+    (),
+    {1, 2, 3},
+    frozenset({"a", "b"}),
+]
+
+
+@pytest.mark.parametrize("value", STANDARD, ids=lambda v: type(v).__name__)
+def test_each_standard_type_comes_back_as_the_same_type_with_an_equal_value(value):
+    back = through_a_row(value)
+    assert type(back) is type(value)
+    assert back == value
+    if isinstance(value, Decimal):
+        assert str(back) == str(value)
+    if isinstance(value, datetime):
+        assert back.utcoffset() == value.utcoffset()
+
+
+def test_a_tagged_value_is_still_json_a_row_can_query():
+    assert encode(Decimal("12.34"), what="x") == {TAG: "decimal", "v": "12.34"}
+    assert encode({"due": date(2026, 1, 2)}, what="x") == {"due": {TAG: "date", "v": "2026-01-02"}}
+
+
+def test_nested_values_come_back_typed_at_every_depth():
+    order = {
+        "id": uuid.uuid4(),
+        "items": [{"price": Decimal("9.99"), "sku": "A"}, {"price": Decimal("0.01"), "tags": {"x"}}],
+        "placed": datetime(2026, 1, 1, tzinfo=UTC),
+        "window": (date(2026, 1, 1), date(2026, 1, 31)),
+        "plain": [1, "two", None, True, 2.5],
+    }
+    assert through_a_row(order) == order
+
+
+def test_plain_json_encodes_and_decodes_to_the_very_same_object():
+    plain = {"user": 5, "names": ["a", "b"], "nested": {"ok": True, "n": None, "f": 1.5}}
+    assert encode(plain, what="x") is plain
+    assert decode(plain) is plain
+
+
+@pytest.mark.parametrize(
+    "old",
+    [
+        None,
+        "text",
+        3,
+        [1, [2, {"a": "b"}]],
+        {"__durable__": "not a tag we know", "v": 1},
+        {"__durable__": "decimal", "v": "1", "other": 2},
+    ],
+)
+def test_json_stored_before_tags_existed_reads_back_unchanged(old):
+    assert decode(json.loads(json.dumps(old))) == old
+
+
+def test_a_user_dict_holding_the_tag_key_is_escaped_and_comes_back_as_written():
+    tricky = {TAG: "decimal", "v": "12.34"}
+    stored = encode(tricky, what="x")
+    assert stored == {TAG: "dict", "v": tricky}
+    assert through_a_row(tricky) == tricky
+    assert through_a_row({"outer": [tricky]}) == {"outer": [tricky]}
+
+
+def test_a_set_is_written_the_same_way_whatever_its_iteration_order():
+    one, other = {"pear", "apple", "fig", "kiwi"}, {"kiwi", "fig", "apple", "pear"}
+    assert json.dumps(encode(one, what="x")) == json.dumps(encode(other, what="x"))
+
+
+def test_str_and_int_enum_members_stay_their_plain_value_as_before():
+    class Colour(enum.StrEnum):
+        RED = "red"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    assert encode({"c": Colour.RED, "l": Level.HIGH}, what="x") == {"c": "red", "l": 3}
+
+
+def test_scalar_dict_keys_become_strings_as_json_made_them():
+    assert through_a_row({1: "a", None: "b"}) == {"1": "a", "null": "b"}
+
+
+class _Model:
+    """Stands for a Django model instance: a class with ``_meta`` and a ``pk``."""
+
+    _meta = object()
+    pk = 42
+
+
+@dataclasses.dataclass
+class Price:
+    amount: int
+
+
+class Point(NamedTuple):
+    x: int
+
+
+class Plain(enum.Enum):
+    A = 1
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (float("nan"), "the float nan, which JSON cannot hold; pass None or a Decimal"),
+        (float("inf"), "the float inf"),
+        (Decimal("NaN"), "pass a finite Decimal"),
+        (_Model(), "is a Django model instance (_Model); pass its pk (42)"),
+        (lambda: 1, "is a function"),
+        (len, "is a function"),
+        (io.BytesIO(b"x"), "is a file (BytesIO); pass its path, or its content as bytes"),
+        (Price(1), "is a dataclass (Price); pass dataclasses.asdict() of it"),
+        (Point(1), "is a named tuple (Point)"),
+        (Plain.A, "is the enum member <Plain.A: 1>; pass its .value"),
+        (object(), "is an instance of object, which has no JSON form"),
+        (bytearray(b"x"), "is an instance of bytearray"),
+    ],
+)
+def test_a_value_with_no_json_form_is_refused_naming_its_path_and_what_to_pass(value, says):
+    order = {"items": [{"price": 1}, {"price": 2}, {"price": value}]}
+    with pytest.raises(InvalidInput) as refused:
+        encode({"order": order}, what="the input of workflow 'shop'")
+    assert refused.value.message.startswith("the input of workflow 'shop' at order.items[2].price ")
+    assert says in refused.value.message
+    assert refused.value.details == {"field": "the input of workflow 'shop'", "path": "order.items[2].price"}
+
+
+def test_a_refused_top_level_value_is_named_by_what_alone():
+    with pytest.raises(InvalidInput, match=r"^the output of step 's' is a function"):
+        encode(lambda: 1, what="the output of step 's'")
+
+
+def test_a_key_that_is_not_an_identifier_is_shown_quoted_in_the_path():
+    with pytest.raises(InvalidInput, match=r"at rows\['a key'\]\[0\] is the float nan"):
+        encode({"rows": {"a key": [float("nan")]}}, what="x")
+
+
+def test_a_naive_datetime_is_refused_unless_use_tz_is_off():
+    naive = datetime(2026, 1, 1, 12, 0)
+    with pytest.raises(InvalidInput, match=r"at when is a naive datetime .* pass an aware one"):
+        encode({"when": naive}, what="x")
+    accept_naive_datetimes(True)
+    try:
+        assert through_a_row(naive) == naive
+    finally:
+        accept_naive_datetimes(False)
+
+
+def test_a_datetime_subclass_such_as_freezeguns_is_written_as_a_datetime():
+    class Frozen(datetime):
+        pass
+
+    back = through_a_row(Frozen(2026, 1, 1, tzinfo=UTC))
+    assert type(back) is datetime and back == datetime(2026, 1, 1, tzinfo=UTC)
