@@ -109,6 +109,10 @@ def _encode(value: Any, what: str, path: str) -> Any:
     converter = _BY_TYPE.get(kind)
     if converter is not None:
         return {TAG: converter.tag, "v": converter.encode(value, what, path)}
+    registered = _REGISTERED.get(kind)
+    if registered is not None:
+        # What the user's encode returns may hold tagged types (a Decimal field) in its turn.
+        return {TAG: registered.tag, "v": _encode(registered.to_json(value), what, path)}
     return _plain_subclass(value, what, path)
 
 
@@ -119,8 +123,8 @@ def _plain_subclass(value: Any, what: str, path: str) -> Any:
         raise _refused(
             what,
             path,
-            f"is the enum member {value!r}; pass its .value (enum members come back typed only "
-            "through durable.register_type, not yet available)",
+            f"is the enum member {value!r}; pass its .value, or call "
+            f"durable.register_type({type(value).__name__}) once at import",
         )
     if isinstance(value, (datetime, date)):
         # A subclass (freezegun's FakeDatetime under a frozen clock) is written as its base.
@@ -147,15 +151,17 @@ def _what_to_pass(value: Any) -> str:
         return f"is a function ({getattr(value, '__qualname__', name)}); pass the data it needs, not code"
     if isinstance(value, io.IOBase) or hasattr(value, "readinto"):
         return f"is a file ({name}); pass its path, or its content as bytes"
+    register = f"or call durable.register_type({name}) once at import"
     if dataclasses.is_dataclass(value):
-        return f"is a dataclass ({name}); pass dataclasses.asdict() of it"
+        return f"is a dataclass ({name}); pass dataclasses.asdict() of it, {register}"
     if callable(getattr(value, "model_dump", None)):
-        return f"is a pydantic model ({name}); pass .model_dump(mode='json') of it"
+        return f"is a pydantic model ({name}); pass .model_dump(mode='json') of it, {register}"
     if isinstance(value, tuple):
-        return f"is a named tuple ({name}); pass ._asdict() of it, or a plain tuple"
+        return f"is a named tuple ({name}); pass ._asdict() of it or a plain tuple, {register}"
     return (
         f"is an instance of {name}, which has no JSON form; pass JSON (dict, list, str, int, float, bool, None) "
-        "or datetime, date, time, timedelta, Decimal, UUID, bytes, tuple, set, frozenset"
+        "or datetime, date, time, timedelta, Decimal, UUID, bytes, tuple, set, frozenset, or teach "
+        f"durable the type with durable.register_converter({name}, encode, decode)"
     )
 
 
@@ -271,3 +277,77 @@ def _decode(data: Any) -> Any:
     # Not one of our tags (a dict stored before tags existed that happens to hold the key):
     # it reads back as it was written.
     return {key: _decode(item) for key, item in data.items()}
+
+
+# -- registered types --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Registered:
+    tag: str
+    to_json: Callable[[Any], Any]
+    from_json: Callable[[Any], Any]
+
+
+#: Types registered by this process, by exact type and by tag. A tag read from a row finds only
+#: a class registered here: a class is never imported by a name read from a row or a message.
+_REGISTERED: dict[type, _Registered] = {}
+
+
+def register_converter(
+    cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any], *, name: str | None = None
+) -> None:
+    """Teach durable a type: ``encode(value)`` returns what to store (JSON, or any type durable
+    converts), ``decode(stored)`` the value again. Call it once at import, in every process that
+    reads or writes the type (the web process, the workers): a row holding a type its reader did
+    not register reads back as the tagged dict it is stored as.
+
+    Stored as ``{"__durable__": name, "v": encode(value)}``; ``name`` defaults to the class's
+    ``module.QualName`` and must stay the same for as long as rows hold it (rename the class,
+    keep ``name``). Exact types only: a subclass needs its own registration.
+    """
+    if not isinstance(cls, type):
+        raise InvalidInput(f"register_converter() needs a class, got {cls!r}")
+    if not callable(encode) or not callable(decode):
+        raise InvalidInput(f"register_converter({cls.__name__}, encode, decode) needs two functions")
+    tag = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
+    if not isinstance(tag, str) or not tag or tag in _BUILT_IN_TAGS:
+        raise InvalidInput(
+            f"register_converter({cls.__name__}) cannot use the name {tag!r}; pass another name="
+        )
+    if cls in _BY_TYPE or cls in (str, int, float, bool, list, dict, tuple, set, frozenset, type(None)):
+        raise InvalidInput(f"durable converts {cls.__name__} already; it cannot be registered")
+    taken = _BY_TAG.get(tag)
+    previous = _REGISTERED.get(cls)
+    if taken is not None and (previous is None or previous.tag != tag):
+        raise InvalidInput(f"another type is registered under the name {tag!r}; pass another name=")
+    if previous is not None:
+        _BY_TAG.pop(previous.tag, None)
+    registered = _Registered(tag, encode, decode)
+    _REGISTERED[cls] = registered
+    _BY_TAG[tag] = lambda v: registered.from_json(_decode(v))
+
+
+def register_type(cls: type, *, name: str | None = None) -> type:
+    """Make ``cls`` come back as itself wherever it crosses a durable boundary: an ``Enum`` (by
+    its members' values), a dataclass or a ``NamedTuple`` (by its fields, which may hold any type
+    durable converts), or a pydantic model (``model_dump(mode="json")`` / ``model_validate``).
+    Returns ``cls``, so it works as a class decorator; ``name`` as for ``register_converter``."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+        register_converter(cls, lambda member: member.value, cls, name=name)
+    elif isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        names = [f.name for f in dataclasses.fields(cls)]
+        register_converter(cls, lambda v: {n: getattr(v, n) for n in names}, lambda d: cls(**d), name=name)
+    elif isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        register_converter(cls, lambda v: dict(v._asdict()), lambda d: cls(**d), name=name)
+    elif isinstance(cls, type) and callable(getattr(cls, "model_validate", None)):
+        register_converter(cls, lambda v: v.model_dump(mode="json"), cls.model_validate, name=name)
+    else:
+        raise InvalidInput(
+            f"register_type() takes an Enum, a dataclass, a NamedTuple or a pydantic model, got "
+            f"{cls!r}; use durable.register_converter(cls, encode, decode) for other types"
+        )
+    return cls
+
+
+_BUILT_IN_TAGS = frozenset(_BY_TAG)

@@ -4,6 +4,7 @@ every replay (API.md §10, Values)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -165,3 +166,35 @@ def test_a_step_returning_a_model_instance_fails_its_run_saying_pass_the_pk(dura
         durable.result(run.id)
     assert failed.value.code == "invalid_output"
     assert "at run is a Django model instance (Run); pass its pk" in failed.value.message
+
+
+@durable.register_type
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    number: uuid.UUID
+    total: Decimal
+    paid_at: datetime
+
+
+@durable.step(name="tests.values.charge")
+def charge(total: Decimal) -> Receipt:
+    called.append(total)
+    return Receipt(VALUES["id"], total, VALUES["at"])
+
+
+@durable.workflow(name="tests.values.registered")
+def registered(ctx, total):
+    receipt = ctx.step(charge, total)
+    seen.append(("receipt", receipt))
+    ctx.sleep("1m")
+    return receipt
+
+
+def test_a_registered_dataclass_comes_back_as_itself_in_the_body_and_from_result(durable_env):
+    run = durable.start(registered, Decimal("9.99"))
+    durable_env.run_until_idle()
+    durable_env.advance_time("2m")
+    expected = Receipt(VALUES["id"], Decimal("9.99"), VALUES["at"])
+    assert called == [Decimal("9.99")]
+    assert len(seen) >= 2 and all(value == expected and type(value) is Receipt for _, value in seen)
+    assert durable.result(run.id) == expected

@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import io
 import json
+import re
 import uuid
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import pytest
 
 from durable.errors import InvalidInput
-from durable.values import TAG, accept_naive_datetimes, decode, encode
+from durable.values import TAG, accept_naive_datetimes, decode, encode, register_converter, register_type
 
 
 def through_a_row(value):
@@ -147,9 +148,12 @@ class Plain(enum.Enum):
         (lambda: 1, "is a function"),
         (len, "is a function"),
         (io.BytesIO(b"x"), "is a file (BytesIO); pass its path, or its content as bytes"),
-        (Price(1), "is a dataclass (Price); pass dataclasses.asdict() of it"),
+        (
+            Price(1),
+            "is a dataclass (Price); pass dataclasses.asdict() of it, or call durable.register_type(Price)",
+        ),
         (Point(1), "is a named tuple (Point)"),
-        (Plain.A, "is the enum member <Plain.A: 1>; pass its .value"),
+        (Plain.A, "is the enum member <Plain.A: 1>; pass its .value, or call durable.register_type(Plain)"),
         (object(), "is an instance of object, which has no JSON form"),
         (bytearray(b"x"), "is an instance of bytearray"),
     ],
@@ -190,3 +194,96 @@ def test_a_datetime_subclass_such_as_freezeguns_is_written_as_a_datetime():
 
     back = through_a_row(Frozen(2026, 1, 1, tzinfo=UTC))
     assert type(back) is datetime and back == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+# -- registered types ----------------------------------------------------------------------
+
+
+class Status(enum.Enum):
+    OPEN = "open"
+    PAID = "paid"
+
+
+class Priority(enum.IntEnum):
+    LOW = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    sku: str
+    price: Decimal
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    number: uuid.UUID
+    lines: tuple[Line, ...]
+    status: Status
+
+
+class Span(NamedTuple):
+    start: date
+    end: date
+
+
+class Money:
+    def __init__(self, cents: int, currency: str) -> None:
+        self.cents, self.currency = cents, currency
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Money) and (other.cents, other.currency) == (self.cents, self.currency)
+
+
+register_type(Status)
+register_type(Priority)
+register_type(Line)
+register_type(Receipt)
+register_type(Span)
+register_converter(Money, lambda m: [m.cents, m.currency], lambda v: Money(*v), name="tests.money")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Status.PAID,
+        Priority.LOW,
+        Span(date(2026, 1, 1), date(2026, 1, 31)),
+        Receipt(uuid.uuid4(), (Line("A", Decimal("1.10")), Line("B", Decimal("2"))), Status.OPEN),
+        Money(1234, "EUR"),
+        {"nested": [Money(1, "USD"), Status.OPEN]},
+    ],
+    ids=lambda v: type(v).__name__,
+)
+def test_a_registered_type_comes_back_as_itself_nested_types_included(value):
+    back = through_a_row(value)
+    assert type(back) is type(value)
+    assert back == value
+
+
+def test_a_registered_type_is_stored_under_its_name_as_queryable_json():
+    assert encode(Money(5, "EUR"), what="x") == {TAG: "tests.money", "v": [5, "EUR"]}
+    assert encode(Line("A", Decimal("1")), what="x") == {
+        TAG: "tests.unit.test_values.Line",
+        "v": {"sku": "A", "price": {TAG: "decimal", "v": "1"}},
+    }
+
+
+def test_a_tag_of_a_type_this_process_did_not_register_reads_back_as_the_stored_dict():
+    stored = {TAG: "somewhere.else.Unknown", "v": {"a": 1}}
+    assert decode(stored) == stored
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda: register_type(Money), "register_type() takes an Enum, a dataclass"),
+        (lambda: register_converter(Decimal, str, Decimal), "durable converts Decimal already"),
+        (lambda: register_converter(Money, str, str, name="decimal"), "cannot use the name 'decimal'"),
+        (lambda: register_converter(Point, str, str, name="tests.money"), "another type is registered"),
+        (lambda: register_converter("Money", str, str), "needs a class"),
+        (lambda: register_converter(Point, str, 3), "needs two functions"),
+    ],
+)
+def test_a_bad_registration_is_refused_saying_what_to_fix(call, says):
+    with pytest.raises(InvalidInput, match=re.escape(says)):
+        call()
