@@ -226,6 +226,7 @@ class Singleton:
 
     def key_for(self, input: Any) -> str:
         """The key of a run with this input; a key that cannot be made is bad input."""
+        input = decode(input)  # made from the input as the body receives it, not as stored
         try:
             if callable(self.key):
                 key = self.key(input)

@@ -198,3 +198,58 @@ def test_a_registered_dataclass_comes_back_as_itself_in_the_body_and_from_result
     assert called == [Decimal("9.99")]
     assert len(seen) >= 2 and all(value == expected and type(value) is Receipt for _, value in seen)
     assert durable.result(run.id) == expected
+
+
+@durable.workflow(name="tests.values.priced")
+def priced(ctx, _):
+    update = ctx.wait_for_update("price")
+    seen.append(("update", update.payload))
+    ctx.reply(update, {"was": update.payload, "set at": VALUES["at"]})
+    return update.payload
+
+
+@priced.validator("price")
+def _a_price(payload):
+    called.append(payload)
+    if payload < 0:
+        raise ValueError("a price is not negative")
+
+
+def test_an_update_payload_reaches_its_validator_the_body_and_the_reply_typed(durable_env):
+    run = durable.start(priced)
+    durable_env.run_until_idle()
+    with pytest.raises(durable.UpdateRejected, match="a price is not negative"):
+        durable.update(run.id, "price", Decimal("-1"))
+    durable.update(run.id, "price", Decimal("12.34"), idempotency_key="p")
+    durable_env.run_until_idle()
+    assert [typed(value) for value in called] == [typed(Decimal("-1")), typed(Decimal("12.34"))]
+    assert [typed(value) for _, value in seen] == [typed(Decimal("12.34"))]
+    reply = durable.update(run.id, "price", Decimal("12.34"), wait="5s", idempotency_key="p")
+    assert typed(reply) == typed({"was": Decimal("12.34"), "set at": VALUES["at"]})
+
+
+@durable.workflow(name="tests.values.per_customer", singleton=durable.Singleton(key="{customer}"))
+def per_customer(ctx, job):
+    return job["customer"]
+
+
+@durable.step(name="tests.values.limited", concurrency=durable.Concurrency(limit=1, key="{day}"))
+def limited(day: date) -> date:
+    return day
+
+
+@durable.workflow(name="tests.values.limited_flow")
+def limited_flow(ctx, day):
+    return ctx.step(limited, day)
+
+
+def test_singleton_and_concurrency_keys_are_made_from_the_typed_values(durable_env):
+    run = durable.start(per_customer, {"customer": VALUES["id"]})
+    assert Run.objects.get(id=run.id).singleton_key == f"tests.values.per_customer:{VALUES['id']}"
+    run = durable.start(limited_flow, date(2026, 12, 3))
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == date(2026, 12, 3)
+    from durable.engine.flow import slot_key
+
+    step = Checkpoint.objects.get(run_id=run.id, kind="step")
+    assert slot_key(limited, step.input) == "c:tests.values.limited:2026-12-03"
