@@ -253,3 +253,21 @@ def test_singleton_and_concurrency_keys_are_made_from_the_typed_values(durable_e
 
     step = Checkpoint.objects.get(run_id=run.id, kind="step")
     assert slot_key(limited, step.input) == "c:tests.values.limited:2026-12-03"
+
+
+@durable.workflow(name="tests.values.failure_handler", input_schema=durable.Failure)
+def failure_handler(ctx, failure):
+    seen.append(("failure", failure.input))
+    return failure.input
+
+
+@durable.workflow(name="tests.values.fails", on_error={"*": failure_handler})
+def fails(ctx, order):
+    raise durable.ApplicationError("declined", code="declined")
+
+
+def test_an_on_error_handler_receives_the_failed_runs_input_typed(durable_env):
+    run = durable.start(fails, VALUES)
+    durable_env.run_until_idle()
+    assert typed(durable.result(f"on_error:{run.id}")) == typed(VALUES)
+    assert seen and all(typed(value) == typed(VALUES) for _, value in seen)
