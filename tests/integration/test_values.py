@@ -271,3 +271,26 @@ def test_an_on_error_handler_receives_the_failed_runs_input_typed(durable_env):
     durable_env.run_until_idle()
     assert typed(durable.result(f"on_error:{run.id}")) == typed(VALUES)
     assert seen and all(typed(value) == typed(VALUES) for _, value in seen)
+
+
+@durable.workflow(name="tests.values.counts")
+def counts(ctx, total):
+    seen.append(("count", total))
+    if total < Decimal("0.3"):
+        ctx.continue_as_new(total + Decimal("0.1"))
+    return total
+
+
+@durable.workflow(name="tests.values.starts")
+def starts(ctx, given):
+    return ctx.start(child, given, run_id="started-by-values")
+
+
+def test_continue_as_new_and_ctx_start_hand_on_typed_inputs(durable_env):
+    run = durable.start(counts, Decimal("0.0"))
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == Decimal("0.3") and str(durable.result(run.id)) == "0.3"
+    assert all(type(value) is Decimal for _, value in seen)
+    durable.start(starts, VALUES)
+    durable_env.run_until_idle()
+    assert typed(durable.result("started-by-values")) == typed({"child got": VALUES})
