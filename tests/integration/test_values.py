@@ -8,6 +8,7 @@ import dataclasses
 import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.test import override_settings
@@ -294,3 +295,26 @@ def test_continue_as_new_and_ctx_start_hand_on_typed_inputs(durable_env):
     durable.start(starts, VALUES)
     durable_env.run_until_idle()
     assert typed(durable.result("started-by-values")) == typed({"child got": VALUES})
+
+
+@durable.step(name="tests.values.paris_noon", local=True)
+def paris_noon():
+    return datetime(2026, 6, 1, 12, 0, tzinfo=ZoneInfo("Europe/Paris"))
+
+
+@durable.workflow(name="tests.values.zoned")
+def zoned(ctx, _):
+    noon = ctx.step(paris_noon)
+    seen.append(("noon", (noon, noon.utcoffset(), type(noon.tzinfo).__name__)))
+    ctx.sleep("1m")
+    return noon
+
+
+def test_the_first_turn_sees_the_value_as_stored_not_the_object_the_step_returned(durable_env):
+    run = durable.start(zoned)
+    durable_env.run_until_idle()
+    durable_env.advance_time("2m")
+    assert durable.get_run(run.id).status == "completed"
+    # A ZoneInfo is stored as its offset: the first turn and the replay both see the fixed offset.
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert seen[0][1] == (datetime(2026, 6, 1, 10, 0, tzinfo=UTC), timedelta(hours=2), "timezone")
