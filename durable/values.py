@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import InvalidInput
+from .guards import MAX_DEPTH
 
 #: The key that marks a tagged value. A user dict that holds it is escaped (tag "dict").
 TAG = "__durable__"
@@ -58,33 +59,48 @@ def decode(data: Any) -> Any:
 
 
 def _is_plain(value: Any) -> bool:
-    """True when ``value`` is JSON that needs no tag (exact types: a subclass takes the slow path)."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        kind = type(node)
-        if kind is str or kind is int or kind is bool or node is None:
-            continue
-        if kind is float:
-            if not math.isfinite(node):
-                return False
-            continue
-        if kind is list:
-            stack.extend(node)
-        elif kind is dict:
-            for key in node:
-                if type(key) is not str or key == TAG:
-                    return False
-            stack.extend(node.values())
-        else:
+    """True when ``value`` is JSON that needs no tag (exact types: a subclass takes the slow path).
+
+    Walked a level at a time, so a value nested past MAX_DEPTH (or holding itself) is left to the
+    slow path, which refuses it, instead of being walked forever."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH + 1:
             return False
+        below: list[Any] = []
+        for node in level:
+            kind = type(node)
+            if kind is str or kind is int or kind is bool or node is None:
+                continue
+            if kind is float:
+                if not math.isfinite(node):
+                    return False
+                continue
+            if kind is list:
+                below.extend(node)
+            elif kind is dict:
+                for key in node:
+                    if type(key) is not str or key == TAG:
+                        return False
+                below.extend(node.values())
+            else:
+                return False
+        level = below
     return True
 
 
-def _encode(value: Any, what: str, path: str) -> Any:
+def _encode(value: Any, what: str, path: str, depth: int = 0) -> Any:
     kind = type(value)
     if kind in (str, int, bool) or value is None:
         return value
+    if depth >= MAX_DEPTH and kind in (list, dict, tuple, set, frozenset):
+        # Named by the field alone, as guards.json_value refuses plain JSON nested too deep.
+        raise InvalidInput(
+            f"{what} is nested deeper than {MAX_DEPTH} levels of lists and dicts (or holds itself)",
+            details={"field": what},
+        )
+    depth += 1
     if kind is float:
         if not math.isfinite(value):
             raise _refused(
@@ -92,17 +108,20 @@ def _encode(value: Any, what: str, path: str) -> Any:
             )
         return value
     if kind is list:
-        return [_encode(item, what, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [_encode(item, what, f"{path}[{i}]", depth) for i, item in enumerate(value)]
     if kind is dict:
         encoded = {}
         for key, item in value.items():
             name = _key(key, what, path)
-            encoded[name] = _encode(item, what, _child(path, name))
+            encoded[name] = _encode(item, what, _child(path, name), depth)
         return {TAG: "dict", "v": encoded} if TAG in encoded else encoded
     if kind is tuple:
-        return {TAG: "tuple", "v": [_encode(item, what, f"{path}[{i}]") for i, item in enumerate(value)]}
+        return {
+            TAG: "tuple",
+            "v": [_encode(item, what, f"{path}[{i}]", depth) for i, item in enumerate(value)],
+        }
     if kind is set or kind is frozenset:
-        items = [_encode(item, what, f"{path}[{i}]") for i, item in enumerate(value)]
+        items = [_encode(item, what, f"{path}[{i}]", depth) for i, item in enumerate(value)]
         # Sorted, so the same set is written the same way in every process (hashes are salted).
         items.sort(key=lambda item: json.dumps(item, sort_keys=True))
         return {TAG: "set" if kind is set else "frozenset", "v": items}
@@ -112,7 +131,7 @@ def _encode(value: Any, what: str, path: str) -> Any:
     registered = _REGISTERED.get(kind)
     if registered is not None:
         # What the user's encode returns may hold tagged types (a Decimal field) in its turn.
-        return {TAG: registered.tag, "v": _encode(registered.to_json(value), what, path)}
+        return {TAG: registered.tag, "v": _encode(registered.to_json(value), what, path, depth)}
     return _plain_subclass(value, what, path)
 
 

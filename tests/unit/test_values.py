@@ -287,3 +287,24 @@ def test_a_tag_of_a_type_this_process_did_not_register_reads_back_as_the_stored_
 def test_a_bad_registration_is_refused_saying_what_to_fix(call, says):
     with pytest.raises(InvalidInput, match=re.escape(says)):
         call()
+
+
+def test_a_value_that_holds_itself_is_refused_not_walked_forever():
+    loop: list = [Decimal("1")]
+    loop.append(loop)
+    with pytest.raises(
+        InvalidInput, match=r"^x is nested deeper than 100 levels of lists and dicts \(or holds itself\)"
+    ):
+        encode(loop, what="x")
+    plain_loop: dict = {}
+    plain_loop["me"] = plain_loop
+    with pytest.raises(InvalidInput, match="holds itself"):
+        encode(plain_loop, what="x")
+
+
+def test_a_typed_value_nested_past_the_limit_is_refused_naming_the_limit():
+    deep: object = Decimal("1")
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidInput, match=r"^x is nested deeper than 100 levels"):
+        encode(deep, what="x")
