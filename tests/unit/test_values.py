@@ -308,3 +308,17 @@ def test_a_typed_value_nested_past_the_limit_is_refused_naming_the_limit():
         deep = [deep]
     with pytest.raises(InvalidInput, match=r"^x is nested deeper than 100 levels"):
         encode(deep, what="x")
+
+
+def test_a_registered_pydantic_model_comes_back_as_itself_with_its_field_types():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Invoice(pydantic.BaseModel):
+        total: Decimal
+        due: date
+
+    register_type(Invoice, name="tests.invoice")
+    invoice = Invoice(total=Decimal("10.50"), due=date(2026, 1, 31))
+    assert encode(invoice, what="x") == {TAG: "tests.invoice", "v": {"total": "10.50", "due": "2026-01-31"}}
+    back = through_a_row({"invoice": invoice})["invoice"]
+    assert type(back) is Invoice and back == invoice
