@@ -1,6 +1,6 @@
 """Python values as tagged JSON and back: the one converter every durable boundary uses.
 
-A value a row or a message cannot hold as plain JSON is written as a single-key tag,
+A value a row or a message cannot hold as plain JSON is written as a tag, a dict of two keys,
 ``{"__durable__": "decimal", "v": "12.34"}``, so it stays JSON (queryable) and comes back as the
 same type with an equal value. Plain JSON goes through untouched, so rows stored before tags
 existed read back as they were. Pure: no Django, no Celery (the engine tells it ``USE_TZ``).
@@ -26,8 +26,6 @@ from .guards import MAX_DEPTH
 
 #: The key that marks a tagged value. A user dict that holds it is escaped (tag "dict").
 TAG = "__durable__"
-
-_PLAIN_SCALARS = (str, int, float, bool, type(None))
 
 #: Whether a naive datetime is accepted: Django's ``USE_TZ = False`` (set by the app's config).
 _naive_datetimes = False
