@@ -8,9 +8,11 @@ import dataclasses
 import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from io import StringIO
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 
 import durable
@@ -318,3 +320,15 @@ def test_the_first_turn_sees_the_value_as_stored_not_the_object_the_step_returne
     # A ZoneInfo is stored as its offset: the first turn and the replay both see the fixed offset.
     assert len(seen) == 2 and seen[0] == seen[1]
     assert seen[0][1] == (datetime(2026, 6, 1, 10, 0, tzinfo=UTC), timedelta(hours=2), "timezone")
+
+
+def test_the_replay_check_passes_a_history_of_typed_values_on_the_code_that_wrote_it(durable_env):
+    run = durable.start(through_steps, VALUES)
+    durable_env.run_until_idle()
+    durable_env.advance_time("2m")
+    assert durable.get_run(run.id).status == "completed"
+    called.clear()
+    out = StringIO()
+    call_command("durable", "replay", stdout=out)
+    assert "0 would break" in out.getvalue()
+    assert called == []  # the check runs no step
