@@ -19,8 +19,8 @@ class Queries(Positions):
     """Mixed into ``Context``."""
 
     def expose(self, name: str, value: Any) -> None:
-        """Show ``value`` (JSON) under ``name`` to ``durable.query(run_id, name)``, replacing what
-        this run exposed there before."""
+        """Show ``value`` (JSON, or a type durable converts) under ``name`` to
+        ``durable.query(run_id, name)``, replacing what this run exposed there before."""
         if not isinstance(name, str) or not name or len(name) > NAME_LENGTH:
             raise InvalidInput(
                 f"ctx.expose() needs a name of 1 to {NAME_LENGTH} characters, got {name!r:.100}"

@@ -52,8 +52,9 @@ class Updates(Waits):
         return Update(received["id"], received["name"], received["payload"])
 
     def reply(self, update: Update, value: Any) -> None:
-        """Answer ``update`` with ``value`` (JSON): ``durable.update(..., wait=...)`` returns it to
-        the update's caller. Each update is answered once."""
+        """Answer ``update`` with ``value`` (JSON, or a type durable converts):
+        ``durable.update(..., wait=...)`` returns it to the update's caller. Each update is
+        answered once."""
         if not isinstance(update, Update):
             raise InvalidInput(
                 f"ctx.reply() answers the durable.Update that ctx.wait_for_update() returned, got {update!r}"
