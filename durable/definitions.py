@@ -21,7 +21,7 @@ from .durations import optional_duration
 from .errors import DurableError, InvalidInput, WorkflowNotRegistered
 from .limits import Concurrency, Rate, concurrency_option
 from .retries import Retry
-from .values import decode
+from .values import decode, register_annotations
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
@@ -464,6 +464,7 @@ def step(
                 f"step {func.__name__!r} declares input_schema=, which validates the step's one argument, "
                 f"but it takes {_parameters(func)}: take one argument (a model of them all) or drop input_schema"
             )
+        register_annotations(func)  # the classes its arguments and result come back as
         return registry.add_step(
             Step(
                 fn=func,
@@ -540,6 +541,7 @@ def workflow(
         )
 
     def wrap(func: Callable[..., Any]) -> Workflow:
+        register_annotations(func)  # the classes its input and output come back as
         return registry.add_workflow(
             Workflow(
                 fn=func,

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import types
+import typing
 import uuid
 from collections.abc import Callable
 from datetime import date, datetime, time, timedelta
@@ -368,3 +369,57 @@ def register_type(cls: type, *, name: str | None = None) -> type:
 
 
 _BUILT_IN_TAGS = frozenset(_BY_TAG)
+
+
+# -- classes named by annotations ------------------------------------------------------------
+
+
+def register_annotations(fn: Callable[..., Any]) -> None:
+    """Register the classes ``fn``'s parameter and return annotations name (``def charge(order:
+    Order) -> Receipt``), inside ``list[...]``, ``X | None`` and the fields of a dataclass or a
+    named tuple too: an Enum, a dataclass, a NamedTuple or a pydantic model not registered yet.
+    Called by ``@durable.step`` and ``@durable.workflow`` at import, so every process that knows
+    the step knows its classes; an annotation that cannot be resolved then is left alone. Enums
+    that are ``str`` or ``int`` keep their plain stored form (they stay queryable)."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - a forward reference or a local name: nothing to learn here
+        return
+    seen: set[int] = set()
+    for hint in hints.values():
+        _register_hint(hint, seen, 0)
+
+
+def _register_hint(hint: Any, seen: set[int], depth: int) -> None:
+    if depth > 8 or id(hint) in seen:
+        return
+    seen.add(id(hint))
+    if not isinstance(hint, type):
+        for arg in typing.get_args(hint):
+            _register_hint(arg, seen, depth + 1)
+        return
+    if hint in _REGISTERED or hint in _BY_TYPE or not _registrable(hint):
+        return
+    try:
+        register_type(hint)
+    except InvalidInput:
+        # Its name is another class's (one defined again under the same name): left unregistered,
+        # it is refused where it is passed, saying to register it under a name of its own.
+        return
+    if dataclasses.is_dataclass(hint) or issubclass(hint, tuple):
+        try:
+            fields = typing.get_type_hints(hint)
+        except Exception:  # noqa: BLE001 - as above
+            return
+        for field in fields.values():
+            _register_hint(field, seen, depth + 1)
+
+
+def _registrable(cls: type) -> bool:
+    if issubclass(cls, enum.Enum):
+        return not issubclass(cls, (str, int, float))
+    return (
+        dataclasses.is_dataclass(cls)
+        or (issubclass(cls, tuple) and hasattr(cls, "_fields"))
+        or (callable(getattr(cls, "model_validate", None)) and callable(getattr(cls, "model_dump", None)))
+    )

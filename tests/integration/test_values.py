@@ -332,3 +332,33 @@ def test_the_replay_check_passes_a_history_of_typed_values_on_the_code_that_wrot
     call_command("durable", "replay", stdout=out)
     assert "0 would break" in out.getvalue()
     assert called == []  # the check runs no step
+
+
+@dataclasses.dataclass(frozen=True)
+class Invoice:
+    """Not registered: the step's annotations name it."""
+
+    total: Decimal
+    lines: tuple[str, ...]
+
+
+@durable.step(name="tests.values.invoice")
+def invoice(total: Decimal) -> Invoice:
+    return Invoice(total, ("a", "b"))
+
+
+@durable.workflow(name="tests.values.invoiced")
+def invoiced(ctx, total: Decimal) -> Invoice:
+    made = ctx.step(invoice, total)
+    seen.append(("invoice", made))
+    ctx.sleep("1m")
+    return made
+
+
+def test_a_class_a_steps_annotation_names_comes_back_as_itself_with_no_registration(durable_env):
+    run = durable.start(invoiced, Decimal("5.00"))
+    durable_env.run_until_idle()
+    durable_env.advance_time("2m")
+    expected = Invoice(Decimal("5.00"), ("a", "b"))
+    assert len(seen) == 2 and all(value == expected and type(value) is Invoice for _, value in seen)
+    assert durable.result(run.id) == expected

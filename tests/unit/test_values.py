@@ -16,7 +16,15 @@ from typing import NamedTuple
 import pytest
 
 from durable.errors import InvalidInput
-from durable.values import TAG, accept_naive_datetimes, decode, encode, register_converter, register_type
+from durable.values import (
+    TAG,
+    accept_naive_datetimes,
+    decode,
+    encode,
+    register_annotations,
+    register_converter,
+    register_type,
+)
 
 
 def through_a_row(value):
@@ -322,3 +330,70 @@ def test_a_registered_pydantic_model_comes_back_as_itself_with_its_field_types()
     assert encode(invoice, what="x") == {TAG: "tests.invoice", "v": {"total": "10.50", "due": "2026-01-31"}}
     back = through_a_row({"invoice": invoice})["invoice"]
     assert type(back) is Invoice and back == invoice
+
+
+# -- classes named by annotations --------------------------------------------------------------
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Size(enum.StrEnum):
+    BIG = "big"
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    colour: Colour
+    size: Size
+
+
+@dataclasses.dataclass(frozen=True)
+class Basket:
+    items: list[Item]
+
+
+class Slot(NamedTuple):
+    at: datetime
+
+
+def pack(basket: Basket, slot: Slot | None = None) -> dict[str, Basket]:
+    return {"basket": basket}
+
+
+def test_the_classes_a_functions_annotations_name_are_registered_fields_included():
+    register_annotations(pack)
+    basket = Basket([Item(Colour.RED, Size.BIG)])
+    assert through_a_row({"basket": basket, "slot": Slot(datetime(2026, 1, 1, tzinfo=UTC))}) == {
+        "basket": basket,
+        "slot": Slot(datetime(2026, 1, 1, tzinfo=UTC)),
+    }
+    # A str Enum keeps its plain, queryable form.
+    assert encode(Item(Colour.RED, Size.BIG), what="x")["v"]["size"] == "big"
+
+
+def test_an_annotation_that_cannot_be_resolved_or_whose_name_is_taken_is_left_alone():
+    def unresolved(order: NotDefinedAnywhere) -> None:  # noqa: F821
+        pass
+
+    register_annotations(unresolved)
+
+    def make():
+        @dataclasses.dataclass
+        class Again:
+            n: int
+
+        def uses(a):
+            pass
+
+        uses.__annotations__ = {"a": Again}  # resolved, as a module-level class's would be
+        return Again, uses
+
+    first, uses_first = make()
+    second, uses_second = make()
+    register_annotations(uses_first)
+    register_annotations(uses_second)  # the same name, another class: not registered, no error
+    assert type(through_a_row(first(1))) is first
+    with pytest.raises(InvalidInput, match="register_type"):
+        encode(second(1), what="x")
