@@ -48,6 +48,7 @@ from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
 from .replay.updates import Update
+from .values import register_converter, register_type
 
 __all__ = [
     "ApplicationError",
@@ -94,6 +95,8 @@ __all__ = [
     "pause_schedule",
     "publish_event",
     "query",
+    "register_converter",
+    "register_type",
     "result",
     "resume_schedule",
     "retry",

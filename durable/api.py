@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .models import Run
 
 from .statuses import TERMINAL, RunStatus
+from .values import decode, encode
 
 #: Seconds between two looks at a run whose end will be announced: only a lost notice waits this.
 NOTIFIED_POLL = 1.0
@@ -61,7 +62,8 @@ def column_length(model: str, field: str) -> int:
 
 
 def _payload(value: Any, what: str) -> Any:
-    return guards.json_value(value, what, max_bytes=conf.get().MAX_PAYLOAD_BYTES)
+    """``value`` as stored: tagged JSON (``durable.values``), refused before anything is written."""
+    return guards.json_value(encode(value, what=what), what, max_bytes=conf.get().MAX_PAYLOAD_BYTES)
 
 
 def _run_id(run_id: Any, *, reserved_ok: bool = True) -> str:
@@ -162,7 +164,8 @@ def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
     (code ``already_settled``). Either way nothing changes."""
     from .engine import reported
 
-    reported.complete_step(token, output, error)
+    # Tagged here, as a step's own return is: a completion sent as a message arrives tagged.
+    reported.complete_step(token, encode(output, what="the output passed to complete_step()"), error)
 
 
 def cancel(
@@ -239,7 +242,7 @@ def result(run_id: str, timeout: Any = None) -> Any:
 
 def _outcome(run: Run) -> Any:
     if run.status == RunStatus.COMPLETED:
-        return run.output
+        return decode(run.output)
     error = run.error or {}
     if run.status == RunStatus.CANCELLED:
         raise RunCancelled(cause=error)

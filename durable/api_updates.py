@@ -15,6 +15,7 @@ from .api import _name, _payload, _run_id, column_length
 from .durations import optional_duration
 from .errors import RunFinished, WaitTimeout
 from .statuses import TERMINAL
+from .values import decode
 
 #: What a look returns while the awaited value is not there yet.
 _NOT_YET = object()
@@ -52,7 +53,7 @@ def update(
         answer = updates.answer(update_id)
         seen["status"], seen["taken"] = answer.run_status, answer.taken
         if answer.replied:
-            return answer.reply
+            return decode(answer.reply)
         if answer.taken_as_signal:
             return None  # the body took it with a signal wait: handled, and nothing to answer
         if answer.run_status in TERMINAL:
@@ -96,9 +97,9 @@ def query(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
         current, status, values = updates.exposed(run_id)
         seen["run"], seen["status"] = current, status
         if name is None and (values or limit is None):
-            return values
+            return {key: decode(value) for key, value in values.items()}
         if name is not None and (name in values or limit is None):
-            return values.get(name)
+            return decode(values.get(name))
         if status in TERMINAL:
             raise RunFinished(
                 f"run {current!r} finished ({status}) without exposing "

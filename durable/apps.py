@@ -19,6 +19,7 @@ class DurableConfig(AppConfig):
         from . import celery, checks, conf, tasks  # noqa: F401 - registers tasks, signals and checks
 
         setting_changed.connect(conf.reset)
+        conf.reset()  # tells the value converter USE_TZ
         _use_test_database()
         # Import ``workflows`` from every installed app, as the admin does with ``admin``.
         autodiscover_modules("workflows")

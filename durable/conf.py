@@ -17,6 +17,7 @@ from django.conf import settings as django_settings
 from . import routing
 from .durations import parse_duration
 from .statuses import TERMINAL
+from .values import accept_naive_datetimes
 
 _MUST_BE_POSITIVE = {
     "LEASE",
@@ -257,5 +258,8 @@ def get() -> Settings:
 
 
 def reset(**_: Any) -> None:
+    """Forget the settings (a setting changed); tell the value converter Django's USE_TZ, which
+    decides whether a naive datetime may cross a durable boundary."""
     global _cached
     _cached = None
+    accept_naive_datetimes(not django_settings.USE_TZ)

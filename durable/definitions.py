@@ -21,6 +21,7 @@ from .durations import optional_duration
 from .errors import DurableError, InvalidInput, WorkflowNotRegistered
 from .limits import Concurrency, Rate, concurrency_option
 from .retries import Retry
+from .values import decode, register_annotations
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
@@ -153,26 +154,28 @@ class Workflow:
     def body_input(self, stored: Any) -> Any:
         """A stored input as the body receives it, parsed by ``input_schema`` on every turn;
         ``InvalidInput`` when it no longer fits (the schema changed under a running run)."""
+        value = decode(stored)  # tagged JSON: a Decimal or a datetime the run was started with
         if self.input_schema is None:
-            return stored
+            return value
         try:
-            return self.input_schema.model_validate(stored)
+            return self.input_schema.model_validate(value)
         except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
             raise InvalidInput(f"the input of run no longer fits {self.name}'s input_schema: {exc}") from None
 
     def check_input(self, stored: Any) -> None:
         """Refuse, with ``InvalidInput``, an input this workflow's ``input_schema`` or
         ``validate_input`` refuses: before a run of it is stored, whoever starts it."""
+        value = decode(stored)
         if self.input_schema is not None:
             try:
-                self.input_schema.model_validate(stored)
+                self.input_schema.model_validate(value)
             except Exception as exc:  # noqa: BLE001 - whatever the schema library raises
                 raise InvalidInput(
                     f"the input does not fit workflow {self.name!r}'s input_schema: {exc}"
                 ) from exc
         if self.validate_input is not None:
             try:
-                self.validate_input(stored)
+                self.validate_input(value)
             except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
                 raise InvalidInput(f"workflow {self.name!r} refused its input: {exc}") from exc
 
@@ -223,6 +226,7 @@ class Singleton:
 
     def key_for(self, input: Any) -> str:
         """The key of a run with this input; a key that cannot be made is bad input."""
+        input = decode(input)  # made from the input as the body receives it, not as stored
         try:
             if callable(self.key):
                 key = self.key(input)
@@ -460,6 +464,7 @@ def step(
                 f"step {func.__name__!r} declares input_schema=, which validates the step's one argument, "
                 f"but it takes {_parameters(func)}: take one argument (a model of them all) or drop input_schema"
             )
+        register_annotations(func)  # the classes its arguments and result come back as
         return registry.add_step(
             Step(
                 fn=func,
@@ -536,6 +541,7 @@ def workflow(
         )
 
     def wrap(func: Callable[..., Any]) -> Workflow:
+        register_annotations(func)  # the classes its input and output come back as
         return registry.add_workflow(
             Workflow(
                 fn=func,

@@ -6,7 +6,7 @@ receives the object, otherwise the plain dict.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound="_HandlerInput")
@@ -18,7 +18,8 @@ class _HandlerInput:
         return value if isinstance(value, cls) else cls(**value)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        # Shallow: asdict() would turn a registered dataclass inside ``input`` into a dict.
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import InvalidInput
+from .values import decode
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class Concurrency:
         when the template or the callable cannot make one."""
         if self.key is None:
             return ""
+        # Made from the arguments as the step receives them, not as stored (tagged).
+        args, kwargs = decode(args), decode(kwargs)
         try:
             if callable(self.key):
                 key = self.key(*args, **kwargs)

@@ -17,6 +17,7 @@ from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
 from ..statuses import CheckpointStatus
+from ..values import decode
 from . import flow, observe
 from .runs import get_run, hand_over
 
@@ -135,7 +136,8 @@ def dead_letter(run: Run) -> None:
         return  # a dead-letter handler that dies is not routed again
     definition = _definition(run)
     handler = (definition.dead_letter if definition else None) or conf.get().DEAD_LETTER_WORKFLOW
-    letter = DeadLetter(dead_run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
+    # The input as the run received it: starting the handler tags it again.
+    letter = DeadLetter(dead_run_id=run.id, workflow=run.workflow, input=decode(run.input), error=run.error)
     hand_over(run, handler, letter.to_dict(), f"{DLQ_PREFIX}{run.id}")
 
 
@@ -145,7 +147,7 @@ def route_failure(run: Run) -> None:
     routes = (definition.on_error if definition else None) or {}
     code = (run.error or {}).get("code")
     handler = routes.get(code) if code in routes else routes.get("*")
-    failure = Failure(run_id=run.id, workflow=run.workflow, input=run.input, error=run.error)
+    failure = Failure(run_id=run.id, workflow=run.workflow, input=decode(run.input), error=run.error)
     hand_over(run, handler, failure.to_dict(), f"{ON_ERROR_PREFIX}{run.id}")
 
 

@@ -17,6 +17,7 @@ from django.dispatch import Signal
 from .. import clock, conf, signals, tracing
 from ..models import Checkpoint, Run, Status
 from ..replay.history import COMPLETED, FAILED, PENDING, Record
+from ..values import decode
 
 log = logging.getLogger("durable.lifecycle")
 
@@ -58,6 +59,8 @@ def _emit(
         if logging_it:
             log.log(level, message, *args, extra=extra)
         if listening:
+            if "output" in facts:
+                facts["output"] = decode(facts["output"])  # as durable.result returns it
             # Django logs a receiver that raises; the change it reports stands.
             signal.send_robust(sender=sender, **facts)
 

@@ -30,6 +30,7 @@ from ..models import (
 from ..models.base import IDS_PER_STATEMENT, chunked
 from ..replay.history import ChildStart
 from ..replay.searchattributes import check_search_attributes
+from ..values import encode
 from . import singletons
 
 log = logging.getLogger("durable.engine")
@@ -84,9 +85,8 @@ def start(
         )
     if run_id is not None:
         run_id = guards.run_id(run_id, max_length=column_length("Run", "id"), reserved_ok=True)
-    stored_input = guards.json_value(
-        input, f"the input of workflow {definition.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES
-    )
+    what = f"the input of workflow {definition.name!r}"
+    stored_input = guards.json_value(encode(input, what=what), what, max_bytes=settings.MAX_PAYLOAD_BYTES)
     definition.check_input(stored_input)
     tags = guards.tags(tags, max_bytes=settings.MAX_PAYLOAD_BYTES)
     try:

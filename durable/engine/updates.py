@@ -14,6 +14,7 @@ from .. import conf
 from ..definitions import registry
 from ..errors import RunFinished, RunNotFound, UpdateRejected, error_dict
 from ..models import TERMINAL, Checkpoint, Signal
+from ..values import decode
 from . import runs
 
 
@@ -30,7 +31,7 @@ def update(run_id: str, name: str, payload: Any, *, idempotency_key: str | None 
     validator = registry.workflow(run.workflow, run.version).validators.get(name)
     if validator is not None:
         try:
-            validator(payload)
+            validator(decode(payload))  # the payload as sent, not as stored
         except Exception as exc:  # noqa: BLE001 - the validator's refusal, whatever its type
             raise UpdateRejected(
                 f"update {name!r} of run {run_id!r} was refused: {exc}", details=error_dict(exc)

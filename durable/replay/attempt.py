@@ -27,7 +27,8 @@ from ..errors import (
     error_dict,
     step_timeout_error,
 )
-from .history import check_size, roundtrip
+from ..values import decode
+from .history import check_size, roundtrip, stored
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
@@ -81,7 +82,8 @@ def run_attempt(
     ``durable.complete_step``.
     """
     args = payload or {}
-    positional, named = list(args.get("args", [])), dict(args.get("kwargs", {}))
+    # The arguments as the body passed them: a Decimal stored tagged is a Decimal again.
+    positional, named = list(decode(args.get("args", []))), dict(decode(args.get("kwargs", {})))
     if step.input_schema is not None:
         try:
             positional, named = _validated_input(step, positional, named)
@@ -121,7 +123,7 @@ def run_attempt(
     try:
         if step.output_schema is not None:
             output = _validated_output(step, output)
-        output = roundtrip(output, what=f"the output of step {step.name!r}")
+        output = stored(output, what=f"the output of step {step.name!r}")
         if max_bytes is not None:
             check_size(output, max_bytes, what=f"the output of step {step.name!r}")
         return output, None, True

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..definitions import Step, Workflow, registry
 from ..errors import ChildFailed, DurableError, GatherError, InvalidInput, _ControlFlow
+from ..values import decode
 from .history import COMPLETED, FAILED, ChildStart, Record
 from .positions import Pending, Positions
 
@@ -130,7 +131,10 @@ class Composition(Positions):
         if fail_fast:
             return self._settle(answers)
         return self._settle(
-            [Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, a) for a in answers]
+            [
+                Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, decode(a))
+                for a in answers
+            ]
         )
 
     def _failure_of_all(self, failures: list[DurableError]) -> GatherError:

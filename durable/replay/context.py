@@ -28,6 +28,7 @@ from ..errors import (
     step_timeout_error,
 )
 from ..statuses import FlowState
+from ..values import decode
 from .attempt import LATER, beat_grace, run_attempt, split_traceback
 from .cancelling import Cancelling
 from .composition import Composition
@@ -248,7 +249,9 @@ class Context(
             raise self._stop(Suspend())
         if isinstance(answer, BaseException):
             raise answer
-        return answer
+        # Every answer a body receives is read from the history as stored (tagged JSON), on the
+        # first turn as on a replay: the body sees the same typed value both times.
+        return decode(answer)
 
     # -- steps -----------------------------------------------------------------------------
 

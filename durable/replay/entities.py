@@ -56,7 +56,7 @@ class Entities(Positions):
             "entity": name,
             "key": key,
             "op": op,
-            "arg": self._storable(arg, f"the argument of entity {name!r} op {op!r}"),
+            "arg": self._storable(arg, f"the argument of entity {name!r} op {op!r}", typed=False),
             "op_id": entity_op_id(self._facts.id, self._here),
             "call": call,
             "timeout": None if delta is None else delta.total_seconds(),

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InvalidInput
 from ..guards import json_value
 from ..statuses import CheckpointStatus, Decided
+from ..values import encode
 
 PENDING, COMPLETED, FAILED = CheckpointStatus.PENDING, CheckpointStatus.COMPLETED, CheckpointStatus.FAILED
 
@@ -139,6 +140,12 @@ def roundtrip(value: Any, *, what: str) -> Any:
     """Return ``value`` as it reads back from JSON, or raise InvalidInput naming ``what``
     (not JSON, NUL characters, lone surrogates, nested too deep: see ``guards.json_value``)."""
     return json_value(value, what)
+
+
+def stored(value: Any, *, what: str) -> Any:
+    """Return ``value`` as it is stored: tagged JSON (``durable.values``), so a Decimal, a datetime
+    or a UUID comes back typed; refused as ``roundtrip`` refuses, or when a part has no JSON form."""
+    return json_value(encode(value, what=what), what)
 
 
 def check_size(value: Any, limit: int, *, what: str) -> None:

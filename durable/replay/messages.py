@@ -17,6 +17,7 @@ from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound
 from ..guards import json_value, text
 from ..guards import run_id as checked_run_id
 from ..statuses import TERMINAL
+from ..values import encode
 from .composition import _workflow
 from .history import COMPLETED, FAILED, Outgoing, Record
 from .positions import Positions
@@ -107,7 +108,7 @@ class Messages(Positions):
     # -- internals --------------------------------------------------------------------------
 
     def _payload(self, value: Any, what: str) -> Any:
-        return json_value(value, what, max_bytes=self._limits.max_payload_bytes)
+        return json_value(encode(value, what=what), what, max_bytes=self._limits.max_payload_bytes)
 
     def _find_run(self, run_id: str) -> tuple[str, str] | None:
         find = self._turn.find_run

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, check_size, roundtrip
+from .history import COMPLETED, check_size, stored
 from .positions import Positions
 from .waits import NAME_LENGTH
 
@@ -19,14 +19,14 @@ class Queries(Positions):
     """Mixed into ``Context``."""
 
     def expose(self, name: str, value: Any) -> None:
-        """Show ``value`` (JSON) under ``name`` to ``durable.query(run_id, name)``, replacing what
-        this run exposed there before."""
+        """Show ``value`` (JSON, or a type durable converts) under ``name`` to
+        ``durable.query(run_id, name)``, replacing what this run exposed there before."""
         if not isinstance(name, str) or not name or len(name) > NAME_LENGTH:
             raise InvalidInput(
                 f"ctx.expose() needs a name of 1 to {NAME_LENGTH} characters, got {name!r:.100}"
             )
         what = f"the value exposed as {name!r}"
-        shown = roundtrip(value, what=what)
+        shown = stored(value, what=what)
         check_size(shown, self._limits.max_payload_bytes, what=what)
         if self._position("expose", name) is not None:
             return  # recorded, and written onto the run, by the turn that made it

@@ -23,7 +23,9 @@ class SearchAttributes(Positions):
         checked = check_search_attributes(
             mapping, registry.workflow(self._facts.workflow, self._facts.version)
         )
-        self._storable(checked, "search attributes")  # refused when larger than MAX_PAYLOAD_BYTES
+        self._storable(
+            checked, "search attributes", typed=False
+        )  # refused when larger than MAX_PAYLOAD_BYTES
         if self._position("value", SEARCH_ATTRIBUTES) is not None:
             return  # recorded by an earlier turn, and merged into the row then
         rec = self._new("value", SEARCH_ATTRIBUTES, status=COMPLETED, output=checked)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, check_size, roundtrip
+from .history import COMPLETED, check_size, stored
 from .waits import Waits
 
 
@@ -52,8 +52,9 @@ class Updates(Waits):
         return Update(received["id"], received["name"], received["payload"])
 
     def reply(self, update: Update, value: Any) -> None:
-        """Answer ``update`` with ``value`` (JSON): ``durable.update(..., wait=...)`` returns it to
-        the update's caller. Each update is answered once."""
+        """Answer ``update`` with ``value`` (JSON, or a type durable converts):
+        ``durable.update(..., wait=...)`` returns it to the update's caller. Each update is
+        answered once."""
         if not isinstance(update, Update):
             raise InvalidInput(
                 f"ctx.reply() answers the durable.Update that ctx.wait_for_update() returned, got {update!r}"
@@ -75,7 +76,7 @@ class Updates(Waits):
         ):
             raise InvalidInput(f"update {update.id} ({update.name!r}) was already answered by ctx.reply()")
         what = f"the reply to update {update.name!r}"
-        answer = roundtrip(value, what=what)
+        answer = stored(value, what=what)
         check_size(answer, self._limits.max_payload_bytes, what=what)
         if self._position("reply", update.name) is not None:
             return  # recorded, and written onto the update, by the turn that made it

@@ -248,7 +248,9 @@ def test_unknown_version_is_refused_with_the_known_ones(durable_env):
 
 
 def test_non_json_input_is_refused_before_anything_is_stored(durable_env):
-    with pytest.raises(durable.InvalidInput, match="JSON-serialisable"):
+    with pytest.raises(
+        durable.InvalidInput, match="at when is an instance of object, which has no JSON form"
+    ):
         durable.start(echo_flow, {"when": object()})
     assert not Run.objects.exists() and durable_env.pending() == []
 
@@ -287,7 +289,7 @@ def test_signal_to_a_finished_run_is_refused_and_not_stored(durable_env):
 def test_non_json_signal_payload_is_refused(durable_env):
     run = durable.start(wait_flow)
     with pytest.raises(durable.InvalidInput, match="signal 'go'"):
-        durable.signal(run.id, "go", {1, 2})
+        durable.signal(run.id, "go", {"ids": object()})
     assert not Signal.objects.exists()
 
 

@@ -135,7 +135,9 @@ def test_a_match_must_be_flat_json_scalars(durable_env):
     assert error["type"] == "InvalidInput" and "match must be a dict" in error["message"]
 
 
-@pytest.mark.parametrize(("name", "payload", "says"), [("", 1, "non-empty name"), ("x", {1, 2}, "JSON")])
+@pytest.mark.parametrize(
+    ("name", "payload", "says"), [("", 1, "non-empty name"), ("x", {"ids": object()}, "JSON")]
+)
 def test_publish_refuses_bad_input_before_storing(durable_env, name, payload, says):
     with pytest.raises(durable.InvalidInput, match=says):
         durable.publish_event(name, payload)

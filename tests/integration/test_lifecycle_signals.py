@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.db import transaction
@@ -248,3 +249,23 @@ def test_with_the_api_alone_no_message_carries_trace_headers(durable_env):
     assert all("headers" not in m.options for m in durable_env.pending())
     durable_env.run_until_idle()
     assert durable.result(handle.id) == 3
+
+
+@durable.step(name="tests.signals.price")
+def price() -> Decimal:
+    return Decimal("12.34")
+
+
+@durable.workflow(name="tests.signals.priced")
+def priced(ctx, _):
+    return {"total": ctx.step(price)}
+
+
+def test_step_completed_and_run_completed_carry_the_output_typed(durable_env, heard):
+    durable.start(priced)
+    durable_env.run_until_idle()
+    outputs = {
+        name: kwargs["output"] for name, kwargs in heard if name in ("step_completed", "run_completed")
+    }
+    assert outputs == {"step_completed": Decimal("12.34"), "run_completed": {"total": Decimal("12.34")}}
+    assert type(outputs["step_completed"]) is Decimal

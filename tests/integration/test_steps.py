@@ -121,11 +121,11 @@ def test_dispatched_step_is_a_celery_message_on_its_queue(durable_env):
     assert [(m.args, m.queue) for m in step_messages] == [((run.id, 0, 1, token), "durable")]
 
 
-def test_local_step_runs_inside_the_turn_and_returns_json(durable_env):
+def test_local_step_runs_inside_the_turn_and_returns_its_typed_output(durable_env):
     run = durable.start(local_flow, 1)
     ran = durable_env.run_until_idle()
     assert ran == 1  # one turn, no step message
-    assert durable.result(run.id) == [1, 2]
+    assert durable.result(run.id) == (1, 2)
     assert Checkpoint.objects.get(run_id=run.id).status == "completed"
 
 

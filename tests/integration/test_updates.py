@@ -69,7 +69,7 @@ def test_signal_with_start_of_a_finished_run_stores_nothing(durable_env):
         ({"run_id": "x", "signal": "", "payload": 1}, "non-empty name"),
         ({"run_id": "x", "signal": "cart", "payload": object()}, "JSON"),
         ({"run_id": None, "signal": "cart"}, "run_id"),
-        ({"run_id": "x", "signal": "cart", "payload": 1, "input_": {1, 2}}, "JSON"),
+        ({"run_id": "x", "signal": "cart", "payload": 1, "input_": {"ids": object()}}, "JSON"),
     ],
 )
 def test_signal_with_start_refuses_bad_input_before_storing_anything(durable_env, kwargs, says):

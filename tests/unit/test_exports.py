@@ -51,6 +51,8 @@ PUBLIC = [
     "pause_schedule",
     "publish_event",
     "query",
+    "register_converter",
+    "register_type",
     "result",
     "resume_schedule",
     "retry",

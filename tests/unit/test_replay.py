@@ -178,10 +178,10 @@ def test_the_heartbeat_grace_is_at_most_a_second_whatever_the_throttle(timeout, 
 # -- local steps ---------------------------------------------------------------------------
 
 
-def test_local_step_runs_inline_flushes_and_returns_json_round_tripped_output() -> None:
+def test_local_step_runs_inline_flushes_and_returns_its_output_as_stored() -> None:
     t = turn(lambda ctx, inp: ctx.step(pair, 1, 2))
     assert t.outcome.status == "completed"
-    assert t.outcome.output == [1, 2]
+    assert t.outcome.output == {"__durable__": "tuple", "v": [1, 2]}  # the body got the tuple
     assert t.state.records[0].status == COMPLETED
     assert t.state.dispatch == []
     assert t.flushes == [t.state]
@@ -348,15 +348,18 @@ def test_plain_exception_escaping_the_body_has_no_code() -> None:
 
 
 def test_non_json_return_value_fails_with_invalid_output() -> None:
-    outcome = turn(lambda ctx, inp: {"ids": {1, 2}}).outcome
+    outcome = turn(lambda ctx, inp: {"ids": object()}).outcome
     assert outcome.status == "failed"
     assert outcome.error is not None
     assert outcome.error["code"] == "invalid_output"
     assert "tests.unit_replay.wf" in outcome.error["message"]
 
 
-def test_return_value_is_json_round_tripped() -> None:
-    assert turn(lambda ctx, inp: {"pair": (1, 2), 3: "x"}).outcome.output == {"pair": [1, 2], "3": "x"}
+def test_return_value_is_stored_as_tagged_json() -> None:
+    assert turn(lambda ctx, inp: {"pair": (1, 2), 3: "x"}).outcome.output == {
+        "pair": {"__durable__": "tuple", "v": [1, 2]},
+        "3": "x",
+    }
 
 
 def test_control_flow_exception_from_flush_propagates_out_of_replay() -> None:
