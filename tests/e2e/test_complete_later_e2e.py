@@ -42,7 +42,15 @@ def test_an_attempt_completed_later_survives_its_worker_and_settles_once(durable
     run = durable.start(approval, 3)
     token_file = TOKENS / run.id
     wait_for(token_file.exists, 60, what="the step to hand out its token")
-    wait_for(lambda: Checkpoint.objects.get(run_id=run.id, seq=0).held_by is None, 30, what="the let-go")
+    # Let go: no process holds it, and it is open as if sent (a step run in place is written so only
+    # once it raised CompleteLater; before that, its turn's lease holds it and a kill loses it).
+    wait_for(
+        lambda: Checkpoint.objects.filter(
+            run_id=run.id, seq=0, held_by=None, enqueued_at__isnull=False
+        ).exists(),
+        30,
+        what="the let-go",
+    )
     durable_worker.kill()
     durable_worker.restart()
     durable_worker.start_beat()

@@ -11,6 +11,7 @@ from django.test import override_settings
 import durable
 from durable.engine import steps, wakes
 from durable.models import Checkpoint
+from durable.testing import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,6 +47,13 @@ def _drop_this_process_connection() -> None:
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        # Gone before the step ends, as after a restart: the server's goodbye is on the socket.
+        wait_for(
+            lambda: not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
+            10,
+            interval=0.01,
+            what="the terminated session to end",
+        )
 
 
 def test_a_step_message_that_meets_a_dropped_connection_still_runs_its_attempt(postgres, durable_env):
