@@ -21,7 +21,7 @@ import pytest
 
 import durable
 from durable.models import Run
-from durable.testing import settings_env, wait_for
+from durable.testing import describe_runs, settings_env, wait_for
 from tests.conftest import on_rabbitmq, on_redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -168,7 +168,12 @@ def test_a_deploy_mid_turn_and_mid_step_fails_no_run_and_runs_no_attempt_twice(d
     def ended():
         return all(durable.get_run(r).status in ("completed", "failed", "dead", "cancelled") for r in runs)
 
-    wait_for(ended, 90, what="every run to end after the restart")
+    wait_for(
+        ended,
+        90,
+        what="every run to end after the restart",
+        explain=lambda: f"{describe_runs(runs)}\n{durable_worker.logs()[-6000:]}",
+    )
     recovered = time.monotonic() - back
     rows = {r.id: r for r in Run.objects.filter(id__in=runs)}
     failures = {r: (rows[r].status, rows[r].error) for r in runs if rows[r].status != "completed"}

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import settings_env, wait_for
+from durable.testing import DurableWorker, describe_runs, settings_env, wait_for
 from tests.e2e.conftest import servers_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -100,18 +100,14 @@ def wait_until_mid_batch(ids: dict[str, int]) -> str:
     return f"{running} steps running, {sent} sent and not taken, {timers} timers pending"
 
 
-def wait_for_batch_end(ids: dict[str, int]) -> None:
-    try:
-        wait_for(
-            lambda: not Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).exists(),
-            90,
-            interval=0.25,
-            what="every run of the batch to end",
-        )
-    except AssertionError as exc:
-        left = Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL)
-        shown = [(r.id, r.status, r.wake_at, r.locked_by, r.recovery_attempts) for r in left]
-        raise AssertionError(f"{exc}; unfinished: {shown}") from None
+def wait_for_batch_end(ids: dict[str, int], worker: DurableWorker) -> None:
+    wait_for(
+        lambda: not Run.objects.filter(id__in=ids).exclude(status__in=TERMINAL).exists(),
+        90,
+        interval=0.25,
+        what="every run of the batch to end",
+        explain=lambda: f"{describe_runs(list(ids))}\n{worker.logs()[-8000:]}",
+    )
 
 
 def check_batch(ids: dict[str, int], ledger: Path, back: datetime, what: str, flight: str) -> None:
@@ -165,7 +161,7 @@ def test_runs_end_within_two_reconcile_intervals_of_a_postgres_restart(
     postgres_server.restart()
     back = timezone.now()
     connection.close()  # this process's connection died with the server too
-    wait_for_batch_end(ids)
+    wait_for_batch_end(ids, durable_worker)
     check_batch(ids, ledger, back, "PostgreSQL restart", flight)
 
 
@@ -180,14 +176,10 @@ def test_runs_end_within_two_reconcile_intervals_of_a_postgres_outage_of_twenty_
     postgres_server.start()
     back = timezone.now()
     connection.close()
-    wait_for_batch_end(ids)
+    wait_for_batch_end(ids, durable_worker)
     check_batch(ids, ledger, back, f"PostgreSQL down {OUTAGE} s", flight)
 
 
-@pytest.mark.skip(
-    reason="left out of CI until understood: in 2 of 4 CI runs beside the other suites, the batch's runs "
-    "stayed pending after the Redis restart (never taken, no sweep sent them); passes when run alone"
-)
 def test_runs_end_within_two_reconcile_intervals_of_a_redis_restart(
     postgres, redis_server, durable_worker, ledger
 ):
@@ -197,5 +189,5 @@ def test_runs_end_within_two_reconcile_intervals_of_a_redis_restart(
     flight = wait_until_mid_batch(ids)
     redis_server.restart()
     back = timezone.now()
-    wait_for_batch_end(ids)
+    wait_for_batch_end(ids, durable_worker)
     check_batch(ids, ledger, back, "Redis restart", flight)
