@@ -79,13 +79,52 @@ def _add_sweeps(sender: Any = None, **_: Any) -> None:
 
 
 @signals.celeryd_init.connect
-def _prefetch_one(sender: Any = None, conf: Any = None, **_: Any) -> None:
-    # A worker that prefetches holds messages another idle worker could run; Celery's default
-    # is 4, a value the project set on purpose is kept.
+def _booted(**_: Any) -> None:
     global booted_at
     booted_at = clock.now()
-    if conf is not None and conf.worker_prefetch_multiplier == CELERY_DEFAULT_PREFETCH:
-        conf.worker_prefetch_multiplier = 1
+
+
+@signals.celeryd_after_setup.connect
+def _prefetch_one(instance: Any = None, **_: Any) -> None:
+    # A worker that prefetches holds messages another idle worker could run; Celery's default
+    # is 4, a value the project set on purpose is kept.
+    if instance is None:
+        return
+    if _green():
+        _prefetch_for_green_pool(instance)
+    elif instance.prefetch_multiplier == CELERY_DEFAULT_PREFETCH:
+        _set_prefetch(instance, 1)
+
+
+def _set_prefetch(worker: Any, multiplier: int) -> None:
+    # On the worker and its consumer: the command line read the setting before any signal, and
+    # the consumer was built with it; its prefetch count is set when it starts consuming, after.
+    worker.prefetch_multiplier = multiplier
+    consumer = getattr(worker, "consumer", None)
+    if consumer is not None and consumer.initial_prefetch_count:
+        consumer.prefetch_multiplier = multiplier
+        consumer.initial_prefetch_count = max(worker.max_concurrency or worker.concurrency, 1) * multiplier
+
+
+def _prefetch_for_green_pool(worker: Any) -> None:
+    # A green pool's blocking loop asks the broker for more only at the start of each of its
+    # 2-second polls: holding one message per greenlet, it takes `concurrency` messages every
+    # 2 seconds, and a backlog of sweeps hides a run's turns for as long as they take to expire.
+    if worker.prefetch_multiplier == 1:
+        log.warning(
+            "durable: worker_prefetch_multiplier=1 starves a gevent or eventlet pool (it takes "
+            "`concurrency` messages every 2 seconds); this worker uses Celery's default of %s",
+            CELERY_DEFAULT_PREFETCH,
+        )
+        _set_prefetch(worker, CELERY_DEFAULT_PREFETCH)
+
+
+def _green() -> bool:
+    """Whether this process runs a green pool (gevent or eventlet): Celery's command line
+    patches the standard library for it before any worker signal is sent."""
+    from kombu.utils.compat import _detect_environment
+
+    return _detect_environment() in ("gevent", "eventlet")
 
 
 @signals.celeryd_after_setup.connect

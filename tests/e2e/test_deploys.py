@@ -187,3 +187,24 @@ def test_a_deploy_mid_turn_and_mid_step_fails_no_run_and_runs_no_attempt_twice(d
         assert not killed
         # A warm shutdown waits for the turns and steps in hand: the longest is a step.
         assert took <= STEP + BUSY * 2 + 10, f"the warm shutdown took {took:.1f} s"
+
+
+@pytest.mark.parametrize(("pool", "multiplier"), [("prefork", 1), ("threads", 1), ("gevent", 4)])
+def test_each_pool_prefetches_what_keeps_it_fed(durable_worker, pool, multiplier):
+    """The project asks for one message per pool slot (``CELERY_WORKER_PREFETCH_MULTIPLIER = 1``).
+    A gevent pool's loop asks the broker for more only at the start of each 2-second poll, so it
+    takes Celery's default instead (else a backlog of sweeps hides a run's turns, as seen after a
+    cold shutdown here)."""
+    if not (on_redis() or on_rabbitmq()):
+        pytest.skip("remote control needs a production broker")
+    if pool == "gevent":
+        pytest.importorskip("gevent")
+    from celery import current_app
+
+    worker = durable_worker.add_worker(name=f"fed-{pool}", pool=pool, concurrency=2)
+
+    def prefetch() -> int | None:
+        stats = current_app.control.inspect(timeout=2).stats() or {}
+        return next((s["prefetch_count"] for node, s in stats.items() if f"fed-{pool}" in node), None)
+
+    assert wait_for(prefetch, 30, interval=1, what=f"{worker} to answer") == 2 * multiplier

@@ -230,13 +230,17 @@ def test_persisted_heartbeats_from_another_process_keep_a_step_alive(durable_env
 
 
 def test_worker_prefetch_defaults_to_one_but_a_chosen_value_is_kept():
-    default, chosen = (
-        SimpleNamespace(worker_prefetch_multiplier=4),
-        SimpleNamespace(worker_prefetch_multiplier=8),
-    )
-    durable_celery._prefetch_one(conf=default)
-    durable_celery._prefetch_one(conf=chosen)
-    assert (default.worker_prefetch_multiplier, chosen.worker_prefetch_multiplier) == (1, 8)
+    def worker(multiplier):
+        consumer = SimpleNamespace(prefetch_multiplier=multiplier, initial_prefetch_count=2 * multiplier)
+        return SimpleNamespace(
+            prefetch_multiplier=multiplier, concurrency=2, max_concurrency=None, consumer=consumer
+        )
+
+    default, chosen = worker(4), worker(8)
+    durable_celery._prefetch_one(instance=default)
+    durable_celery._prefetch_one(instance=chosen)
+    assert (default.prefetch_multiplier, default.consumer.initial_prefetch_count) == (1, 2)
+    assert (chosen.prefetch_multiplier, chosen.consumer.initial_prefetch_count) == (8, 16)
 
 
 def test_check_warns_when_redis_visibility_timeout_is_shorter_than_a_step_timeout():
