@@ -13,8 +13,10 @@ from datetime import timedelta
 from typing import Any, get_type_hints
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
-from . import routing
+from . import codecs, routing
 from .durations import parse_duration
 from .statuses import TERMINAL
 from .values import accept_naive_datetimes
@@ -101,6 +103,12 @@ class Settings:
     #: backoff and at every worker start until code that replays it is deployed; "fail" ends it
     #: ``failed`` with the NonDeterminismError.
     ON_NONDETERMINISM: str = "park"
+    #: The codecs every payload at rest goes through, as dotted paths applied in order
+    #: (``"durable.codecs.Zlib"``, ``"durable.codecs.Fernet"``, a class of the project's); empty:
+    #: payloads are stored as plain JSON. Declared as None, one path or a list of them.
+    CODEC: tuple[str, ...] = ()
+    #: The keys of a codec that uses keys (Fernet): the first encrypts, every one decrypts.
+    CODEC_KEYS: tuple[str, ...] = ()
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how
@@ -168,7 +176,50 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
         found.extend(("RETENTION", message) for message in _retention_problems(raw["RETENTION"]))
     if isinstance(raw.get("DATABASE"), str) and raw["DATABASE"] not in django_settings.DATABASES:
         found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
+    found.extend(_codec_problems(raw))
     return found
+
+
+def _codec_paths(declared: Any) -> tuple[str, ...]:
+    return () if declared is None else (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+def _codec_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with CODEC and CODEC_KEYS: a path that imports nothing, a class that is no
+    codec, a codec that refuses the keys (Fernet without keys, or a key that is not one)."""
+    declared, keys = raw.get("CODEC"), raw.get("CODEC_KEYS", ())
+    if not (
+        declared is None
+        or (isinstance(declared, str) and declared)
+        or (isinstance(declared, (list, tuple)) and all(isinstance(p, str) and p for p in declared))
+    ):
+        return [
+            (
+                "CODEC",
+                'must be None, a dotted path such as "durable.codecs.Fernet", or a list of them '
+                f"applied in order, got {declared!r}",
+            )
+        ]
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+        return [("CODEC_KEYS", f"must be a list of keys (the first encrypts), got {type(keys).__name__}")]
+    if not all(isinstance(key, (str, bytes)) for key in keys):
+        return [("CODEC_KEYS", "must hold keys as text or bytes")]
+    classes = []
+    for path in _codec_paths(declared):
+        try:
+            cls = import_string(path)
+        except ImportError as exc:
+            return [("CODEC", f"cannot import {path!r}: {exc}")]
+        if not (callable(getattr(cls, "encode", None)) and callable(getattr(cls, "decode", None))):
+            return [
+                ("CODEC", f"{path!r} is no codec: it needs encode(bytes) -> bytes and decode(bytes) -> bytes")
+            ]
+        classes.append(cls)
+    try:
+        codecs.build(classes, keys)
+    except (ValueError, TypeError) as exc:
+        return [("CODEC_KEYS" if "CODEC_KEYS" in str(exc) else "CODEC", str(exc))]
+    return []
 
 
 def _retention_problems(policies: Any) -> list[str]:
@@ -233,7 +284,8 @@ def default_instance_id() -> str:
 def load() -> Settings:
     """Build the settings; bad values fall back to defaults (the system checks report them)."""
     raw = declared()
-    bad = {key for key, _ in problems(raw)}
+    found = problems(raw)
+    bad = {key for key, _ in found}
     values = {key: value for key, value in raw.items() if key in KNOWN_KEYS and key not in bad}
     for key in _DURATIONS:
         if key in values:
@@ -242,24 +294,53 @@ def load() -> Settings:
         values["RETENTION"] = _policies(values["RETENTION"])
     if "REMOTE_QUEUES" in values:
         values["REMOTE_QUEUES"] = tuple(values["REMOTE_QUEUES"])
+    codec_problems = [(key, message) for key, message in found if key in ("CODEC", "CODEC_KEYS")]
+    if codec_problems:
+        # Never a fallback: a codec that was asked for and is not applied would store in the clear.
+        raise ImproperlyConfigured(
+            "; ".join(f"DURABLE[{key!r}]: {message}" for key, message in codec_problems)
+        )
+    values["CODEC"] = _codec_paths(raw.get("CODEC"))
+    values["CODEC_KEYS"] = tuple(raw.get("CODEC_KEYS", ()))
     values["INSTANCE_ID"] = values.get("INSTANCE_ID") or default_instance_id()
     return Settings(**values)
 
 
 _cached: Settings | None = None
+_codec: codecs.Chain | None = None
 
 
 def get() -> Settings:
     """Return the current settings (rebuilt when tests override ``DURABLE``)."""
-    global _cached
+    global _cached, _codec
     if _cached is None:
-        _cached = load()
+        loaded = load()
+        classes = [import_string(path) for path in loaded.CODEC]
+        _codec = codecs.build(classes, loaded.CODEC_KEYS) if classes else None
+        _cached = loaded
     return _cached
+
+
+def codec() -> codecs.Chain | None:
+    """The codecs payloads at rest go through (built once per settings), or None: plain JSON."""
+    if _cached is None:
+        get()
+    return _codec
+
+
+def first_key_codec() -> codecs.Chain | None:
+    """The codecs with the first of CODEC_KEYS alone: what a payload decodes with once it is
+    written under the current key (``manage.py durable reencode`` asks)."""
+    loaded = get()
+    if not loaded.CODEC:
+        return None
+    return codecs.build([import_string(path) for path in loaded.CODEC], loaded.CODEC_KEYS[:1])
 
 
 def reset(**_: Any) -> None:
     """Forget the settings (a setting changed); tell the value converter Django's USE_TZ, which
     decides whether a naive datetime may cross a durable boundary."""
-    global _cached
+    global _cached, _codec
     _cached = None
+    _codec = None
     accept_naive_datetimes(not django_settings.USE_TZ)

@@ -23,7 +23,8 @@ Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs an
         ├── StepCancelled              raised in a step by durable.heartbeat() once its run is
         │                              cancelled with interrupt=True (the attempt fails, cancelled)
         ├── RunNotFound                no run has that id
-        └── RunFinished                the run has already finished
+        ├── RunFinished                the run has already finished
+        └── PayloadUndecodable         a stored payload that the configured codecs cannot decode
 
 Control flow: never an error of the run, and never caught by a body's ``except Exception``::
 
@@ -243,6 +244,13 @@ class RunFinished(DurableError):
     """The run has already finished."""
 
     default_code = "finished"
+
+
+class PayloadUndecodable(DurableError):
+    """A stored payload cannot be decoded: set DURABLE["CODEC"] and CODEC_KEYS as they were when
+    it was written (an old key goes after the first)."""
+
+    default_code = "payload_undecodable"
 
 
 class RunFailed(_CausedFailure):

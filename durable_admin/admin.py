@@ -29,7 +29,7 @@ from durable.engine.diagnosis import explain
 from durable.models import Checkpoint, CronSchedule, Event, Run
 from durable.statuses import CheckpointStatus
 
-from . import diagnosis, history, run_list, run_page
+from . import diagnosis, history, payloads, run_list, run_page
 from .run_actions import RunActions, allowed, buttons_for
 from .templatetags.durable_console import duration_text
 
@@ -60,11 +60,14 @@ CHECKPOINT_KINDS = (
 CHECKPOINT_STATUSES = tuple(CheckpointStatus)
 
 
-def json_display(field: str) -> Any:
-    """A read-only admin column showing ``field`` as indented JSON."""
+def json_display(field: str, *, payload: bool = False) -> Any:
+    """A read-only admin column showing ``field`` as indented JSON; a ``payload`` only to users
+    with ``durable.view_payloads``."""
 
     @admin.display(description=field.replace("_", " "))
     def show(model_admin: admin.options.BaseModelAdmin[Any], obj: Model) -> str:
+        if payload and not payloads.visible():
+            return payloads.HIDDEN
         value = getattr(obj, field)
         if value is None:
             return model_admin.get_empty_value_display()
@@ -135,6 +138,14 @@ class DurableRows:
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(conf.get().DATABASE)  # type: ignore[misc]
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        with payloads.viewed_by(request):
+            return payloads.rendered(super().changeform_view(request, *args, **kwargs))  # type: ignore[misc]
+
+    def changelist_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        with payloads.viewed_by(request):
+            return payloads.rendered(super().changelist_view(request, *args, **kwargs))  # type: ignore[misc]
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
@@ -303,11 +314,11 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     # -- change page -------------------------------------------------------------------------
 
     attempt_errors = diagnosis.attempt_errors
-    input_json = json_display("input")
-    output_json = json_display("output")
+    input_json = json_display("input", payload=True)
+    output_json = json_display("output", payload=True)
     error_json = json_display("error")
     search_attributes_json = json_display("search_attributes")
-    exposed_json = json_display("exposed")
+    exposed_json = json_display("exposed", payload=True)
 
     @admin.display(description="checkpoints")
     def history(self, obj: Run) -> str:
@@ -445,10 +456,10 @@ class CheckpointAdmin(DurableRows, admin.ModelAdmin):
 
     error_message = error_summary
     flow_limit = flow_summary
-    input_json = json_display("input")
-    output_json = json_display("output")
+    input_json = json_display("input", payload=True)
+    output_json = json_display("output", payload=True)
     error_json = json_display("error")
-    progress_json = json_display("progress")
+    progress_json = json_display("progress", payload=True)
 
 
 @admin.register(CronSchedule)
@@ -477,7 +488,7 @@ class ScheduleAdmin(DurableRows, admin.ModelAdmin):
         "updated_time",
     )
     readonly_fields = fields
-    input_json = json_display("input")
+    input_json = json_display("input", payload=True)
 
     @admin.display(description="last run")
     def last_run(self, obj: CronSchedule) -> str:
@@ -552,7 +563,7 @@ class EventAdmin(DurableRows, admin.ModelAdmin):
     show_full_result_count = False
     fields = ("id", "name", "created_time", "payload_json")
     readonly_fields = fields
-    payload_json = json_display("payload")
+    payload_json = json_display("payload", payload=True)
 
 
 # Registered here so that installing durable_admin is enough (admin autodiscovery imports admin.py).

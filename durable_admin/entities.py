@@ -18,10 +18,15 @@ from django.utils.text import Truncator
 from durable import conf
 from durable.models import Entity, EntityOp, OpStatus
 
+from . import payloads
 from .admin import DurableRows, json_display, timestamp_display
 
 #: Ops shown on an entity's page, newest first.
 RECENT_OPS = 20
+
+
+def _payload(value: Any) -> str:
+    return _short(value) if payloads.visible() else payloads.HIDDEN
 
 
 def _short(value: Any) -> str:
@@ -50,7 +55,7 @@ class EntityAdmin(DurableRows, admin.ModelAdmin):
         "updated_time",
     )
     readonly_fields = fields
-    state_json = json_display("state")
+    state_json = json_display("state", payload=True)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a key's state goes with its ops, never on its own
@@ -95,8 +100,8 @@ class EntityAdmin(DurableRows, admin.ModelAdmin):
                     op.id,
                     op.op,
                     op.status,
-                    _short(op.arg),
-                    _short(op.error.get("message") if op.error else op.result),
+                    _short(op.arg) if payloads.visible() else payloads.HIDDEN,
+                    _short(op.error.get("message")) if op.error else _payload(op.result),
                 )
                 for op in ops[:RECENT_OPS]
             ),
@@ -133,8 +138,8 @@ class EntityOpAdmin(DurableRows, admin.ModelAdmin):
     )
     readonly_fields = fields
     applied_time = timestamp_display("applied_at")
-    arg_json = json_display("arg")
-    result_json = json_display("result")
+    arg_json = json_display("arg", payload=True)
+    result_json = json_display("result", payload=True)
     error_json = json_display("error")
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

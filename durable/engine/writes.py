@@ -187,6 +187,7 @@ def _row(run_id: str, rec: Record) -> Checkpoint:
         name=rec.name,
         queue=rec.queue,
         input=rec.input,
+        task=rec.kind == "step" and bool((rec.input or {}).get("task")),
         fan=rec.fan,
         fail_fast=rec.fail_fast,
         **{f: getattr(rec, f) for f in _WRITTEN},

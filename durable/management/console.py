@@ -15,6 +15,7 @@ import durable
 from .. import clock, conf, guards
 from ..durations import parse_duration
 from ..engine import blocked, histories, redispatch, retention, sweeps
+from ..engine import reencode as reencoding
 from ..errors import DurableError, InvalidInput
 from ..models import Run
 from ..statuses import TERMINAL, RunStatus
@@ -77,6 +78,14 @@ def add_subcommands(parser: Any, command: Any) -> None:
     purge.add_argument("--workflow", action="append", help="only this workflow (repeatable)")
     purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
 
+    reencode = sub.add_parser(
+        "reencode",
+        help="rewrite stored payloads under the current CODEC and first of CODEC_KEYS (after a "
+        "key rotation, or once a codec is turned on)",
+    )
+    reencode.add_argument("--dry-run", action="store_true", help="count the rows to rewrite, write nothing")
+    reencode.add_argument("--batch", type=int, default=reencoding.BATCH, help="rows per transaction")
+
     replay = sub.add_parser(
         "replay", help="replay stored histories on the code installed now; exit 1 if any would break"
     )
@@ -102,6 +111,7 @@ def run(action: str, options: dict[str, Any], out: Any, style: Any) -> None:
         "sweep": _sweep,
         "purge": _purge,
         "replay": _replay,
+        "reencode": _reencode,
     }
     try:
         handlers[action](options, out, style)
@@ -224,6 +234,20 @@ def _purge(options: dict[str, Any], out: Any, style: Any) -> None:
         if len(batch) < retention.BATCH or not gone:
             break
     out.write(f"deleted {deleted} run(s), children included")
+
+
+def _reencode(options: dict[str, Any], out: Any, style: Any) -> None:
+    dry_run = options["dry_run"]
+    verb = "would rewrite" if dry_run else "rewrote"
+    if options["batch"] < 1:
+        raise CommandError("--batch must be at least 1")
+
+    def report(counts: reencoding.Counts) -> None:
+        out.write(f"{counts.table}: {counts.read} row(s) read, {verb} {counts.rewritten}")
+
+    found = reencoding.reencode(dry_run=dry_run, batch=options["batch"], report=report)
+    total = sum(counts.rewritten for counts in found)
+    out.write(style.SUCCESS(f"{verb} {total} row(s){' (dry run)' if dry_run else ''}"))
 
 
 def _duration(text: str, what: str) -> Any:

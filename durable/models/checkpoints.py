@@ -28,6 +28,7 @@ from .base import (
     updating,
     values_where,
 )
+from .payloads import PayloadField, opened
 from .runs import Claim, Run
 
 HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
@@ -55,13 +56,15 @@ def _positions(found: Any, fields: tuple[str, ...], seq: int, ended: dict[str, A
     ORM would, with position ``seq`` as the same statement left it (``ended``): the reading saw
     the table as the statement began."""
     rows = json.loads(found) if isinstance(found, str) else found
-    timed = _timed(fields)
+    timed, payloads = _timed(fields), _payloads(fields)
     positions = []
     for values in rows:
         position = dict(zip(fields, values, strict=True))
         for name in timed:
             if position[name] is not None:
                 position[name] = datetime.fromisoformat(position[name])
+        for name in payloads:
+            position[name] = opened(position[name])
         if position.get("seq") == seq:
             position.update({name: value for name, value in ended.items() if name in position})
         positions.append(position)
@@ -74,6 +77,12 @@ def _timed(fields: tuple[str, ...]) -> frozenset[str]:
     return frozenset(
         name for name in fields if isinstance(Checkpoint._meta.get_field(name), models.DateTimeField)
     )
+
+
+@functools.cache
+def _payloads(fields: tuple[str, ...]) -> frozenset[str]:
+    """Those of ``fields`` that hold a payload (an envelope, under a codec)."""
+    return frozenset(name for name in fields if isinstance(Checkpoint._meta.get_field(name), PayloadField))
 
 
 def _pending(run_id: str, seq: int, attempt: int) -> dict[str, Any]:
@@ -367,7 +376,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                 kind="step",
             )
             .filter(models.Q(flow__isnull=True) | models.Q(flow=HELD))
-            .exclude(input__has_key="task")
+            .exclude(task=True)
         )
 
     def overtaken(self, queue: str, sent_before: datetime, limit: int) -> list[str]:
@@ -515,15 +524,15 @@ class Checkpoint(models.Model):
     status = models.CharField(max_length=16, default=CheckpointStatus.PENDING)
     attempt = models.PositiveIntegerField(default=1)
     queue = models.CharField(max_length=200, blank=True, default="")
-    input = models.JSONField(null=True, blank=True)
-    output = models.JSONField(null=True, blank=True)
+    input = PayloadField(null=True, blank=True)
+    output = PayloadField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
-    progress = models.JSONField(null=True, blank=True)
+    progress = PayloadField(null=True, blank=True)
     #: First position of the fan (ctx.all / all_settled) this member belongs to.
     fan = models.PositiveIntegerField(null=True, blank=True)
     #: The fan resumes the run at its first failure (ctx.all), not only once closed.
@@ -540,6 +549,9 @@ class Checkpoint(models.Model):
     flow_seq = models.BigIntegerField(null=True, blank=True)
     #: How many times this attempt was sent again because its message was lost or never taken.
     redispatches = models.PositiveIntegerField(default=0)
+    #: A Celery task used as a step (its worker may not run durable's probe). A column of its own
+    #: because the input that also says so may be encoded at rest, where SQL cannot look.
+    task = models.BooleanField(default=False)
 
     objects = CheckpointQuerySet.as_manager()
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.db import models
 
 from .base import skip_locked
+from .payloads import PayloadField
 
 
 class CronScheduleQuerySet(models.QuerySet["CronSchedule"]):
@@ -43,7 +44,7 @@ class CronSchedule(models.Model):
 
     key = models.CharField(primary_key=True, max_length=200)
     workflow = models.CharField(max_length=200)
-    input = models.JSONField(null=True, blank=True)
+    input = PayloadField(null=True, blank=True)
     cron = models.CharField(max_length=200)
     timezone = models.CharField(max_length=64, default="UTC")
     #: "skip": a tick that finds the previous run unfinished starts nothing; "allow": it starts anyway.

@@ -12,6 +12,8 @@ from typing import Any
 
 from django.db import connections, models
 
+from .payloads import PayloadField
+
 
 class OpStatus(models.TextChoices):
     PENDING = "pending"
@@ -64,7 +66,7 @@ class Entity(models.Model):
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200)
     key = models.CharField(max_length=255)
-    state = models.JSONField(null=True, blank=True)
+    state = PayloadField(null=True, blank=True)
     #: The entity code version that last wrote the state: older code leaves the key alone.
     version = models.CharField(max_length=32, default="1")
     #: How many ops were applied (those that raised included).
@@ -169,9 +171,9 @@ class EntityOp(models.Model):
     op = models.CharField(max_length=100)
     #: The sender's id for this op: the same id again for this key is dropped.
     op_id = models.CharField(max_length=300)
-    arg = models.JSONField(null=True, blank=True)
+    arg = PayloadField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=OpStatus.choices, default=OpStatus.PENDING)
-    result = models.JSONField(null=True, blank=True)
+    result = PayloadField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     #: The run and position of a ``ctx.call_entity`` waiting for this op's result.
     caller_run_id = models.CharField(max_length=255, null=True, blank=True)

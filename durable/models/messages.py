@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import models
 
+from .. import conf
+from .payloads import PayloadField
 from .runs import Run
 
 
@@ -36,7 +38,7 @@ class Signal(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
     name = models.CharField(max_length=255)
-    payload = models.JSONField(null=True, blank=True)
+    payload = PayloadField(null=True, blank=True)
     created_at = models.DateTimeField()
     consumed_seq = models.PositiveIntegerField(null=True, blank=True)
     #: Sent by ``durable.update`` (its validator accepted it): ``ctx.wait_for_update`` takes only these.
@@ -44,7 +46,7 @@ class Signal(models.Model):
     #: The same key again for the same run is dropped; the unique constraint decides races.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     #: The body's ``ctx.reply`` to this update, and when it was recorded (None: no reply yet).
-    reply = models.JSONField(null=True, blank=True)
+    reply = PayloadField(null=True, blank=True)
     replied_at = models.DateTimeField(null=True, blank=True)
 
     objects = SignalQuerySet.as_manager()
@@ -75,10 +77,40 @@ class EventQuerySet(models.QuerySet["Event"]):
         from django.db.models.fields.json import KeyTransform
 
         events = self.filter(name=name, created_at__gte=since).exclude(id__in=exclude)
+        if match and conf.codec() is not None:
+            return _first_matching(events, match)
         for i, (key, value) in enumerate((match or {}).items()):
             # An alias per key: a key named like a lookup ("in", "contains") stays a key.
             events = events.alias(**{f"key_{i}": KeyTransform(key, "payload")}).filter(**{f"key_{i}": value})
         return events.order_by("id").values_list("id", "payload").first()
+
+
+#: The events read at a time when a match is checked outside SQL.
+MATCH_BATCH = 200
+
+
+def _first_matching(events: models.QuerySet[Event], match: dict[str, Any]) -> tuple[int, Any] | None:
+    """``oldest_match`` when payloads are encoded: SQL cannot look inside them, so the events
+    are read oldest first, a batch at a time, and their decoded payloads compared here (the same
+    test as the SQL's: each key of ``match`` holds an equal JSON value)."""
+    after = 0
+    while True:
+        batch = list(events.filter(id__gt=after).order_by("id").values_list("id", "payload")[:MATCH_BATCH])
+        for event_id, payload in batch:
+            if isinstance(payload, dict) and all(
+                key in payload and _same_json(payload[key], value) for key, value in match.items()
+            ):
+                return event_id, payload
+        if len(batch) < MATCH_BATCH:
+            return None
+        after = batch[-1][0]
+
+
+def _same_json(stored: Any, wanted: Any) -> bool:
+    # JSON equality: true is not 1 there, as True is in Python.
+    if isinstance(stored, bool) or isinstance(wanted, bool):
+        return type(stored) is type(wanted) and stored == wanted
+    return bool(stored == wanted)
 
 
 class Event(models.Model):
@@ -87,7 +119,7 @@ class Event(models.Model):
     #: Arrival order: a wait receives the oldest matching event it has not received yet.
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=255)
-    payload = models.JSONField(null=True, blank=True)
+    payload = PayloadField(null=True, blank=True)
     created_at = models.DateTimeField()
 
     objects = EventQuerySet.as_manager()

@@ -24,6 +24,7 @@ from .base import (
     updating,
 )
 from .blocked import BlockedRuns
+from .payloads import PayloadField
 from .trees import RunTrees
 
 #: What ends the lease owner of a run's first claim (see ``RunQuerySet.claim``).
@@ -483,8 +484,8 @@ class Run(models.Model):
     version = models.CharField(max_length=32)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     queue = models.CharField(max_length=200)
-    input = models.JSONField(null=True, blank=True)
-    output = models.JSONField(null=True, blank=True)
+    input = PayloadField(null=True, blank=True)
+    output = PayloadField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     # Their indexes are partial (Meta): most runs have neither.
     parent = models.ForeignKey(
@@ -498,7 +499,7 @@ class Run(models.Model):
     search_attributes = models.JSONField(default=dict, blank=True)
     #: The values the body exposed with ``ctx.expose``, by name (the latest write of each), for
     #: ``durable.query``; written in the transaction of the turn that records them.
-    exposed = models.JSONField(default=dict, blank=True)
+    exposed = PayloadField(default=dict, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
@@ -533,6 +534,8 @@ class Run(models.Model):
             ("cancel_run", "Can cancel a run, with or without compensation"),
             ("signal_run", "Can send a signal or an update to a run"),
             ("resume_run", "Can wake a waiting run now"),
+            # Payloads may hold personal data: the admin shows them decoded only with this.
+            ("view_payloads", "Can see the payloads of runs, steps, messages and entities"),
         ]
         # Every change of a run's status or timer writes a new entry in each index whose
         # condition the row meets (PostgreSQL cannot update such a row in place): the indexes

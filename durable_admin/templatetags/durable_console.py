@@ -13,6 +13,8 @@ from django.utils import formats, timezone
 from django.utils.text import Truncator, capfirst
 from django.utils.translation import gettext as _
 
+from .. import payloads
+
 register = template.Library()
 
 #: A JSON value longer than this is cut in a table cell; the checkpoint's own page has it whole.
@@ -26,6 +28,9 @@ def get_item(mapping: dict[Any, Any], key: Any) -> Any:
 
 @register.filter
 def json_text(value: Any) -> str:
+    """A payload, short, to users with ``durable.view_payloads``; that it is hidden to others."""
+    if not payloads.visible():
+        return payloads.HIDDEN
     return Truncator(json.dumps(value, ensure_ascii=False, default=str)).chars(JSON_SHOWN)
 
 

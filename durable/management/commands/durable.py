@@ -13,7 +13,8 @@ from .. import console
 class Command(BaseCommand):
     help = (
         "Operate durable runs: list, show RUN, start, signal, cancel, retry, purge; sweep (run the "
-        "sweeps once); replay (check that stored histories replay on the code installed now)."
+        "sweeps once); replay (check that stored histories replay on the code installed now); reencode "
+        "(rewrite payloads under the current codec and first key)."
     )
 
     def add_arguments(self, parser: Any) -> None:

@@ -1,0 +1,45 @@
+"""The column type of every payload (inputs, outputs, messages, entity state): JSON, wrapped in
+an envelope by ``DURABLE["CODEC"]`` when one is set, and unwrapped on every read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models.expressions import Expression
+
+from .. import codecs, conf
+
+
+class PayloadField(models.JSONField):
+    """A ``JSONField`` whose writes go through the configured codec.
+
+    With no codec the column holds exactly the JSON it always held; with one it holds
+    ``{"__durable__": "encoded", "v": "<base64 of the encoded JSON>"}``. A plain row reads back
+    under a codec as it is, so turning one on rewrites nothing. Every write path prepares values
+    with ``get_db_prep_save`` (the ORM's and the raw statements of ``models.base``), and every read
+    converts with ``from_db_value``, so the codec applies wherever the column is written or read.
+    SQL can no longer look inside an encoded column: query plain columns instead.
+    """
+
+    def deconstruct(self) -> Any:
+        # The column is the JSON column it always was (the codec is behaviour, not schema):
+        # migrations see a JSONField, so switching to this class altered no table.
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+    def get_db_prep_save(self, value: Any, connection: Any) -> Any:
+        codec = conf.codec()
+        if codec is not None and value is not None and not isinstance(value, Expression):
+            value = codecs.seal(value, codec)
+        return super().get_db_prep_save(value, connection)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return opened(super().from_db_value(value, expression, connection))
+
+
+def opened(stored: Any) -> Any:
+    """The payload a column's JSON holds (``stored`` itself unless it is an envelope);
+    ``PayloadUndecodable`` when no configured codec opens it. For JSON read past the field
+    (``json_agg`` of whole positions)."""
+    return codecs.unseal(stored, conf.codec()) if codecs.is_sealed(stored) else stored
