@@ -12,9 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import conf, guards
-from .definitions import Workflow
+from .annotated import shaped, signature
+from .definitions import Workflow, registry
 from .durations import parse_duration
-from .errors import InvalidInput, RunCancelled, RunFailed, WaitTimeout, cancelled_error
+from .errors import DurableError, InvalidInput, RunCancelled, RunFailed, WaitTimeout, cancelled_error
 
 if TYPE_CHECKING:
     from .models import Run
@@ -242,11 +243,19 @@ def result(run_id: str, timeout: Any = None) -> Any:
 
 def _outcome(run: Run) -> Any:
     if run.status == RunStatus.COMPLETED:
-        return decode(run.output)
+        return shaped(decode(run.output), _returns(run))
     error = run.error or {}
     if run.status == RunStatus.CANCELLED:
         raise RunCancelled(cause=error)
     raise RunFailed(cause=error, details=error.get("details"))
+
+
+def _returns(run: Run) -> Any:
+    """The return annotation of the workflow version ``run`` ran, when this process knows it."""
+    try:
+        return signature(registry.workflow(run.workflow, run.version).fn).returns
+    except DurableError:  # a workflow this process does not know: its output as stored
+        return None
 
 
 def delete_run(run_id: str) -> int:

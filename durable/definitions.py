@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from . import guards
+from .annotated import shaped, signature
 from .cron import Schedule, schedule_option
 from .durations import optional_duration
 from .errors import DurableError, InvalidInput, WorkflowNotRegistered
@@ -156,7 +157,7 @@ class Workflow:
         ``InvalidInput`` when it no longer fits (the schema changed under a running run)."""
         value = decode(stored)  # tagged JSON: a Decimal or a datetime the run was started with
         if self.input_schema is None:
-            return value
+            return shaped(value, signature(self.fn).parameter(1))
         try:
             return self.input_schema.model_validate(value)
         except Exception as exc:  # noqa: BLE001 - whatever the schema library raises

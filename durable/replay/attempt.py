@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import shutdown
+from ..annotated import signature
 from ..definitions import Step
 from ..errors import (
     TRACEBACK,
@@ -84,6 +85,8 @@ def run_attempt(
     args = payload or {}
     # The arguments as the body passed them: a Decimal stored tagged is a Decimal again.
     positional, named = list(decode(args.get("args", []))), dict(decode(args.get("kwargs", {})))
+    # As its annotations say: a dict from a caller or a remote worker is the dataclass it names.
+    positional, named = signature(step.fn).arguments(positional, named)
     if step.input_schema is not None:
         try:
             positional, named = _validated_input(step, positional, named)

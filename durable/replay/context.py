@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from ..annotated import shaped, signature
 from ..definitions import Step, celery_task_step, registry
 from ..durations import parse_duration
 from ..errors import (
@@ -136,7 +137,7 @@ class Context(
         definition = self._step_definition(step)
         here = self._runs_here(definition)
         rec = self._step_position(definition, args, kwargs, fan=None, fail_fast=False, send=not here)
-        return self._settle(self._resolve_step(rec, definition))
+        return shaped(self._settle(self._resolve_step(rec, definition)), signature(definition.fn).returns)
 
     def _step_position(
         self,

@@ -74,7 +74,8 @@ def _run(durable_env, local: bool, step: str, order: object) -> tuple[object, Ch
 @pytest.mark.parametrize("local", [True, False], ids=["local", "dispatched"])
 def test_the_step_receives_its_model_and_the_history_keeps_the_input_as_sent(durable_env, local):
     output, position = _run(durable_env, local, "charge", {"id": 7, "cents": "250"})
-    assert output == {"order": 7, "charged": 250}  # the returned model, recorded as JSON
+    # The returned model, recorded as JSON, reaches the body as the step's annotation names it.
+    assert output == Receipt(order=7, charged=250)
     assert [Order(id=7, cents=250)] == CALLS
     assert position.input == {"args": [{"id": 7, "cents": "250"}], "kwargs": {}}
     assert position.output == {"order": 7, "charged": 250}
