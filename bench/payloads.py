@@ -97,8 +97,10 @@ def measure(rounds: int, per_round: int) -> dict[str, Any]:
     from bench import payload_workloads as w
     from durable import conf, dispatch
 
-    # Serving every queue, this process runs the steps in place as a worker of their queue would.
-    saved = dispatch.install(replace(dispatch.transport, send=lambda message: None, served_queues={conf.get().DEFAULT_QUEUE}))
+    # Serving the default queue, this process runs the steps in place as a worker of their queue would.
+    saved = dispatch.install(
+        replace(dispatch.transport, send=lambda message: None, served_queues={conf.get().DEFAULT_QUEUE})
+    )
     try:
         ten = {
             "plain10": _variant(w.PLAIN10, w.plain_value()),

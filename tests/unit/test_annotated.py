@@ -51,9 +51,7 @@ def test_a_plain_dict_becomes_the_annotated_dataclass_with_its_fields_shaped():
     got = shaped(
         {"id": ID, "lines": [{"sku": "a", "price": "1.10"}], "placed": "2026-12-03T07:15:00+00:00"}, Order
     )
-    assert got == Order(
-        uuid.UUID(ID), [Line("a", Decimal("1.10"))], datetime(2026, 12, 3, 7, 15, tzinfo=UTC)
-    )
+    assert got == Order(uuid.UUID(ID), [Line("a", Decimal("1.10"))], datetime(2026, 12, 3, 7, 15, tzinfo=UTC))
 
 
 @pytest.mark.parametrize(
