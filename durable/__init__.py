@@ -15,6 +15,17 @@ from .api import (
     signal_with_start,
     start,
 )
+from .api_async import (
+    acancel,
+    aget_run,
+    aquery,
+    aresult,
+    aretry,
+    asignal,
+    asignal_with_start,
+    astart,
+    aupdate,
+)
 from .api_entities import entity_state, signal_entity
 from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .api_updates import query, update
@@ -85,6 +96,15 @@ __all__ = [
     "WorkerLost",
     "Workflow",
     "WorkflowNotRegistered",
+    "acancel",
+    "aget_run",
+    "aquery",
+    "aresult",
+    "aretry",
+    "asignal",
+    "asignal_with_start",
+    "astart",
+    "aupdate",
     "cancel",
     "complete_step",
     "delete_run",

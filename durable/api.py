@@ -28,7 +28,8 @@ NOTIFIED_POLL = 1.0
 
 
 class RunHandle:
-    """A reference to a run, returned by ``start``."""
+    """A reference to a run, returned by ``start``; ``astatus``, ``aresult``, ``asignal`` and
+    ``acancel`` are the awaitable twins for async code (see ``durable.api_async``)."""
 
     def __init__(self, run_id: str) -> None:
         self.id = run_id
@@ -44,6 +45,26 @@ class RunHandle:
 
     def cancel(self, **kwargs: Any) -> bool:
         return cancel(self.id, **kwargs)
+
+    async def astatus(self) -> str:
+        from .api_async import aget_run
+
+        return (await aget_run(self.id)).status
+
+    async def aresult(self, timeout: Any = None) -> Any:
+        from .api_async import aresult
+
+        return await aresult(self.id, timeout=timeout)
+
+    async def asignal(self, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
+        from .api_async import asignal
+
+        await asignal(self.id, name, payload, idempotency_key=idempotency_key)
+
+    async def acancel(self, **kwargs: Any) -> bool:
+        from .api_async import acancel
+
+        return await acancel(self.id, **kwargs)
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.id}>"
@@ -199,46 +220,94 @@ def retry(run_id: str) -> RunHandle:
 
 def result(run_id: str, timeout: Any = None) -> Any:
     """Wait for the run to finish; return its output or raise RunFailed / RunCancelled / WaitTimeout."""
-    from . import dispatch, waiting
-    from .engine import runs
+    wait = result_wait(run_id, timeout)
+    notices = result_notices()
+    pause = FIRST_POLL
+    while True:
+        announced = notices.subscribe(wait.run_id) if notices is not None and notices.live else None
+        with announced or contextlib.nullcontext() as ended:
+            left = wait.look()
+            if wait.finished:
+                return wait.output
+            if wait.moved:
+                continue  # the chain moved on: subscribe to its new last run, then look again
+            if ended is not None:
+                ended.wait(NOTIFIED_POLL if left is None else min(NOTIFIED_POLL, left))
+                continue
+            time.sleep(pause if left is None else min(pause, left))
+            pause = next_poll(pause)
 
+
+#: The first pause of a caller that polls for a run's end; each next one is longer, up to LAST_POLL.
+FIRST_POLL = 0.005
+#: The longest pause between two polls: a caller waits for a result by reading one indexed row.
+LAST_POLL = 0.05
+
+
+def next_poll(pause: float) -> float:
+    return min(pause * 1.5, LAST_POLL)
+
+
+def result_notices() -> Any:
+    """This process's listener for the notices of runs' ends, or None (polling only).
+
+    Woken by the notice of the run's end where the database sends one; polling stays the
+    fallback (a lost notice costs one NOTIFIED_POLL at most)."""
+    from . import dispatch, waiting
+
+    return waiting.listener(conf.get().DATABASE) if dispatch.transport.may_wait else None
+
+
+class ResultWait:
+    """One caller's wait for a run's end (``result`` and ``aresult`` drive it): each ``look``
+    reads the run once and says how long the caller may still wait, so sync and async callers
+    share every rule and message."""
+
+    def __init__(self, run_id: str, timeout: Any, limit: float | None) -> None:
+        self.run_id, self.timeout, self.limit = run_id, timeout, limit
+        self.started = time.monotonic()
+        self.finished = False
+        self.output: Any = None
+        #: The last look found the chain moved on: subscribe to ``run_id`` anew, then look again.
+        self.moved = False
+
+    def look(self) -> float | None:
+        """Read the run: set ``finished`` and ``output`` (or raise its failure, or WaitTimeout),
+        else return the seconds left to wait (None: no limit)."""
+        from . import dispatch
+        from .engine import runs
+
+        run = runs.ending(self.run_id)  # or the last run of a continue-as-new chain
+        self.moved = run.id != self.run_id
+        if self.moved:
+            self.run_id = run.id
+            return None
+        if run.status in TERMINAL:
+            self.output, self.finished = _outcome(run), True
+            return None
+        if not dispatch.transport.may_wait:
+            raise WaitTimeout(
+                f"run {self.run_id!r} is {run.status}, not finished; under durable_env call "
+                "durable_env.run_until_idle() or advance_time() first",
+                details={"status": run.status},
+            )
+        waited = time.monotonic() - self.started
+        if self.limit is not None and waited >= self.limit:
+            raise WaitTimeout(
+                f"run {self.run_id!r} is still {run.status} after {self.timeout}",
+                details={"status": run.status},
+            )
+        return None if self.limit is None else self.limit - waited
+
+
+def result_wait(run_id: str, timeout: Any) -> ResultWait:
+    """Check ``result``'s arguments; the wait they describe."""
     _run_id(run_id)
     try:
         limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    started = time.monotonic()
-    pause = 0.005
-    # Woken by the notice of the run's end where the database sends one; polling stays the
-    # fallback (a lost notice costs one NOTIFIED_POLL at most).
-    notices = waiting.listener(conf.get().DATABASE) if dispatch.transport.may_wait else None
-    while True:
-        announced = notices.subscribe(run_id) if notices is not None and notices.live else None
-        with announced or contextlib.nullcontext() as ended:
-            run = runs.ending(run_id)  # or the last run of a continue-as-new chain
-            if run.id != run_id:
-                run_id = run.id  # subscribe to the run the chain moved on to, then look again
-                continue
-            if run.status in TERMINAL:
-                return _outcome(run)
-            if not dispatch.transport.may_wait:
-                raise WaitTimeout(
-                    f"run {run_id!r} is {run.status}, not finished; under durable_env call "
-                    "durable_env.run_until_idle() or advance_time() first",
-                    details={"status": run.status},
-                )
-            waited = time.monotonic() - started
-            if limit is not None and waited >= limit:
-                raise WaitTimeout(
-                    f"run {run_id!r} is still {run.status} after {timeout}", details={"status": run.status}
-                )
-            left = None if limit is None else limit - waited
-            if ended is not None:
-                ended.wait(NOTIFIED_POLL if left is None else min(NOTIFIED_POLL, left))
-                continue
-            time.sleep(pause if left is None else min(pause, left))
-            # Short polls: a caller waits for a result by reading one indexed row.
-            pause = min(pause * 1.5, 0.05)
+    return ResultWait(run_id, timeout, limit)
 
 
 def _outcome(run: Run) -> Any:

@@ -8,17 +8,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from . import conf, guards
-from .api import _name, _payload, _run_id, column_length
+from .api import FIRST_POLL, _name, _payload, _run_id, column_length, next_poll
 from .durations import optional_duration
 from .errors import RunFinished, WaitTimeout
 from .statuses import TERMINAL
 from .values import decode
 
 #: What a look returns while the awaited value is not there yet.
-_NOT_YET = object()
+NOT_YET = object()
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """A wait for a value, as ``update(wait=...)`` and ``query(timeout=...)`` poll for it (``until``
+    in a thread, ``durable.api_async`` on an event loop): one ``look`` is one short read."""
+
+    #: Reads once: the value, or ``NOT_YET``; raises RunFinished when it can no longer come.
+    look: Callable[[], Any]
+    #: Seconds to wait for it (None: answer from the first look).
+    limit: float | None
+    #: The WaitTimeout to raise, given whether the test harness is why nothing came.
+    late: Callable[[bool], WaitTimeout]
 
 
 def update(
@@ -35,6 +49,14 @@ def update(
     update's id (or reply). Waiting inside ``transaction.atomic()`` is refused: the update is
     only sent when the transaction commits.
     """
+    sent = send_update(run_id, name, payload, wait=wait, idempotency_key=idempotency_key)
+    return until(sent) if isinstance(sent, Awaited) else sent
+
+
+def send_update(
+    run_id: str, name: str, payload: Any = None, *, wait: Any = None, idempotency_key: str | None = None
+) -> Any:
+    """Send the update as ``update`` does; its id without ``wait``, else the wait for its reply."""
     from .engine import updates
 
     run_id = _run_id(run_id)
@@ -62,7 +84,7 @@ def update(
                 f"({update_id})",
                 details={"status": answer.run_status, "update_id": update_id},
             )
-        return _NOT_YET
+        return NOT_YET
 
     def late(harness: bool) -> WaitTimeout:
         where = "a wait took it, no ctx.reply yet" if seen["taken"] else "no ctx.wait_for_update took it yet"
@@ -74,7 +96,7 @@ def update(
             {"status": seen["status"], "update_id": update_id},
         )
 
-    return _until(look, limit, late)
+    return Awaited(look, limit, late)
 
 
 def query(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
@@ -85,6 +107,11 @@ def query(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
     WaitTimeout past it, RunFinished if the run ended without setting it. Finished runs answer
     too; a run that continued as new answers with its successor's values.
     """
+    return until(query_wait(run_id, name, timeout=timeout))
+
+
+def query_wait(run_id: str, name: str | None = None, *, timeout: Any = None) -> Awaited:
+    """Check ``query``'s arguments; the wait for its answer."""
     from .engine import updates
 
     _run_id(run_id)
@@ -106,7 +133,7 @@ def query(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
                 f"{'anything' if name is None else repr(name)}",
                 details={"status": status},
             )
-        return _NOT_YET
+        return NOT_YET
 
     def late(harness: bool) -> WaitTimeout:
         what = "anything" if name is None else repr(name)
@@ -117,7 +144,7 @@ def query(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
             {"status": seen["status"]},
         )
 
-    return _until(look, limit, late)
+    return Awaited(look, limit, late)
 
 
 def idempotency_key_of(value: Any) -> str | None:
@@ -150,22 +177,27 @@ def _outside_transactions(call: str) -> None:
         )
 
 
-def _until(look: Callable[[], Any], limit: float | None, late: Callable[[bool], WaitTimeout]) -> Any:
-    """Call ``look`` until it returns a value, in short polls for up to ``limit`` seconds."""
+def until(awaited: Awaited) -> Any:
+    """Look until the value is there, in short polls for up to ``awaited.limit`` seconds."""
+    started = time.monotonic()
+    pause = FIRST_POLL
+    while True:
+        found = awaited.look()
+        if found is not NOT_YET:
+            return found
+        give_up_if_late(awaited, started)
+        time.sleep(pause)
+        pause = next_poll(pause)
+
+
+def give_up_if_late(awaited: Awaited, started: float) -> None:
+    """Raise the wait's WaitTimeout when nothing more may come in time (or nothing runs)."""
     from . import dispatch
 
-    started = time.monotonic()
-    pause = 0.005
-    while True:
-        found = look()
-        if found is not _NOT_YET:
-            return found
-        if not dispatch.transport.may_wait:
-            raise late(True)
-        if time.monotonic() - started >= (limit or 0):
-            raise late(False)
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.05)
+    if not dispatch.transport.may_wait:
+        raise awaited.late(True)
+    if time.monotonic() - started >= (awaited.limit or 0):
+        raise awaited.late(False)
 
 
 def _late(problem: str, limit: Any, harness: bool, details: dict[str, Any]) -> WaitTimeout:

@@ -5,17 +5,21 @@ The transaction that ends a run sends ``NOTIFY`` (a trigger, migration 0014); Po
 delivers it when that transaction commits. Here one daemon thread holds a connection that
 ``LISTEN``s and sets the event of every caller waiting for that run. A notification that is lost
 (the listener reconnecting, another database, psycopg 2) costs the caller one poll interval.
+A caller on an event loop (``durable.aresult``) subscribes an awaitable event instead: the
+listener thread sets it through the loop, so no thread is parked for the caller's wait.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connections
 
@@ -29,6 +33,33 @@ RECONNECT_AFTER = 5.0
 IDLE_AFTER = 60.0
 
 
+class Waker(Protocol):
+    """What the listener sets when a run is announced: a ``threading.Event`` or a ``LoopEvent``."""
+
+    def set(self) -> None: ...
+
+
+class LoopEvent:
+    """An ``asyncio.Event`` that the listener thread may set: the set runs on the event's loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def set(self) -> None:
+        # A loop that closed meanwhile has no one left to wake.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the set; whether it came."""
+        try:
+            await asyncio.wait_for(self.event.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+
 class Listener:
     """One LISTEN connection of this process, and the callers waiting on it, by run id."""
 
@@ -36,7 +67,7 @@ class Listener:
         self.alias = alias
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.waiting: dict[str, set[threading.Event]] = {}
+        self.waiting: dict[str, set[Waker]] = {}
         self.listening = threading.Event()
         self.stopped = threading.Event()
         self.idle_since = time.monotonic()
@@ -45,10 +76,16 @@ class Listener:
         # Callers read the run only once LISTEN is in place, so no end can slip between the two.
         self.listening.wait(5)
 
-    @contextmanager
-    def subscribe(self, run_id: str) -> Iterator[threading.Event]:
+    def subscribe(self, run_id: str) -> contextlib.AbstractContextManager[threading.Event]:
         """An event set when ``run_id`` is announced as ended (subscribe before reading the run)."""
-        event = threading.Event()
+        return self._subscribed(run_id, threading.Event())
+
+    def subscribe_async(self, run_id: str) -> contextlib.AbstractContextManager[LoopEvent]:
+        """As ``subscribe``, for a caller on the running event loop: the event is awaited."""
+        return self._subscribed(run_id, LoopEvent())
+
+    @contextmanager
+    def _subscribed(self, run_id: str, event: Any) -> Iterator[Any]:
         with self.lock:
             self.waiting.setdefault(run_id, set()).add(event)
             self.idle_since = time.monotonic()

@@ -44,6 +44,12 @@ def fulfil(ctx: durable.Context, order: dict) -> dict:
     return {"cents": cents, "charge": charge, "parcel": parcel, "tracking": tracking}
 
 
+@durable.workflow(name="shop.quote")
+def quote(ctx: durable.Context, order: dict) -> dict:
+    """Price an order on a worker: what the async view ``views.quote_order`` starts and awaits."""
+    return {"order": order["id"], "cents": ctx.step(price, order)}
+
+
 @durable.step
 def reserve_stock(sku: str, qty: int) -> str:
     if qty <= 0:

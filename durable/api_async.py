@@ -1,0 +1,131 @@
+"""The client API for ``async def`` views and ASGI servers: awaitable twins of ``durable.api``.
+
+Each twin runs its sync twin through ``asgiref.sync.sync_to_async`` (thread-sensitive, Django's
+default), so it uses the same thread and database connection as Django's async ORM in the same
+request, and the same transaction rules: the messages a call causes go out when the surrounding
+transaction commits, which for async code (no ``atomic`` block: Django refuses ATOMIC_REQUESTS
+on async views) is at once. Waits (``aresult``, ``aupdate(wait=...)``, ``aquery(timeout=...)``)
+hold no thread: they await the end notice or ``asyncio.sleep`` between short reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+
+from . import api, api_updates
+from .definitions import Workflow
+
+if TYPE_CHECKING:
+    from .models import Run
+
+
+async def astart(
+    workflow: Workflow | str,
+    input: Any = None,
+    *,
+    run_id: str | None = None,
+    version: str | None = None,
+    namespace: str | None = None,
+    tags: Any = (),
+    delay: Any = None,
+    search_attributes: dict[str, Any] | None = None,
+) -> api.RunHandle:
+    """Create a run, as ``durable.start`` does."""
+    return await sync_to_async(api.start)(
+        workflow,
+        input,
+        run_id=run_id,
+        version=version,
+        namespace=namespace,
+        tags=tags,
+        delay=delay,
+        search_attributes=search_attributes,
+    )
+
+
+async def asignal(run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
+    """Deliver a signal, as ``durable.signal`` does."""
+    await sync_to_async(api.signal)(run_id, name, payload, idempotency_key=idempotency_key)
+
+
+async def asignal_with_start(
+    workflow: Workflow | str, input: Any = None, *, run_id: str, signal: str, payload: Any = None
+) -> api.RunHandle:
+    """Start the run unless it exists, then signal it, as ``durable.signal_with_start`` does."""
+    return await sync_to_async(api.signal_with_start)(
+        workflow, input, run_id=run_id, signal=signal, payload=payload
+    )
+
+
+async def aupdate(
+    run_id: str, name: str, payload: Any = None, *, wait: Any = None, idempotency_key: str | None = None
+) -> Any:
+    """Send an update, as ``durable.update`` does; with ``wait``, await its reply."""
+    sent = await sync_to_async(api_updates.send_update)(
+        run_id, name, payload, wait=wait, idempotency_key=idempotency_key
+    )
+    return await _until(sent) if isinstance(sent, api_updates.Awaited) else sent
+
+
+async def aquery(run_id: str, name: str | None = None, *, timeout: Any = None) -> Any:
+    """Read what the run exposed, as ``durable.query`` does; with ``timeout``, await it."""
+    return await _until(await sync_to_async(api_updates.query_wait)(run_id, name, timeout=timeout))
+
+
+async def acancel(
+    run_id: str, *, compensate: bool = False, reason: str | None = None, interrupt: bool = False
+) -> bool:
+    """Cancel an unfinished run, as ``durable.cancel`` does."""
+    return await sync_to_async(api.cancel)(run_id, compensate=compensate, reason=reason, interrupt=interrupt)
+
+
+async def aretry(run_id: str) -> api.RunHandle:
+    """Run a failed, dead or cancelled run again, as ``durable.retry`` does."""
+    return await sync_to_async(api.retry)(run_id)
+
+
+async def aget_run(run_id: str) -> Run:
+    """Return the run row, as ``durable.get_run`` does."""
+    return await sync_to_async(api.get_run)(run_id)
+
+
+async def aresult(run_id: str, timeout: Any = None) -> Any:
+    """Await the run's end, as ``durable.result`` waits for it, without blocking the event loop.
+
+    Each look is one short read in a thread; between looks the caller awaits the run's end
+    notice (PostgreSQL) or sleeps with backoff, so the loop serves other requests meanwhile.
+    """
+    wait = await sync_to_async(api.result_wait)(run_id, timeout)
+    notices = await sync_to_async(api.result_notices)()
+    pause = api.FIRST_POLL
+    while True:
+        announced = notices.subscribe_async(wait.run_id) if notices is not None and notices.live else None
+        with announced or contextlib.nullcontext() as ended:
+            left = await sync_to_async(wait.look)()
+            if wait.finished:
+                return wait.output
+            if wait.moved:
+                continue
+            if ended is not None:
+                await ended.wait(api.NOTIFIED_POLL if left is None else min(api.NOTIFIED_POLL, left))
+                continue
+            await asyncio.sleep(pause if left is None else min(pause, left))
+            pause = api.next_poll(pause)
+
+
+async def _until(awaited: api_updates.Awaited) -> Any:
+    """``api_updates.until`` on the event loop: a short read in a thread, then a sleep."""
+    started = time.monotonic()
+    pause = api.FIRST_POLL
+    while True:
+        found = await sync_to_async(awaited.look)()
+        if found is not api_updates.NOT_YET:
+            return found
+        api_updates.give_up_if_late(awaited, started)
+        await asyncio.sleep(pause)
+        pause = api.next_poll(pause)

@@ -1,0 +1,8 @@
+"""The project's ASGI entry point, for async views under an ASGI server (``uvicorn project.asgi:application``)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+application = get_asgi_application()
