@@ -58,7 +58,8 @@ def serve(app: Any) -> list[str]:
     added = []
     for step in remote_steps():
         if step.name not in app.tasks:
-            app.task(name=step.name, bind=True, **_RELIABLE)(_runner(step))
+            # Not shared: the task belongs to ``app`` alone, not to every app made after it.
+            app.task(name=step.name, bind=True, shared=False, **_RELIABLE)(_runner(step))
             added.append(step.name)
     return added
 
