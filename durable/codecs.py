@@ -153,3 +153,15 @@ def unseal(stored: dict[str, str], codec: Codec | None) -> Any:
             f"the configured codecs do not decode a payload ({type(exc).__name__}: {exc}); was it "
             'written under another DURABLE["CODEC"]?'
         ) from None
+
+
+def sealed(value: Any, codec: Codec | None) -> Any:
+    """``value`` as a message carries it: sealed in an envelope under ``codec``, as it is with
+    none (so messages without a codec stay byte for byte what they were)."""
+    return value if codec is None else seal(value, codec)
+
+
+def opened(value: Any, codec: Codec | None) -> Any:
+    """The payload a message's ``value`` holds: ``value`` itself unless it is an envelope;
+    ``PayloadUndecodable`` when ``codec`` cannot open it (or none is set)."""
+    return unseal(value, codec) if is_sealed(value) else value

@@ -348,6 +348,18 @@ def celery_task_step(task: Any) -> Step:
     return Step(fn=_not_here, name=name, queue=queue, retry=Retry(max_attempts=1), celery_task=True)
 
 
+def plain_task_refused(name: str) -> DurableError:
+    """Why a Celery task cannot be a step under a codec: its worker knows nothing of durable, so
+    its arguments and result would cross the broker in the clear."""
+    return DurableError(
+        f'{name} is a Celery task used as a step, and DURABLE["CODEC"] is set: its worker knows '
+        "nothing of durable, so its arguments and result would cross the broker unencoded. Make it "
+        "a @durable.step(remote=True) served by durable.remote.serve() (or by a worker that opens "
+        "and seals payloads, like examples/remote_worker), or leave CODEC off",
+        code="plain_task_under_codec",
+    )
+
+
 def compensation_of(step: Step) -> Step:
     """The saga undo of ``step`` as a step of its own, with the step's retry policy and queue."""
     if step.compensate is None:

@@ -16,7 +16,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import transaction
 
-from . import conf, routing, tracing
+from . import codecs, conf, routing, tracing
 from .definitions import registry
 
 log = logging.getLogger("durable.dispatch")
@@ -307,12 +307,18 @@ def celery_task(
     result comes back through ``durable.step_result``, which records it only with the attempt's
     token. The worker that runs it needs nothing of durable: Celery itself sends the ``link`` on
     success and the ``link_error`` on failure (see ``durable.step_failed``); a worker that is not
-    a Celery one reads the ``durable_attempt`` header (protocol v1) and replies itself."""
+    a Celery one reads the ``durable_attempt`` header (protocol v1) and replies itself.
+
+    Under a codec each argument of a remote step leaves sealed as the rows hold it; a Celery
+    task used as a step never gets this far then (see ``Limits.sealed_payloads``)."""
     from celery import signature
 
+    codec = conf.codec() if payload.get("remote") else None
+    args = [codecs.sealed(arg, codec) for arg in payload.get("args", [])]
+    kwargs = {name: codecs.sealed(value, codec) for name, value in payload.get("kwargs", {}).items()}
     where = {"run_id": run_id, "seq": seq, "attempt": attempt, "token": token}
     options: dict[str, Any] = {
-        "kwargs": payload.get("kwargs", {}),
+        "kwargs": kwargs,
         "link": signature(STEP_RESULT, kwargs=where, queue=result_queue),
         "link_error": signature(STEP_FAILED, kwargs=where, queue=result_queue),
         "headers": {
@@ -324,7 +330,7 @@ def celery_task(
     if timeout is not None:
         options["soft_time_limit"] = timeout.total_seconds()
         options["time_limit"] = (timeout + grace).total_seconds()
-    send_after_commit(Message(name, tuple(payload.get("args", [])), queue, options))
+    send_after_commit(Message(name, tuple(args), queue, options))
 
 
 #: The version of the messages exchanged with workers that may not run durable (durable/protocol/).
@@ -361,8 +367,10 @@ def attempt_of(request: Any) -> dict[str, Any] | None:
 
 def heartbeat_from(attempt: dict[str, Any], progress: Any) -> None:
     """Send ``durable.heartbeat`` for the attempt a ``durable_attempt`` header names, now (a
-    beat belongs to no transaction), to the queue it names (protocol v1, ``heartbeat.json``)."""
+    beat belongs to no transaction), to the queue it names (protocol v1, ``heartbeat.json``);
+    its progress sealed under the codec, if one is set."""
     report = {key: attempt.get(key) for key in ("run_id", "seq", "attempt", "token")}
+    progress = None if progress is None else codecs.sealed(progress, conf.codec())
     _publish(
         Message(HEARTBEAT, (), attempt.get("reply_to") or "", {"kwargs": {**report, "progress": progress}})
     )

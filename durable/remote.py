@@ -5,6 +5,10 @@ step's body in a step scope whose heartbeats leave as ``durable.heartbeat`` mess
 goes back the way any Celery task used as a step reports: the message's ``link`` on success, its
 ``link_error`` on failure (forwarded as a ``durable.step_result`` message, see
 ``engine.reported.task_failed``). Nothing here touches the database.
+
+With ``DURABLE["CODEC"]`` set, the payloads of the messages (step arguments, results, progress,
+a turn's input, history and decision) travel sealed as the rows hold them: this process opens
+and seals them with its own CODEC and CODEC_KEYS, which must be the fleet's.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import logging
 import threading
 from typing import Any
 
-from . import clock, conf, dispatch
+from . import clock, codecs, conf, dispatch
 from .definitions import Step, Workflow, registry
-from .errors import InvalidInput, WorkflowNotRegistered
+from .errors import InvalidInput, PayloadUndecodable, WorkflowNotRegistered
 from .replay import wire
 from .replay.attempt import run_attempt
 from .replay.core import replay
@@ -54,7 +58,8 @@ def serve(app: Any) -> list[str]:
     added = []
     for step in remote_steps():
         if step.name not in app.tasks:
-            app.task(name=step.name, bind=True, **_RELIABLE)(_runner(step))
+            # Not shared: the task belongs to ``app`` alone, not to every app made after it.
+            app.task(name=step.name, bind=True, shared=False, **_RELIABLE)(_runner(step))
             added.append(step.name)
     return added
 
@@ -72,27 +77,52 @@ def _runner(step: Step) -> Any:
                     "non_retryable": True,
                 }
             )
+        try:
+            payload = arguments(args, kwargs)
+        except PayloadUndecodable as exc:
+            # This worker's CODEC_KEYS are not the fleet's: the step's policy retries it, maybe
+            # on a worker that has them.
+            raise AttemptFailed({**exc.to_dict(), "non_retryable": False}) from None
         info = StepInfo(where["run_id"], where["seq"], where["attempt"], step.name, secret=where.get("token"))
         output, error, retryable = run_attempt(
             step,
             info,
-            {"args": list(args), "kwargs": kwargs},
+            payload,
             lambda progress: dispatch.heartbeat_from(where, progress),
             timed_out=dispatch.SOFT_TIME_LIMIT_ERRORS,
         )
         if error is not None:
             raise AttemptFailed({**error, "non_retryable": not retryable})
-        return output
+        return codecs.sealed(output, conf.codec())  # the link carries it to durable.step_result
 
     run.__name__ = step.fn.__name__
     run.__doc__ = f"Run remote step {step.name} from its message (see durable.remote)."
     return run
 
 
+def arguments(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A remote step's payload from its message's arguments, each opened when sealed;
+    ``PayloadUndecodable`` when this process's codec cannot open one."""
+    codec = conf.codec()
+    return {
+        "args": [codecs.opened(arg, codec) for arg in args],
+        "kwargs": {name: codecs.opened(value, codec) for name, value in kwargs.items()},
+    }
+
+
 def run_turn(message: dict[str, Any]) -> str:
     """Replay one remote turn (``turn.json``) and send its ``durable.decision`` to ``reply_to``;
     say what it decided. Nothing here touches the database: the messages carry it all."""
-    facts = wire.facts_in(message)
+    codec = conf.codec()
+    try:
+        facts = wire.facts_in(message, codec)
+        state = wire.state_in(message, codec)
+    except PayloadUndecodable as exc:
+        # No decision: the lease lapses and the turn is sent again, maybe to a worker with the keys.
+        log.error(
+            "durable: turn of run %s dropped (%s): %s", (message.get("run") or {}).get("id"), exc.code, exc
+        )
+        return "undecodable"
     try:
         workflow = registry.workflow(facts.workflow, facts.version)
     except WorkflowNotRegistered:
@@ -104,7 +134,6 @@ def run_turn(message: dict[str, Any]) -> str:
             facts.id,
         )
         return "unknown"
-    state = wire.state_in(message)
     state.find_event = _not_in_remote_turn("ctx.wait_for_event()")
     state.find_run = _not_in_remote_turn("ctx.signal() and ctx.start()")
     beats = _TurnHeartbeats(message)
@@ -113,7 +142,7 @@ def run_turn(message: dict[str, Any]) -> str:
         outcome = _replay(workflow, facts, state, message)
     finally:
         beats.stop()
-    decision = wire.decision_message(message, state, outcome)
+    decision = wire.decision_message(message, state, outcome, codec)
     dispatch.decision(decision, message["reply_to"])
     return str(outcome.status)
 

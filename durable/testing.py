@@ -93,21 +93,25 @@ class DurableEnv:
     ) -> None:
         """Run a remote step here as its worker would: from the message alone, reporting its
         heartbeats and its result as messages (durable.heartbeat, durable.step_result)."""
+        from . import codecs, remote
         from .definitions import registry
         from .engine import reported
         from .replay.attempt import run_attempt
         from .replay.stepscope import StepInfo
 
         step = registry.step(message.task)
-        payload = {"args": list(message.args), "kwargs": message.options.get("kwargs", {})}
+        # Opened and sealed under this process's codec, as durable.remote does on a worker.
+        payload = remote.arguments(message.args, message.options.get("kwargs", {}))
 
         def beat(progress: Any = None) -> None:
-            reported.heartbeat(run_id, seq, attempt, progress, token)
+            sealed = None if progress is None else codecs.sealed(progress, conf.codec())
+            reported.heartbeat(run_id, seq, attempt, sealed, token)
 
         info = StepInfo(run_id, seq, attempt, step.name, secret=token)
         output, error, retryable = run_attempt(step, info, payload, beat)
         if error is not None and not retryable:
             error = {**error, "non_retryable": True}
+        output = codecs.sealed(output, conf.codec()) if error is None else None
         reported.step_result(run_id, seq, attempt, output=output, error=error, token=token)
 
     def _handler(self, task: str) -> Callable[..., Any]:

@@ -219,6 +219,9 @@ _DURABLE_FROM_ENV = {
     "PRESENCE_INTERVAL": str,
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
     "ON_NONDETERMINISM": str,
+    # Comma-separated: codec paths in order, Fernet keys with the first one encrypting.
+    "CODEC": lambda value: [item.strip() for item in value.split(",") if item.strip()],
+    "CODEC_KEYS": lambda value: [item.strip() for item in value.split(",") if item.strip()],
 }
 DURABLE = {
     key: cast(os.environ[f"DURABLE_{key}"])

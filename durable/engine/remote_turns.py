@@ -21,7 +21,7 @@ from django.db import transaction
 
 from .. import clock, conf, dispatch, routing
 from ..definitions import registry
-from ..errors import WorkflowNotRegistered
+from ..errors import PayloadUndecodable, WorkflowNotRegistered
 from ..models import Run, Status
 from ..replay import wire
 from ..replay.turnstate import RunFacts
@@ -72,6 +72,7 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
         reply_to=routing.queue_in(settings.DEFAULT_QUEUE, run.namespace),
         lease_seconds=settings.LEASE.total_seconds(),
         now=clock.now(),
+        codec=conf.codec(),  # payloads leave sealed, as their rows hold them
     )
     dispatch.remote_turn(message, run.queue or settings.DEFAULT_QUEUE)
     return "remote"
@@ -92,7 +93,18 @@ def apply(message: dict[str, Any]) -> str:
     settings = conf.get()
     db = settings.DATABASE
     run_id, owner = message.get("run_id") or "", message.get("turn") or ""
-    state, outcome = wire.decided_in(message)
+    try:
+        state, outcome = wire.decided_in(message, conf.codec())
+    except PayloadUndecodable as exc:
+        # Refused like a forged decision: nothing written, the lease lapses, the turn is resent.
+        log.warning(
+            "durable: decision of turn %s refused (%s): %s",
+            owner,
+            exc.code,
+            exc,
+            extra={"run_id": run_id},
+        )
+        return "refused"
     try:
         with transaction.atomic(using=db):
             # The row lock orders this apply against a takeover and against a copy of itself.

@@ -13,9 +13,16 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from .. import clock, conf, dispatch, routing
+from .. import clock, codecs, conf, dispatch, routing
 from ..definitions import Step, registry
-from ..errors import TRACEBACK, DurableError, InvalidInput, WorkflowNotRegistered, error_dict
+from ..errors import (
+    TRACEBACK,
+    DurableError,
+    InvalidInput,
+    PayloadUndecodable,
+    WorkflowNotRegistered,
+    error_dict,
+)
 from ..models import Checkpoint, Run
 from ..replay.attempt import beat_grace
 from ..replay.history import PENDING, check_size, roundtrip
@@ -138,7 +145,15 @@ def step_result(
 ) -> str:
     """Record the result a Celery task (or a worker in another language) reports for a step;
     sent with only a completion token (no ``run_id``), it completes a step that raised
-    CompleteLater."""
+    CompleteLater. Its output may come sealed under the codec (as a remote worker sends it):
+    one that no key opens is refused like a forged report, and the attempt stays open."""
+    try:
+        output = codecs.opened(output, conf.codec())
+    except PayloadUndecodable as exc:
+        log.warning(
+            "durable: refused a result for %s#%s attempt %s (%s): %s", run_id, seq, attempt, exc.code, exc
+        )
+        return "stale"
     if not run_id and token:
         try:
             complete_step(token, output, error)
@@ -245,10 +260,11 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
     settings = conf.get()
     db = settings.DATABASE
     try:
+        progress = codecs.opened(progress, conf.codec())  # a remote worker seals it under a codec
         progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
         if progress is not None:
             check_size(progress, settings.MAX_PAYLOAD_BYTES, what="heartbeat progress")
-    except InvalidInput as exc:
+    except (InvalidInput, PayloadUndecodable) as exc:
         log.warning("durable: heartbeat for %s#%s dropped: %s", run_id, seq, exc)
         return False
     row = _task_attempt(run_id, seq, attempt, token, db)

@@ -73,6 +73,7 @@ def limits(settings: conf.Settings) -> Limits:
         remote_queues=frozenset(settings.REMOTE_QUEUES),
         redispatch_limit=settings.STEP_REDISPATCH_LIMIT,
         park_nondeterminism=settings.ON_NONDETERMINISM == "park",
+        sealed_payloads=bool(settings.CODEC),
     )
 
 

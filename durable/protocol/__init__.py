@@ -20,5 +20,6 @@ HERE = Path(__file__).parent
 @cache
 def schema(name: str, version: int = 1) -> dict[str, Any]:
     """The JSON Schema of message ``name`` (``attempt``, ``step_message``, ``step_result``,
-    ``heartbeat``, ``turn``, ``decision``, ``turn_heartbeat``, ``record``) in protocol ``version``."""
+    ``heartbeat``, ``turn``, ``decision``, ``turn_heartbeat``, ``record``, ``envelope``) in protocol
+    ``version``."""
     return json.loads((HERE / f"v{version}" / f"{name}.json").read_text())

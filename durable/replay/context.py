@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ..annotated import shaped, signature
-from ..definitions import Step, celery_task_step, registry
+from ..definitions import Step, celery_task_step, plain_task_refused, registry
 from ..durations import parse_duration
 from ..errors import (
     DurableError,
@@ -151,6 +151,8 @@ class Context(
     ) -> Record:
         rec = self._position("step", step.name)
         if rec is None:
+            if step.celery_task and self._limits.sealed_payloads:
+                raise plain_task_refused(step.name)
             payload = self._storable(
                 {"args": list(args), "kwargs": kwargs}, f"the arguments of step {step.name!r}"
             )

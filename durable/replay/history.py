@@ -89,6 +89,9 @@ class Limits:
     #: A body that asks for other than its history holds parks its run (ON_NONDETERMINISM
     #: "park"): its turn ends ``blocked``, with nothing compensated; False fails the run.
     park_nondeterminism: bool = True
+    #: A codec seals payloads (DURABLE["CODEC"]): no message may carry one in the clear, so a
+    #: Celery task used as a step, which can only take plain arguments, is refused.
+    sealed_payloads: bool = False
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """A remote turn as JSON: the turn message a worker with no database replays, and the decision it
 sends back (protocol v1, ``turn.json`` and ``decision.json``).
 
-Pure data conversion, so the worker that replays needs neither the ORM nor the engine.
+Pure data conversion, so the worker that replays needs neither the ORM nor the engine. With a
+codec, every payload (what a row's payload column holds) travels sealed in the envelope the rows
+use (``codecs.seal``); without one the messages are plain JSON, as they always were.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
+from .. import codecs
+from ..codecs import Codec
 from ..statuses import Decided
 from .history import BufferedSignal, ChildStart, Decision, Limits, Outgoing, Record
 from .turnstate import RunFacts, TurnState
@@ -33,6 +37,8 @@ def limits_out(limits: Limits) -> dict[str, Any]:
         if isinstance(value, timedelta):
             out[name] = value.total_seconds()
     out["remote_queues"] = sorted(limits.remote_queues)
+    if not limits.sealed_payloads:
+        del out["sealed_payloads"]  # a turn without a codec stays what it was
     return out
 
 
@@ -50,8 +56,10 @@ def limits_in(raw: dict[str, Any]) -> Limits:
     return Limits(**fields)
 
 
-def record_out(rec: Record) -> dict[str, Any]:
+def record_out(rec: Record, codec: Codec | None = None) -> dict[str, Any]:
     out = dataclasses.asdict(rec)
+    out["input"] = codecs.sealed(rec.input, codec)
+    out["output"] = codecs.sealed(rec.output, codec)
     for name in _TIMES:
         out[name] = _when(getattr(rec, name))
     out["stored_as"] = list(rec.stored_as) if rec.stored_as is not None else None
@@ -59,8 +67,10 @@ def record_out(rec: Record) -> dict[str, Any]:
     return out
 
 
-def record_in(raw: dict[str, Any]) -> Record:
+def record_in(raw: dict[str, Any], codec: Codec | None = None) -> Record:
     fields = dict(raw)
+    fields["input"] = codecs.opened(fields.get("input"), codec)
+    fields["output"] = codecs.opened(fields.get("output"), codec)
     for name in _TIMES:
         fields[name] = _parse(fields.get(name))
     stored = fields.get("stored_as")
@@ -82,8 +92,10 @@ def turn_message(
     reply_to: str,
     lease_seconds: float,
     now: datetime,
+    codec: Codec | None = None,
 ) -> dict[str, Any]:
-    """What a remote worker needs to replay one turn of a run (``turn.json``)."""
+    """What a remote worker needs to replay one turn of a run (``turn.json``), its payloads
+    sealed under ``codec`` when there is one."""
     return {
         "protocol": PROTOCOL,
         "turn": turn,
@@ -97,66 +109,78 @@ def turn_message(
             "workflow": facts.workflow,
             "version": facts.version,
             "namespace": facts.namespace,
-            "input": facts.input,
+            "input": codecs.sealed(facts.input, codec),
             "deadline": _when(facts.deadline),
             "cancel_request": facts.cancel_request,
         },
-        "records": [record_out(rec) for rec in records.values()],
-        "signals": [dataclasses.asdict(s) for s in signals],
-        "exposed": exposed,
+        "records": [record_out(rec, codec) for rec in records.values()],
+        "signals": [{**dataclasses.asdict(s), "payload": codecs.sealed(s.payload, codec)} for s in signals],
+        "exposed": codecs.sealed(exposed, codec),
     }
 
 
-def facts_in(message: dict[str, Any]) -> RunFacts:
+def facts_in(message: dict[str, Any], codec: Codec | None = None) -> RunFacts:
+    """The run a turn message is for; ``PayloadUndecodable`` when ``codec`` opens not its input."""
     run = message["run"]
     return RunFacts(
         run["id"],
         run["workflow"],
         run["version"],
         run.get("namespace"),
-        run.get("input"),
+        codecs.opened(run.get("input"), codec),
         _parse(run.get("deadline")),
         run.get("cancel_request"),
     )
 
 
-def state_in(message: dict[str, Any]) -> TurnState:
-    """The state a remote turn starts from."""
-    records = [record_in(raw) for raw in message.get("records") or []]
-    signals = [BufferedSignal(**raw) for raw in message.get("signals") or []]
-    return TurnState(
-        records={rec.seq: rec for rec in records}, signals=signals, exposed=dict(message.get("exposed") or {})
-    )
+def state_in(message: dict[str, Any], codec: Codec | None = None) -> TurnState:
+    """The state a remote turn starts from; ``PayloadUndecodable`` when ``codec`` opens not one
+    of its payloads."""
+    records = [record_in(raw, codec) for raw in message.get("records") or []]
+    signals = [
+        BufferedSignal(**{**raw, "payload": codecs.opened(raw.get("payload"), codec)})
+        for raw in message.get("signals") or []
+    ]
+    exposed = codecs.opened(message.get("exposed"), codec)
+    return TurnState(records={rec.seq: rec for rec in records}, signals=signals, exposed=dict(exposed or {}))
 
 
-def decision_message(turn: dict[str, Any], state: TurnState, decision: Decision) -> dict[str, Any]:
-    """What a remote turn decided and changed (``decision.json``), for a worker with the database."""
+def decision_message(
+    turn: dict[str, Any], state: TurnState, decision: Decision, codec: Codec | None = None
+) -> dict[str, Any]:
+    """What a remote turn decided and changed (``decision.json``), for a worker with the database;
+    its payloads sealed under ``codec`` when there is one."""
     return {
         "protocol": PROTOCOL,
         "turn": turn["turn"],
         "run_id": turn["run"]["id"],
         "wakes": turn["wakes"],
         "status": str(decision.status),
-        "output": decision.output,
+        "output": codecs.sealed(decision.output, codec),
         "error": decision.error,
         "wake_at": _when(decision.wake_at),
         "failed_seqs": list(decision.failed_seqs),
-        "next_input": decision.next_input,
+        "next_input": codecs.sealed(decision.next_input, codec),
         "blocked": decision.blocked,
-        "records": [record_out(rec) for rec in state.unsaved()],
+        "records": [record_out(rec, codec) for rec in state.unsaved()],
         "dispatch": [rec.seq for rec in state.dispatch],
         "consumed": [{"id": s.id, "seq": s.consumed_seq} for s in state.consumed],
-        "children": [dataclasses.asdict(c) for c in state.children],
-        "outgoing": [dataclasses.asdict(o) for o in state.outgoing],
+        "children": [
+            {**dataclasses.asdict(c), "input": codecs.sealed(c.input, codec)} for c in state.children
+        ],
+        "outgoing": [
+            {**dataclasses.asdict(o), "payload": codecs.sealed(o.payload, codec)} for o in state.outgoing
+        ],
         "search_attributes": state.search_attributes,
-        "exposed": state.exposed if state.exposed_changed else None,
+        "exposed": codecs.sealed(state.exposed, codec) if state.exposed_changed else None,
         "freed": list(state.freed),
     }
 
 
-def decided_in(message: dict[str, Any]) -> tuple[TurnState, Decision]:
-    """The state to persist and the decision of a ``durable.decision`` message."""
-    records = {raw["seq"]: record_in(raw) for raw in message.get("records") or []}
+def decided_in(message: dict[str, Any], codec: Codec | None = None) -> tuple[TurnState, Decision]:
+    """The state to persist and the decision of a ``durable.decision`` message;
+    ``PayloadUndecodable`` when ``codec`` opens not one of its payloads."""
+    records = {raw["seq"]: record_in(raw, codec) for raw in message.get("records") or []}
     state = TurnState(
         records=records,
         dispatch=[records[seq] for seq in message.get("dispatch") or []],
@@ -164,20 +188,26 @@ def decided_in(message: dict[str, Any]) -> tuple[TurnState, Decision]:
             BufferedSignal(raw["id"], "", None, consumed_seq=raw["seq"])
             for raw in message.get("consumed") or []
         ],
-        children=[ChildStart(**raw) for raw in message.get("children") or []],
-        outgoing=[Outgoing(**raw) for raw in message.get("outgoing") or []],
+        children=[
+            ChildStart(**{**raw, "input": codecs.opened(raw.get("input"), codec)})
+            for raw in message.get("children") or []
+        ],
+        outgoing=[
+            Outgoing(**{**raw, "payload": codecs.opened(raw.get("payload"), codec)})
+            for raw in message.get("outgoing") or []
+        ],
         search_attributes=message.get("search_attributes"),
-        exposed=dict(message.get("exposed") or {}),
+        exposed=dict(codecs.opened(message.get("exposed"), codec) or {}),
         exposed_changed=message.get("exposed") is not None,
         freed=list(message.get("freed") or []),
     )
     decision = Decision(
         Decided(message["status"]),
-        output=message.get("output"),
+        output=codecs.opened(message.get("output"), codec),
         error=message.get("error"),
         wake_at=_parse(message.get("wake_at")),
         failed_seqs=list(message.get("failed_seqs") or []),
-        next_input=message.get("next_input"),
+        next_input=codecs.opened(message.get("next_input"), codec),
         blocked=bool(message.get("blocked")),
     )
     return state, decision

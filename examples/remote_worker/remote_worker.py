@@ -14,18 +14,27 @@ can be written from it:
    before acknowledging gets the message again, and its attempt counts as lost once its beats stop;
    a duplicate report is ignored by durable.
 
+Under a codec (``DURABLE["CODEC"]`` on durable's side) every payload (each argument, the output,
+the progress) travels as an envelope ``{"__durable__": "encoded", "v": "<base64>"}``: ``open_payload``
+and ``seal_payload`` below undo and redo durable.codecs.Zlib and durable.codecs.Fernet. Give the
+fleet's Fernet keys (first encrypts) in ``DURABLE_CODEC_KEYS``, comma-separated, and set
+``DURABLE_CODEC_ZLIB=1`` when durable's CODEC list starts with Zlib.
+
 Run it: ``python remote_worker.py redis://localhost:6379/0 remote`` serves the example handlers
 below on queue ``remote``; import ``RemoteWorker`` to serve your own.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import socket
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +43,46 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 log = logging.getLogger("remote_worker")
 
 PROTOCOL = 1
+
+
+class Codec:
+    """durable's ``CODEC = ["durable.codecs.Zlib", "durable.codecs.Fernet"]`` (or either alone),
+    from the environment: ``DURABLE_CODEC_KEYS`` (comma-separated Fernet keys, the first
+    encrypts; needs ``cryptography``) and ``DURABLE_CODEC_ZLIB=1``. Neither set: no codec."""
+
+    def __init__(self, keys: list[str], zlib_first: bool) -> None:
+        self.zlib = zlib_first
+        self.fernet = None
+        if keys:
+            from cryptography.fernet import Fernet, MultiFernet
+
+            self.fernet = MultiFernet([Fernet(key) for key in keys])
+
+    @classmethod
+    def from_env(cls) -> Codec | None:
+        keys = [k.strip() for k in os.environ.get("DURABLE_CODEC_KEYS", "").split(",") if k.strip()]
+        zlib_first = os.environ.get("DURABLE_CODEC_ZLIB") == "1"
+        return cls(keys, zlib_first) if keys or zlib_first else None
+
+    def open(self, value: Any) -> Any:
+        """The payload an envelope holds (any other value as it is)."""
+        if not (isinstance(value, dict) and value.keys() == {"__durable__", "v"}):
+            return value
+        data = base64.b64decode(value["v"])
+        if self.fernet is not None:
+            data = self.fernet.decrypt(data)  # InvalidToken: none of the keys opens it
+        if self.zlib:
+            data = zlib.decompress(data)
+        return json.loads(data)
+
+    def seal(self, value: Any) -> dict[str, str]:
+        """The envelope of ``value``: JSON, then zlib, then Fernet, then base64."""
+        data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        if self.zlib:
+            data = zlib.compress(data)
+        if self.fernet is not None:
+            data = self.fernet.encrypt(data)
+        return {"__durable__": "encoded", "v": base64.b64encode(data).decode("ascii")}
 
 
 class Attempt:
@@ -49,6 +98,7 @@ class Attempt:
         return {key: self.header[key] for key in ("run_id", "seq", "attempt", "token")}
 
     def heartbeat(self, progress: Any = None) -> None:
+        progress = self.worker.seal(progress) if progress is not None else None
         self.worker.send(
             "durable.heartbeat", {**self.report(), "progress": progress}, self.header["reply_to"]
         )
@@ -60,7 +110,8 @@ Handler = Callable[..., Any]
 class RemoteWorker:
     """Runs the handlers registered with ``step(name)`` for the steps sent to ``queue``."""
 
-    def __init__(self, broker_url: str, queue: str) -> None:
+    def __init__(self, broker_url: str, queue: str, codec: Codec | None = None) -> None:
+        self.codec = codec
         self.connection = Connection(broker_url)
         self.queue = Queue(queue, Exchange(queue, "direct"), routing_key=queue)
         self.handlers: dict[str, Handler] = {}
@@ -75,12 +126,18 @@ class RemoteWorker:
 
         return register
 
+    def open(self, value: Any) -> Any:
+        return self.codec.open(value) if self.codec is not None else value
+
+    def seal(self, value: Any) -> Any:
+        return self.codec.seal(value) if self.codec is not None else value
+
     def result_message(
         self, attempt: Attempt, output: Any = None, error: Exception | None = None
     ) -> dict[str, Any]:
         """The keyword arguments of ``durable.step_result`` for how the attempt ended."""
         if error is None:
-            return {**attempt.report(), "output": output}
+            return {**attempt.report(), "output": self.seal(output)}
         return {
             **attempt.report(),
             "error": {
@@ -110,6 +167,8 @@ class RemoteWorker:
         log.info("remote worker: running %s attempt %s of %s", task, attempt.attempt, attempt.run_id)
         attempt.heartbeat()  # started: durable will not send it again while the beats go on
         try:
+            args = [self.open(arg) for arg in args]
+            kwargs = {name: self.open(value) for name, value in kwargs.items()}
             report = self.result_message(attempt, output=handler(attempt, *args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - any failure of the step is reported, not raised
             report = self.result_message(attempt, error=exc)
@@ -166,7 +225,7 @@ class RemoteWorker:
 
 def example(broker_url: str, queue: str) -> RemoteWorker:
     """The example handlers: ``examples.shout`` and ``examples.count_words`` (which beats)."""
-    worker = RemoteWorker(broker_url, queue)
+    worker = RemoteWorker(broker_url, queue, Codec.from_env())
 
     @worker.step("examples.shout")
     def shout(attempt: Attempt, text: str) -> str:
