@@ -106,10 +106,15 @@ def step_flow(ctx, seconds):
     return [ctx.step(nap, seconds), ctx.step(mark, "after")]
 
 
-def _twice(entries: list[str]) -> list[str]:
-    """Attempts run twice, and steps run in place run again (their result was there to keep)."""
+def _twice(entries: list[str], *, in_place_may_rerun: bool = False) -> list[str]:
+    """Attempts run twice, and steps run in place run again (their result was there to keep),
+    unless ``in_place_may_rerun``: then only an in-place attempt run twice under one number."""
     attempts = [e for e in entries if e.startswith(("step:", "mark:"))]
-    again = [e for e in entries if e.startswith("in-place:")][1:]
+    if in_place_may_rerun:
+        attempts += [e for e in entries if e.startswith("in-place:")]
+        again = []
+    else:
+        again = [e for e in entries if e.startswith("in-place:")][1:]
     return sorted({e for e in attempts if attempts.count(e) > 1} | set(again))
 
 
@@ -177,9 +182,15 @@ def test_a_deploy_mid_turn_and_mid_step_fails_no_run_and_runs_no_attempt_twice(d
     recovered = time.monotonic() - back
     rows = {r.id: r for r in Run.objects.filter(id__in=runs)}
     failures = {r: (rows[r].status, rows[r].error) for r in runs if rows[r].status != "completed"}
-    doubled = {r: _twice(ledger(r)) for r in runs if _twice(ledger(r))}
+    # A thread cannot be interrupted: a cold shutdown of the threads pool exits under a turn, and
+    # a step it ran in place whose result the turn had not written yet runs again, as attempt 2.
+    rerun_ok = pool == "threads" and how in ("cold", "second-signal")
+    doubled = {r: _twice(ledger(r), in_place_may_rerun=rerun_ok) for r in runs}
+    doubled = {r: twice for r, twice in doubled.items() if twice}
+    reruns = sum(max(0, len([e for e in ledger(r) if e.startswith("in-place:")]) - 1) for r in runs)
     print(
-        f"deploy {pool}/{how}: worker gone {took:.1f} s after the signal{killed}; {len(runs)} runs, ended {recovered:.1f} s after it was back"
+        f"deploy {pool}/{how}: worker gone {took:.1f} s after the signal{killed}; {len(runs)} runs, ended {recovered:.1f} s after it was back; "
+        f"{reruns} step(s) run in place run again"
     )
     assert not failures, f"runs failed by the shutdown: {failures}\n{worker.logs()[-4000:]}"
     assert not doubled, f"attempts run twice: {doubled}"
