@@ -21,6 +21,9 @@ from .errors import PayloadUndecodable
 #: already keeps a user dict from ever looking like one, with a kind of its own.
 ENVELOPE_TAG = "__durable__"
 ENVELOPE_KIND = "encoded"
+#: The kind of the envelope a column holds once its payload was written to storage instead
+#: (``{"__durable__": "offloaded", "v": "<object name>", "n": <bytes>}``).
+OFFLOADED_KIND = "offloaded"
 
 
 class Codec(Protocol):
@@ -153,3 +156,19 @@ def unseal(stored: dict[str, str], codec: Codec | None) -> Any:
             f"the configured codecs do not decode a payload ({type(exc).__name__}: {exc}); was it "
             'written under another DURABLE["CODEC"]?'
         ) from None
+
+
+def reference(name: str, size: int) -> dict[str, Any]:
+    """The envelope a payload column holds for a payload written to storage as object ``name``."""
+    return {ENVELOPE_TAG: OFFLOADED_KIND, "v": name, "n": size}
+
+
+def is_offloaded(stored: Any) -> bool:
+    """Whether ``stored`` (a column's JSON) refers to a payload written to storage."""
+    return (
+        type(stored) is dict
+        and len(stored) == 3
+        and stored.get(ENVELOPE_TAG) == OFFLOADED_KIND
+        and isinstance(stored.get("v"), str)
+        and isinstance(stored.get("n"), int)
+    )
