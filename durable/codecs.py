@@ -21,6 +21,9 @@ from .errors import PayloadUndecodable
 #: already keeps a user dict from ever looking like one, with a kind of its own.
 ENVELOPE_TAG = "__durable__"
 ENVELOPE_KIND = "encoded"
+#: The kind of the envelope a column holds once its payload was written to storage instead
+#: (``{"__durable__": "offloaded", "v": "<object name>", "n": <bytes>}``).
+OFFLOADED_KIND = "offloaded"
 
 
 class Codec(Protocol):
@@ -165,3 +168,19 @@ def opened(value: Any, codec: Codec | None) -> Any:
     """The payload a message's ``value`` holds: ``value`` itself unless it is an envelope;
     ``PayloadUndecodable`` when ``codec`` cannot open it (or none is set)."""
     return unseal(value, codec) if is_sealed(value) else value
+
+
+def reference(name: str, size: int) -> dict[str, Any]:
+    """The envelope a payload column holds for a payload written to storage as object ``name``."""
+    return {ENVELOPE_TAG: OFFLOADED_KIND, "v": name, "n": size}
+
+
+def is_offloaded(stored: Any) -> bool:
+    """Whether ``stored`` (a column's JSON) refers to a payload written to storage."""
+    return (
+        type(stored) is dict
+        and len(stored) == 3
+        and stored.get(ENVELOPE_TAG) == OFFLOADED_KIND
+        and isinstance(stored.get("v"), str)
+        and isinstance(stored.get("n"), int)
+    )

@@ -33,6 +33,8 @@ _MUST_BE_POSITIVE = {
     "PRESENCE_INTERVAL",
 }
 _POLICY_KEYS = {"statuses", "max_age", "max_count", "workflows"}
+#: Keys whose bad value stops durable from loading rather than falling back to the default.
+_NO_FALLBACK = ("CODEC", "CODEC_KEYS", "OFFLOAD_BYTES", "OFFLOAD_STORAGE")
 #: The values ON_NONDETERMINISM takes.
 NONDETERMINISM_CHOICES = ("park", "fail")
 
@@ -109,6 +111,11 @@ class Settings:
     CODEC: tuple[str, ...] = ()
     #: The keys of a codec that uses keys (Fernet): the first encrypts, every one decrypts.
     CODEC_KEYS: tuple[str, ...] = ()
+    #: A payload whose stored JSON (encoded, under a codec) is larger than this is written to
+    #: OFFLOAD_STORAGE and its row keeps a reference (the claim check); None: never.
+    OFFLOAD_BYTES: int | None = 256 * 1024
+    #: The key of Django's STORAGES that offloaded payloads are written to.
+    OFFLOAD_STORAGE: str = "default"
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how
@@ -177,6 +184,26 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     if isinstance(raw.get("DATABASE"), str) and raw["DATABASE"] not in django_settings.DATABASES:
         found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
     found.extend(_codec_problems(raw))
+    found.extend(_offload_problems(raw))
+    return found
+
+
+def _offload_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    size = raw.get("OFFLOAD_BYTES")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        found.append(
+            ("OFFLOAD_BYTES", f"must be a whole number of bytes of at least 1, or None (off), got {size!r}")
+        )
+    storage = raw.get("OFFLOAD_STORAGE", "default")
+    if not isinstance(storage, str) or storage not in django_settings.STORAGES:
+        found.append(
+            (
+                "OFFLOAD_STORAGE",
+                f"{storage!r} is not a key of STORAGES (which has {', '.join(sorted(django_settings.STORAGES))}): "
+                "name the storage large payloads are written to",
+            )
+        )
     return found
 
 
@@ -294,12 +321,11 @@ def load() -> Settings:
         values["RETENTION"] = _policies(values["RETENTION"])
     if "REMOTE_QUEUES" in values:
         values["REMOTE_QUEUES"] = tuple(values["REMOTE_QUEUES"])
-    codec_problems = [(key, message) for key, message in found if key in ("CODEC", "CODEC_KEYS")]
-    if codec_problems:
-        # Never a fallback: a codec that was asked for and is not applied would store in the clear.
-        raise ImproperlyConfigured(
-            "; ".join(f"DURABLE[{key!r}]: {message}" for key, message in codec_problems)
-        )
+    # Never a fallback: a codec that was asked for and is not applied would store in the clear,
+    # and payloads written to a storage other than the one named would be where nobody looks.
+    refused = [(key, message) for key, message in found if key in _NO_FALLBACK]
+    if refused:
+        raise ImproperlyConfigured("; ".join(f"DURABLE[{key!r}]: {message}" for key, message in refused))
     values["CODEC"] = _codec_paths(raw.get("CODEC"))
     values["CODEC_KEYS"] = tuple(raw.get("CODEC_KEYS", ()))
     values["INSTANCE_ID"] = values.get("INSTANCE_ID") or default_instance_id()

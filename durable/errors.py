@@ -24,7 +24,8 @@ Errors (``durable.*``; each has a ``code`` and a ``to_dict()`` stored on runs an
         │                              cancelled with interrupt=True (the attempt fails, cancelled)
         ├── RunNotFound                no run has that id
         ├── RunFinished                the run has already finished
-        └── PayloadUndecodable         a stored payload that the configured codecs cannot decode
+        ├── PayloadUndecodable         a stored payload that the configured codecs cannot decode
+        └── PayloadMissing             a payload's object is gone from DURABLE["OFFLOAD_STORAGE"]
 
 Control flow: never an error of the run, and never caught by a body's ``except Exception``::
 
@@ -251,6 +252,13 @@ class PayloadUndecodable(DurableError):
     it was written (an old key goes after the first)."""
 
     default_code = "payload_undecodable"
+
+
+class PayloadMissing(DurableError):
+    """A payload written to DURABLE["OFFLOAD_STORAGE"] is not there: point OFFLOAD_STORAGE at the
+    storage it was written to, or restore the object from a backup."""
+
+    default_code = "payload_missing"
 
 
 class RunFailed(_CausedFailure):

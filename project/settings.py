@@ -150,6 +150,17 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# Where durable writes payloads larger than DURABLE["OFFLOAD_BYTES"] (DURABLE["OFFLOAD_STORAGE"]
+# names this key): a folder under VAR_DIR, which workers on the same machine share. A fleet on
+# several machines points it at shared storage instead (S3 through django-storages, see
+# docs/payloads.md).
+STORAGES = {
+    "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": VAR_DIR / "media"},
+    },
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 
 # Celery: JSON only, results in the database through django-celery-results.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
@@ -205,6 +216,7 @@ _DURABLE_FROM_ENV = {
     "LEASE": str,
     "RECONCILE_INTERVAL": str,
     "MAX_RECOVERY_ATTEMPTS": int,
+    "MAX_PAYLOAD_BYTES": int,
     "TIMER_BATCH_SIZE": int,
     "HEARTBEAT_PERSIST_THROTTLE": str,
     "TIMER_SWEEP_INTERVAL": str,

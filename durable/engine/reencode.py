@@ -13,6 +13,7 @@ from django.db import connections, models, transaction
 
 from .. import codecs, conf
 from ..errors import PayloadUndecodable
+from ..models import offloads
 from ..models.base import update_where
 from ..models.payloads import PayloadField, opened
 
@@ -51,6 +52,10 @@ def reencode(
                         continue
                     counts.rewritten += 1
                     if not dry_run:
+                        # The rewrite offloads anew: the objects the old values were in go.
+                        offloads.release_names(
+                            [v["v"] for v in stale.values() if codecs.is_offloaded(v)], conf.get().DATABASE
+                        )
                         update_where(
                             model, conf.get().DATABASE, _opened(model, pk, stale), {model._meta.pk.name: pk}
                         )
@@ -109,6 +114,8 @@ def _is_current(stored: Any, current: codecs.Chain | None) -> bool:
     codec; an envelope the first key alone opens with one."""
     if stored is None:
         return True
+    if codecs.is_offloaded(stored):
+        stored = offloads.fetched(stored)
     if current is None:
         return not codecs.is_sealed(stored)
     if not codecs.is_sealed(stored):

@@ -18,7 +18,7 @@ from .. import clock, conf
 from ..models import Event, Run, Status
 from ..signals import run_evicting
 from ..statuses import TERMINAL, UNFINISHED
-from . import presence
+from . import offloads, presence
 
 log = logging.getLogger("durable.engine")
 
@@ -40,6 +40,7 @@ def sweep_retention() -> int:
                 break
     pruned = prune_events(clock.now() - settings.EVENT_BUFFER_TTL)
     presence.prune()
+    offloads.sweep_offloads()
     if deleted or pruned:
         log.info("durable: retention deleted %s finished run(s) and %s expired event(s)", deleted, pruned)
     return deleted

@@ -12,6 +12,7 @@ from .entities import Entity, EntityOp, EntityOpQuerySet, EntityPrompt, EntityQu
 from .failures import AttemptError, AttemptErrorQuerySet
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
+from .offloads import OffloadedPayload
 from .presence import Presence, PresenceQuerySet
 from .runs import FIRST_CLAIM, Claim, Run, RunQuerySet
 
@@ -36,6 +37,7 @@ __all__ = [
     "EntityQuerySet",
     "Event",
     "EventQuerySet",
+    "OffloadedPayload",
     "OpStatus",
     "Presence",
     "PresenceQuerySet",

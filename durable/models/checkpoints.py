@@ -13,6 +13,7 @@ from django.db.models import Exists, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
+from . import offloads
 from .base import (
     BEAT_HOLDER,
     IDS_PER_STATEMENT,
@@ -467,7 +468,9 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             positions.filter(kind="child", status=CheckpointStatus.FAILED).update(
                 status=CheckpointStatus.PENDING, error=None, finished_at=None
             )
-            positions.exclude(kind="child").delete()
+            forgotten = positions.exclude(kind="child")
+            offloads.release(forgotten, ("input", "output"))
+            forgotten.delete()
 
     def beat(
         self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool
@@ -524,8 +527,8 @@ class Checkpoint(models.Model):
     status = models.CharField(max_length=16, default=CheckpointStatus.PENDING)
     attempt = models.PositiveIntegerField(default=1)
     queue = models.CharField(max_length=200, blank=True, default="")
-    input = PayloadField(null=True, blank=True)
-    output = PayloadField(null=True, blank=True)
+    input = PayloadField(null=True, blank=True, offload=True)
+    output = PayloadField(null=True, blank=True, offload=True)
     error = models.JSONField(null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True)
     enqueued_at = models.DateTimeField(null=True, blank=True)

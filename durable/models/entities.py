@@ -10,8 +10,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 
+from . import offloads
 from .payloads import PayloadField
 
 
@@ -158,7 +159,10 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
         oldest_kept = next(iter(cutoff), None)
         if oldest_kept is None:
             return 0
-        deleted, _ = settled.filter(id__lte=oldest_kept).delete()
+        with transaction.atomic(using=self.db):
+            doomed = settled.filter(id__lte=oldest_kept)
+            offloads.release(doomed, ("arg", "result"))
+            deleted, _ = doomed.delete()
         return deleted
 
 
@@ -171,9 +175,9 @@ class EntityOp(models.Model):
     op = models.CharField(max_length=100)
     #: The sender's id for this op: the same id again for this key is dropped.
     op_id = models.CharField(max_length=300)
-    arg = PayloadField(null=True, blank=True)
+    arg = PayloadField(null=True, blank=True, offload=True)
     status = models.CharField(max_length=16, choices=OpStatus.choices, default=OpStatus.PENDING)
-    result = PayloadField(null=True, blank=True)
+    result = PayloadField(null=True, blank=True, offload=True)
     error = models.JSONField(null=True, blank=True)
     #: The run and position of a ``ctx.call_entity`` waiting for this op's result.
     caller_run_id = models.CharField(max_length=255, null=True, blank=True)

@@ -38,7 +38,7 @@ class Signal(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
     name = models.CharField(max_length=255)
-    payload = PayloadField(null=True, blank=True)
+    payload = PayloadField(null=True, blank=True, offload=True)
     created_at = models.DateTimeField()
     consumed_seq = models.PositiveIntegerField(null=True, blank=True)
     #: Sent by ``durable.update`` (its validator accepted it): ``ctx.wait_for_update`` takes only these.
@@ -46,7 +46,7 @@ class Signal(models.Model):
     #: The same key again for the same run is dropped; the unique constraint decides races.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     #: The body's ``ctx.reply`` to this update, and when it was recorded (None: no reply yet).
-    reply = PayloadField(null=True, blank=True)
+    reply = PayloadField(null=True, blank=True, offload=True)
     replied_at = models.DateTimeField(null=True, blank=True)
 
     objects = SignalQuerySet.as_manager()

@@ -484,8 +484,8 @@ class Run(models.Model):
     version = models.CharField(max_length=32)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     queue = models.CharField(max_length=200)
-    input = PayloadField(null=True, blank=True)
-    output = PayloadField(null=True, blank=True)
+    input = PayloadField(null=True, blank=True, offload=True)
+    output = PayloadField(null=True, blank=True, offload=True)
     error = models.JSONField(null=True, blank=True)
     # Their indexes are partial (Meta): most runs have neither.
     parent = models.ForeignKey(

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db import models
 
+from . import offloads
 from .base import IDS_PER_STATEMENT, chunked
 
 
@@ -30,7 +31,14 @@ class RunTrees(models.QuerySet[Any]):
         A slice's cascade never reaches past the slice (its runs' descendants went before), so no
         statement names more ids than a slice: deleting a root alone would name its whole subtree
         in one ``IN`` list, past what PostgreSQL's protocol carries for a tree of a wide fan."""
+        from .checkpoints import Checkpoint  # they refer to Run: imported when first needed
+        from .messages import Signal
+
         deleted = 0
         for batch in chunked(run_ids, IDS_PER_STATEMENT):
+            # The objects the slice's payloads were offloaded to go with it (after the commit).
+            offloads.release(self.filter(id__in=batch), ("input", "output"))
+            offloads.release(Checkpoint.objects.using(self.db).filter(run_id__in=batch), ("input", "output"))
+            offloads.release(Signal.objects.using(self.db).filter(run_id__in=batch), ("payload", "reply"))
             deleted += self.filter(id__in=batch).delete()[1].get(self.model._meta.label, 0)
         return deleted
