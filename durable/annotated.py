@@ -23,7 +23,7 @@ import typing
 import uuid
 from collections.abc import Callable
 from datetime import date, datetime, time, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 #: Nesting followed at most (a recursive annotation ends here).
@@ -53,12 +53,8 @@ def shaped(value: Any, hint: Any, depth: int = 0) -> Any:
         return value
     try:
         return _shaped(value, hint, depth)
-    except (TypeError, ValueError, KeyError, IndexError, InvalidOperation, ArithmeticError):
+    except Exception:  # noqa: BLE001 - the class refused it (a missing field, pydantic's check, its own __post_init__)
         return value
-    except Exception as exc:  # noqa: BLE001 - a pydantic ValidationError, a class's own check
-        if type(exc).__name__ == "ValidationError":
-            return value
-        raise
 
 
 def _shaped(value: Any, hint: Any, depth: int) -> Any:
