@@ -1,6 +1,6 @@
 """What values cost: the converter, a codec at rest and the claim check, on turns run in place.
 
-    .venv-bench/bin/python bench/payloads.py      # about 3 minutes
+    .venv-bench/bin/python bench/payloads.py      # under a minute
 
 Each figure is a run of ``bench.payloads.*`` started with ``durable.start()`` and its turn run in
 this process (``durable.engine.turn.advance``, as the suite's ``local_in_process`` does), its
