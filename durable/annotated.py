@@ -49,8 +49,8 @@ _FROM_JSON: dict[type, Callable[[Any], Any]] = {
 
 def shaped(value: Any, hint: Any, depth: int = 0) -> Any:
     """``value`` as annotation ``hint`` describes it, or ``value`` itself when it does not."""
-    if hint is None or hint is Any or depth > MAX_DEPTH:
-        return value
+    if hint is None or hint is Any or type(value) is hint or depth > MAX_DEPTH:
+        return value  # the common case first: every read of every step's value passes here
     try:
         return _shaped(value, hint, depth)
     except Exception:  # noqa: BLE001 - the class refused it (a missing field, pydantic's check, its own __post_init__)

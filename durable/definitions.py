@@ -263,17 +263,6 @@ def _search_schema_option(schema: Any) -> dict[str, Any] | None:
     return dict(schema)
 
 
-def _not_async(func: Callable[..., Any], what: str) -> None:
-    """Refuse an ``async def`` step or workflow until they run (API.md §10, Async): called, it
-    would return a coroutine that nothing awaits and fail its run at its first turn."""
-    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
-        raise InvalidInput(
-            f"{what} {getattr(func, '__qualname__', func)!r} is an async def, which durable does not run "
-            f"yet: write it as a plain def (call async code inside with asgiref.sync.async_to_sync); "
-            "from async views, call durable through astart(), aresult() and the other async twins"
-        )
-
-
 class Registry:
     """Workflows by (name, version) and steps by name."""
 
@@ -488,7 +477,7 @@ def step(
                 f"step {func.__name__!r} declares input_schema=, which validates the step's one argument, "
                 f"but it takes {_parameters(func)}: take one argument (a model of them all) or drop input_schema"
             )
-        _not_async(func, "step")
+        guards.not_async(func, "step")
         register_annotations(func)  # the classes its arguments and result come back as
         return registry.add_step(
             Step(
@@ -566,7 +555,7 @@ def workflow(
         )
 
     def wrap(func: Callable[..., Any]) -> Workflow:
-        _not_async(func, "workflow")
+        guards.not_async(func, "workflow")
         register_annotations(func)  # the classes its input and output come back as
         return registry.add_workflow(
             Workflow(

@@ -6,10 +6,12 @@ starts with the field and says what to fix, and whose ``details["field"]`` names
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
 import reprlib
+from collections.abc import Callable
 from typing import Any
 
 from . import routing
@@ -216,3 +218,14 @@ def _depth(value: Any) -> int:
         deepest = max(deepest, level)
         stack.extend((child, level + 1) for child in node if isinstance(child, (dict, list)))
     return deepest
+
+
+def not_async(func: Callable[..., Any], what: str) -> None:
+    """Refuse an ``async def`` step or workflow until they run (API.md §10, Async): called, it
+    would return a coroutine that nothing awaits and fail its run at its first turn."""
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        raise InvalidInput(
+            f"{what} {getattr(func, '__qualname__', func)!r} is an async def, which durable does not run "
+            f"yet: write it as a plain def (call async code inside with asgiref.sync.async_to_sync); "
+            "from async views, call durable through astart(), aresult() and the other async twins"
+        )

@@ -585,35 +585,6 @@ def wait_for(
         time.sleep(interval)
 
 
-def describe_runs(run_ids: list[str]) -> str:
-    """Each unfinished run of ``run_ids`` as its rows hold it (lease, wake-up, positions, the
-    diagnosis) and when each sweep last ran: what a test that timed out waiting on them prints."""
-    from . import clock
-    from .engine.diagnosis import explain
-    from .models import Checkpoint, Presence, Run
-
-    db = conf.get().DATABASE
-    lines = [f"now {clock.now().isoformat()}"]
-    for run in Run.objects.using(db).filter(id__in=run_ids).order_by("created_at"):
-        if run.finished_at is not None:
-            continue
-        lines.append(
-            f"run {run.id} {run.workflow} {run.status}: wake_at={run.wake_at} locked_by={run.locked_by}"
-            f" until {run.locked_until}, recovery_attempts={run.recovery_attempts}, wakes={run.wakes},"
-            f" updated_at={run.updated_at}"
-        )
-        for row in Checkpoint.objects.using(db).filter(run_id=run.id).order_by("seq"):
-            lines.append(
-                f"  #{row.seq} {row.kind} {row.name} {row.status} attempt {row.attempt}: wake_at={row.wake_at}"
-                f" enqueued_at={row.enqueued_at} started_at={row.started_at} held_by={row.held_by}"
-                f" until {row.held_until} redispatches={row.redispatches}"
-            )
-        lines += [f"  {reason.code}: {reason.message}" for reason in explain(run)]
-    for row in Presence.objects.using(db).order_by("kind", "who"):
-        lines.append(f"{row.kind} {row.who}: last seen {row.last_seen}")
-    return "\n".join(lines)
-
-
 def replay_history(history: Any, workflow: Any = None) -> check.Verdict:
     """Replay an exported history against the workflow code installed now, as a deploy would.
 

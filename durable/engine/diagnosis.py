@@ -205,3 +205,28 @@ def _last_sweep(task: str, namespace: str | None, db: str) -> datetime | None:
 
 def _at(moment: datetime | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "never"
+
+
+def describe(run_ids: list[str]) -> str:
+    """Each unfinished run of ``run_ids`` as its rows hold it (lease, wake-up, positions, the
+    diagnosis) and when each sweep last ran: what a test that timed out waiting on them prints."""
+    db = conf.get().DATABASE
+    lines = [f"now {clock.now().isoformat()}"]
+    for run in Run.objects.using(db).filter(id__in=run_ids).order_by("created_at"):
+        if run.finished_at is not None:
+            continue
+        lines.append(
+            f"run {run.id} {run.workflow} {run.status}: wake_at={run.wake_at} locked_by={run.locked_by}"
+            f" until {run.locked_until}, recovery_attempts={run.recovery_attempts}, wakes={run.wakes},"
+            f" updated_at={run.updated_at}"
+        )
+        for row in Checkpoint.objects.using(db).filter(run_id=run.id).order_by("seq"):
+            lines.append(
+                f"  #{row.seq} {row.kind} {row.name} {row.status} attempt {row.attempt}: wake_at={row.wake_at}"
+                f" enqueued_at={row.enqueued_at} started_at={row.started_at} held_by={row.held_by}"
+                f" until {row.held_until} redispatches={row.redispatches}"
+            )
+        lines += [f"  {reason.code}: {reason.message}" for reason in explain(run)]
+    for row in Presence.objects.using(db).order_by("kind", "who"):
+        lines.append(f"{row.kind} {row.who}: last seen {row.last_seen}")
+    return "\n".join(lines)

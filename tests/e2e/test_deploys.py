@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import durable
+from durable.engine.diagnosis import describe
 from durable.models import Run
-from durable.testing import describe_runs, settings_env, wait_for
+from durable.testing import settings_env, wait_for
 from tests.conftest import on_rabbitmq, on_redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -177,7 +178,7 @@ def test_a_deploy_mid_turn_and_mid_step_fails_no_run_and_runs_no_attempt_twice(d
         ended,
         90,
         what="every run to end after the restart",
-        explain=lambda: f"{describe_runs(runs)}\n{durable_worker.logs()[-6000:]}",
+        explain=lambda: f"{describe(runs)}\n{durable_worker.logs()[-6000:]}",
     )
     recovered = time.monotonic() - back
     rows = {r.id: r for r in Run.objects.filter(id__in=runs)}

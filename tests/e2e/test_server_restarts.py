@@ -27,8 +27,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 import durable
+from durable.engine.diagnosis import describe
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import DurableWorker, describe_runs, settings_env, wait_for
+from durable.testing import DurableWorker, settings_env, wait_for
 from tests.e2e.conftest import servers_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -106,7 +107,7 @@ def wait_for_batch_end(ids: dict[str, int], worker: DurableWorker) -> None:
         90,
         interval=0.25,
         what="every run of the batch to end",
-        explain=lambda: f"{describe_runs(list(ids))}\n{worker.logs()[-8000:]}",
+        explain=lambda: f"{describe(list(ids))}\n{worker.logs()[-8000:]}",
     )
 
 
