@@ -132,10 +132,28 @@ class Signature:
     def returns(self) -> Any:
         return self.hints.get("return")
 
+    @functools.cached_property
+    def positional(self) -> tuple[Any, ...] | None:
+        """The annotations of the parameters positional arguments fill, in order; None when a
+        ``*args`` or a keyword-only parameter makes that a question for ``bind_partial``."""
+        if self.parameters is None:
+            return None
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        found = list(self.parameters.parameters.values())
+        if any(p.kind not in kinds for p in found):
+            return None
+        return tuple(self.hints.get(p.name) for p in found)
+
     def arguments(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """``args`` and ``kwargs`` shaped by the parameters they bind to."""
         if self.parameters is None or not self.hints:
             return args, kwargs
+        hints = self.positional
+        if hints is not None and not kwargs and len(args) <= len(hints):
+            # The common call, every step's: no binding to do, and often nothing to shape.
+            if all(type(v) is hint for v, hint in zip(args, hints, strict=False)):
+                return args, kwargs
+            return [shaped(v, hint) for v, hint in zip(args, hints, strict=False)], kwargs
         try:
             bound = self.parameters.bind_partial(*args, **kwargs)
         except TypeError:

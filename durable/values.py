@@ -41,7 +41,8 @@ def accept_naive_datetimes(accept: bool) -> None:
 def encode(value: Any, *, what: str) -> Any:
     """``value`` as tagged JSON, or ``InvalidInput`` naming ``what`` and the path of the part that
     has no JSON form (``the input of workflow 'x' at order.items[2].price: ...``)."""
-    if _is_plain(value):
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or value is None or _is_plain(value):
         return value  # the fast path: only containers are walked, nothing is copied
     return _encode(value, what, "")
 
@@ -49,7 +50,8 @@ def encode(value: Any, *, what: str) -> Any:
 def decode(data: Any) -> Any:
     """The value ``data`` (tagged JSON, as :func:`encode` made it) stands for; plain JSON is
     returned as it is (the same object)."""
-    if not _has_tags(data):
+    kind = type(data)
+    if (kind is not dict and kind is not list) or not _has_tags(data):
         return data
     return _decode(data)
 

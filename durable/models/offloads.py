@@ -56,7 +56,7 @@ def offloaded(stored: Any, connection: Any) -> Any:
     or, past OFFLOAD_BYTES, a reference to an object holding it, accounted for by a row inserted
     on ``connection`` (so in the transaction of the statement being prepared)."""
     limit = conf.get().OFFLOAD_BYTES
-    if limit is None:
+    if limit is None or _surely_within(stored, limit):
         return stored
     data = json.dumps(stored, separators=(",", ":"), ensure_ascii=False).encode()
     if len(data) <= limit:
@@ -69,6 +69,40 @@ def offloaded(stored: Any, connection: Any) -> Any:
             f"INSERT INTO {table} (name, created_at, released) VALUES (%s, %s, %s)", [name, created, False]
         )
     return codecs.reference(name, len(data))
+
+
+#: How many parts of a payload ``_surely_within`` looks at before leaving the answer to json.dumps.
+_GLANCE = 64
+
+
+def _surely_within(stored: Any, limit: int) -> bool:
+    """True when ``stored``'s JSON is certainly at most ``limit`` bytes, told from a glance at a
+    few of its parts: nearly every payload is a number, a short string or a small dict, and
+    encoding each one only to learn it is small cost more than the rest of the write."""
+    room, stack = limit, [stored]
+    for _ in range(_GLANCE):
+        if not stack:
+            return True
+        node = stack.pop()
+        kind = type(node)
+        if kind is str:
+            room -= 6 * len(node) + 2  # \u0001 is the longest a character gets in JSON
+        elif kind is int:
+            room -= node.bit_length() // 3 + 4  # a digit holds more than 3 bits; a sign, quotes as a key
+        elif kind is float or kind is bool or node is None:
+            room -= 24
+        elif kind is list:
+            room -= len(node) + 2
+            stack.extend(node)
+        elif kind is dict:
+            room -= 2 * len(node) + 2
+            stack.extend(node)  # the keys: strings, counted as the values are
+            stack.extend(node.values())
+        else:
+            return False
+        if room < 0:
+            return False
+    return not stack
 
 
 def fetched(reference: dict[str, Any]) -> Any:

@@ -29,7 +29,7 @@ from ..errors import (
     step_timeout_error,
 )
 from ..values import decode
-from .history import check_size, roundtrip, stored
+from .history import roundtrip, stored
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
@@ -126,10 +126,7 @@ def run_attempt(
     try:
         if step.output_schema is not None:
             output = _validated_output(step, output)
-        output = stored(output, what=f"the output of step {step.name!r}")
-        if max_bytes is not None:
-            check_size(output, max_bytes, what=f"the output of step {step.name!r}")
-        return output, None, True
+        return stored(output, what=f"the output of step {step.name!r}", max_bytes=max_bytes), None, True
     except InvalidInput as exc:
         return None, {**exc.to_dict(), "code": "invalid_output"}, False
 

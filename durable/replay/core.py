@@ -17,7 +17,7 @@ from ..errors import InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
 from . import cancelling, saga, stopping
 from .context import Context
-from .history import Decision, Limits, check_size, stored
+from .history import Decision, Limits, stored
 from .turnstate import InPlaceRunner, RunFacts, TurnState
 
 
@@ -95,8 +95,9 @@ def replay(
     if error is not None:
         return _failed(error, state)
     try:
-        output = stored(value, what=f"the output of workflow {run.workflow!r}")
-        check_size(output, limits.max_payload_bytes, what=f"the output of workflow {run.workflow!r}")
+        output = stored(
+            value, what=f"the output of workflow {run.workflow!r}", max_bytes=limits.max_payload_bytes
+        )
     except InvalidInput as exc:
         exc.code = "invalid_output"
         return _failed(exc, state)

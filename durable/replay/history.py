@@ -139,16 +139,18 @@ class Outgoing:
     namespace: str | None = None
 
 
-def roundtrip(value: Any, *, what: str) -> Any:
+def roundtrip(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
     """Return ``value`` as it reads back from JSON, or raise InvalidInput naming ``what``
-    (not JSON, NUL characters, lone surrogates, nested too deep: see ``guards.json_value``)."""
-    return json_value(value, what)
+    (not JSON, NUL characters, lone surrogates, nested too deep, more than ``max_bytes``: see
+    ``guards.json_value``)."""
+    return json_value(value, what, max_bytes=max_bytes)
 
 
-def stored(value: Any, *, what: str) -> Any:
+def stored(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
     """Return ``value`` as it is stored: tagged JSON (``durable.values``), so a Decimal, a datetime
-    or a UUID comes back typed; refused as ``roundtrip`` refuses, or when a part has no JSON form."""
-    return json_value(encode(value, what=what), what)
+    or a UUID comes back typed; refused as ``roundtrip`` refuses, or when a part has no JSON form.
+    One encoding checks it all: the size too, when ``max_bytes`` is given."""
+    return json_value(encode(value, what=what), what, max_bytes=max_bytes)
 
 
 def check_size(value: Any, limit: int, *, what: str) -> None:

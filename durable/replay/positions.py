@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..definitions import Step
 from ..errors import DurableError
 from ..routing import queue_in
-from .history import PENDING, Limits, Record, check_size, roundtrip, stored
+from .history import PENDING, Limits, Record, roundtrip, stored
 
 if TYPE_CHECKING:
     from .turnstate import RunFacts, TurnState
@@ -48,9 +48,12 @@ class Positions(ABC):
         """``value`` as it will be stored (tagged JSON, or plain JSON when not ``typed``: names and
         attributes kept for querying), refused with ``InvalidInput`` when it has no JSON form or
         is larger than MAX_PAYLOAD_BYTES."""
-        kept = stored(value, what=what) if typed else roundtrip(value, what=what)
-        check_size(kept, self._limits.max_payload_bytes, what=what)
-        return kept
+        limit = self._limits.max_payload_bytes
+        return (
+            stored(value, what=what, max_bytes=limit)
+            if typed
+            else roundtrip(value, what=what, max_bytes=limit)
+        )
 
     def _queue_of(self, step: Step) -> str:
         """The queue an attempt of ``step`` goes to, in this run's namespace: none for a local

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, check_size, stored
+from .history import COMPLETED, stored
 from .positions import Positions
 from .waits import NAME_LENGTH
 
@@ -26,8 +26,7 @@ class Queries(Positions):
                 f"ctx.expose() needs a name of 1 to {NAME_LENGTH} characters, got {name!r:.100}"
             )
         what = f"the value exposed as {name!r}"
-        shown = stored(value, what=what)
-        check_size(shown, self._limits.max_payload_bytes, what=what)
+        shown = stored(value, what=what, max_bytes=self._limits.max_payload_bytes)
         if self._position("expose", name) is not None:
             return  # recorded, and written onto the run, by the turn that made it
         rec = self._new("expose", name, status=COMPLETED, output=shown)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, check_size, stored
+from .history import COMPLETED, stored
 from .waits import Waits
 
 
@@ -76,8 +76,7 @@ class Updates(Waits):
         ):
             raise InvalidInput(f"update {update.id} ({update.name!r}) was already answered by ctx.reply()")
         what = f"the reply to update {update.name!r}"
-        answer = stored(value, what=what)
-        check_size(answer, self._limits.max_payload_bytes, what=what)
+        answer = stored(value, what=what, max_bytes=self._limits.max_payload_bytes)
         if self._position("reply", update.name) is not None:
             return  # recorded, and written onto the update, by the turn that made it
         rec = self._new("reply", update.name, status=COMPLETED, input={"update": update.id}, output=answer)

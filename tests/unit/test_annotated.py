@@ -120,3 +120,23 @@ def test_arguments_that_do_not_bind_are_left_for_the_call_to_refuse():
         raise AssertionError("never called")
 
     assert signature(one).arguments(["1", "2"], {}) == (["1", "2"], {})
+
+
+def test_positional_arguments_are_shaped_without_binding_and_left_alone_when_already_typed():
+    def line(sku: str, price: Decimal, /, when: date) -> None:
+        raise AssertionError("never called")
+
+    def spread(first: Decimal, *rest: Decimal) -> None:
+        raise AssertionError("never called")
+
+    sig = signature(line)
+    typed = ["a", Decimal("1.5"), date(2026, 12, 3)]
+    assert sig.arguments(typed, {}) == (typed, {})
+    assert sig.arguments(["a", "1.5"], {}) == (["a", Decimal("1.5")], {})
+    assert sig.arguments(["a", "1.5"], {"when": "2026-12-03"}) == (
+        ["a", Decimal("1.5")],
+        {"when": date(2026, 12, 3)},
+    )
+    # Past a *args parameter, binding decides which annotation a value takes.
+    assert signature(spread).positional is None
+    assert signature(spread).arguments(["1", "2"], {}) == ([Decimal("1"), Decimal("2")], {})

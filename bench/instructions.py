@@ -1,0 +1,157 @@
+"""What a change costs in Python, counted in instructions rather than timed: the in-process
+ten-local-step run (``bench.local10``, the path where durable's own Python weighs most) of this
+checkout against the sources of another commit.
+
+    .venv-bench/bin/python bench/instructions.py --against f04b883^1   # about two minutes
+
+Each side runs in its own process under valgrind's callgrind (Debian's ``valgrind`` package),
+collecting only while ``--runs`` runs start and finish (after ten unmeasured ones): the count of
+instructions the CPU executed for them in the bench process, the same from one run to the next
+within a fraction of a percent, and blind to whatever else the machine is doing. What the database
+server does is not counted (the same statements on both sides show the same there; a change in
+statements shows in ``bench/run.py`` and ``tests/integration/test_costs.py``). Timed figures need
+a quiet machine; this one does not, which is why it exists.
+
+Writes bench/results/instructions.json and instructions.md. Databases ``durable_instr_a`` and
+``durable_instr_b`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PACKAGES = ("durable", "durable_admin", "project")
+COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def log(message: str) -> None:
+    print(f"[instructions {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _callgrind(switch: str) -> None:
+    subprocess.run(["callgrind_control", "-i", switch, str(os.getpid())], check=True, capture_output=True)
+
+
+def measure(runs: int) -> None:
+    """In the process valgrind runs: set up, warm up, then count ``runs`` runs."""
+    from dataclasses import replace
+
+    from bench import env, local
+
+    env.setup()
+    from durable import dispatch
+
+    dispatch.install(replace(dispatch.transport, send=lambda message: None))
+    env.truncate()
+    for _ in range(10):
+        local._in_process_once()
+    _callgrind("on")
+    for _ in range(runs):
+        local._in_process_once()
+    _callgrind("off")
+
+
+def _sources(rev: str | None, into: Path) -> Path:
+    """The packages of ``rev`` (the working tree when None), copied to ``into``."""
+    into.mkdir(parents=True)
+    if rev is None:
+        for package in PACKAGES:
+            shutil.copytree(ROOT / package, into / package, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = subprocess.run(
+            ["git", "archive", rev, *PACKAGES], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        with tarfile.open(fileobj=BytesIO(archive)) as tar:
+            tar.extractall(into, filter="data")
+    return into
+
+
+def _count(source: Path, db: str, runs: int) -> int:
+    environ = {**os.environ, "BENCH_SOURCE": str(source), "BENCH_DB": db, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={source}/callgrind.out",
+            sys.executable,
+            __file__,
+            "--measure",
+            str(runs),
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+    )
+    found = COLLECTED.search(done.stderr)
+    if done.returncode or not found:
+        raise RuntimeError(f"the measured process failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--against", default="f04b883^1", help="the commit to compare with (default: before values)"
+    )
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure is not None:
+        measure(args.measure)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
+    against = subprocess.run(
+        ["git", "rev-parse", "--short=12", args.against], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    here = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(["git", "status", "--porcelain", *PACKAGES], cwd=ROOT, capture_output=True).stdout
+    )
+    with tempfile.TemporaryDirectory(prefix="durable-instr-") as tmp:
+        counts = {}
+        for side, rev, db in (("before", against, "durable_instr_a"), ("now", None, "durable_instr_b")):
+            log(f"{side}: counting {args.runs} runs")
+            counts[side] = _count(_sources(rev, Path(tmp) / side), db, args.runs) / args.runs
+    result = {
+        "against": against,
+        "sources": here + ("+changes" if dirty else ""),
+        "runs": args.runs,
+        "per_run": counts,
+        "ratio": round(counts["now"] / counts["before"], 4),
+    }
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "instructions.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = (
+        f"Instructions per in-process ten-local-step run (`bench.local10`), {args.runs} runs counted by "
+        f"callgrind, sources `{result['sources']}` against `{against}`:\n\n"
+        "| sources | instructions per run | ratio |\n| --- | --- | --- |\n"
+        f"| `{against}` | {counts['before'] / 1e6:.2f} M | 1.0x |\n"
+        f"| `{result['sources']}` | {counts['now'] / 1e6:.2f} M | {result['ratio']:.3f}x |\n"
+    )
+    (out / "instructions.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
