@@ -1,1 +1,1 @@
-"""The benchmark suite: ``python bench/run.py`` (see README.md)."""
+"""The benchmark suite: ``python bench/run.py`` (see bench/README.md)."""

@@ -9,7 +9,7 @@ prompt), applied by a real prefork worker (concurrency 2);
 the time runs from the first send until every op is settled. The loop: N transactions of
 ``SELECT n ... FOR UPDATE`` then ``UPDATE``, one counter row per key, spread over as many
 connections as the worker has processes. Writes bench/results/entities.json and entities.md,
-and the README's ``bench:entities`` block. Its services: PostgreSQL database ``durable_entities``
+and the ``bench:entities`` block of docs/benchmarks.md. Its services: PostgreSQL database ``durable_entities``
 and Redis db 6 (``BENCH_ENTITIES_REDIS``).
 """
 
@@ -152,7 +152,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--no-readme", action="store_true", help="leave README.md as it is")
+    parser.add_argument(
+        "--no-docs",
+        "--no-readme",
+        dest="no_docs",
+        action="store_true",
+        help="leave docs/benchmarks.md as it is",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     configure()
@@ -196,8 +202,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "entities.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / "entities.md").write_text(md)
-    if not args.no_readme:
-        report.update_readme("entities", md)
+    if not args.no_docs:
+        report.update_tables("entities", md)
     print(md)
     return 0
 

@@ -528,10 +528,10 @@ def main() -> int:
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     md_path.write_text(markdown(data))
     log(f"wrote {json_path} and {md_path} in {data['meta']['total_s']} s")
-    if args.out.resolve() == env.RESULTS.resolve() and report.update_readme(
-        "fans", readme_block(md_path.read_text())
+    if args.out.resolve() == env.RESULTS.resolve() and report.update_tables(
+        "fans", tables_block(md_path.read_text())
     ):
-        log(f"rewrote the fan tables in {report.README}")
+        log(f"rewrote the fan tables in {report.TABLES}")
     print(md_path.read_text())
     return 0
 
@@ -539,8 +539,8 @@ def main() -> int:
 # -- the report ---------------------------------------------------------------------------------
 
 
-def readme_block(md: str) -> str:
-    """The README's copy: the run's date line, then its goal and fan tables (sections 1-2)."""
+def tables_block(md: str) -> str:
+    """docs/benchmarks.md's copy: the run's date line, then its goal and fan tables (sections 1-2)."""
     dated = md.split("\n")[2]
     tables = md.split("## Goals", 1)[1].split("\n## Where", 1)[0]
     return dated + "\n\n" + tables.replace("## Durable fan", "Durable fan").strip()

@@ -7,7 +7,7 @@ steps one after the other, and a fan of 100. Every step crosses the broker in bo
 limited step never runs in place, so the free twin's steps carry a timeout, which keeps them out
 of the turn too). Repetitions interleave the twins, and the ratio compares medians from the same
 run: the goal is at most 1.3x per step. Writes bench/results/flow.json and flow.md and, when
-writing there, the table between the ``bench:flow`` markers of README.md. Its own database
+writing there, the table between the ``bench:flow`` markers of docs/benchmarks.md. Its own database
 ``durable_flow`` (``BENCH_FLOW_DB``) and Redis db 6 (``BENCH_FLOW_REDIS``), so it can run beside
 the other benchmarks.
 """
@@ -135,8 +135,8 @@ def main() -> int:
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     md_path.write_text(markdown(data))
     log(f"wrote {json_path} and {md_path} in {data['meta']['total_s']} s")
-    if args.out.resolve() == env.RESULTS.resolve() and report.update_readme("flow", markdown(data)):
-        log(f"rewrote the flow table in {report.README}")
+    if args.out.resolve() == env.RESULTS.resolve() and report.update_tables("flow", markdown(data)):
+        log(f"rewrote the flow table in {report.TABLES}")
     print(md_path.read_text())
     return 0
 

@@ -301,11 +301,12 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+# The page of the documentation that holds the generated tables, between <!-- bench:NAME --> markers.
+TABLES = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
-def readme_block(data: dict[str, Any]) -> str:
-    """The README's copy of a full run: when, where, and the table."""
+def suite_block(data: dict[str, Any]) -> str:
+    """docs/benchmarks.md's copy of a full run: when, where, and the table."""
     meta, m = data["meta"], data["meta"]["machine"]
     lines = [
         f"Suite run {m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · Python {m['python']} · "
@@ -317,14 +318,14 @@ def readme_block(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(name: str, text: str, readme: Path = README) -> bool:
+def update_tables(name: str, text: str, page: Path = TABLES) -> bool:
     """Replace what lies between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``."""
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    content = readme.read_text()
+    content = page.read_text()
     i, j = content.find(begin), content.find(end)
     if i < 0 or j < i:
         return False
-    readme.write_text(content[: i + len(begin)] + "\n" + text.strip() + "\n" + content[j:])
+    page.write_text(content[: i + len(begin)] + "\n" + text.strip() + "\n" + content[j:])
     return True
 
 

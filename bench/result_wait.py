@@ -5,9 +5,9 @@
 
 durable is measured as shipped (woken by PostgreSQL's notice of the run's end) and with the
 notices off (the polling fallback). Celery's result backend is the project's (django-db, which
-the README's set-up uses): ``get()`` polls it, measured with its default interval (0.5 s) and
+the example project's set-up uses): ``get()`` polls it, measured with its default interval (0.5 s) and
 with a 2 ms one, the best it can do there; the goal compares durable with the faster.
-Writes bench/results/result_wait.json and .md, and the README's ``bench:result`` table.
+Writes bench/results/result_wait.json and .md, and the ``bench:result`` table of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -124,10 +124,10 @@ def main() -> int:
     (args.out / "result_wait.md").write_text(text)
     from bench import report
 
-    if args.out.resolve() == env.RESULTS.resolve() and report.update_readme(
+    if args.out.resolve() == env.RESULTS.resolve() and report.update_tables(
         "result", "\n".join([line, "", *table(results)])
     ):
-        print(f"rewrote the result table in {report.README}", file=sys.stderr)
+        print(f"rewrote the result table in {report.TABLES}", file=sys.stderr)
     print(text)
     return 0
 

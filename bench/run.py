@@ -186,10 +186,10 @@ def main() -> int:
     }
     json_path, md_path = report.write(data, args.out)
     log(f"wrote {json_path} and {md_path} in {data['meta']['total_s']} s")
-    # Only a full run of every family into the results folder speaks for the README.
+    # Only a full run of every family into the results folder speaks for docs/benchmarks.md.
     speaks = not args.quick and only == set(FAMILIES) and args.out.resolve() == env.RESULTS.resolve()
-    if speaks and report.update_readme("suite", report.readme_block(data)):
-        log(f"rewrote the benchmark table in {report.README}")
+    if speaks and report.update_tables("suite", report.suite_block(data)):
+        log(f"rewrote the benchmark table in {report.TABLES}")
     print(md_path.read_text())
     return 0
 

@@ -20,7 +20,7 @@ one after the other, in the same run:
 - ``backlog`` (filled database): 100,000 due timers drained, each time between two drains of
   10,000, and set against their mean.
 
-Writes bench/results/scale.json and scale.md, and the README's ``bench:scale`` table.
+Writes bench/results/scale.json and scale.md, and the ``bench:scale`` table of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -542,7 +542,7 @@ def main() -> int:
     parser.add_argument(
         "--empty-only",
         action="store_true",
-        help="measure the empty database alone, backlog included (no fill; the README is left as is)",
+        help="measure the empty database alone, backlog included (no fill; docs/benchmarks.md is left as is)",
     )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
@@ -585,10 +585,10 @@ def main() -> int:
     (args.out / "scale.md").write_text(text)
     from bench import report
 
-    if args.out.resolve() == (ROOT / "bench" / "results").resolve() and report.update_readme(
+    if args.out.resolve() == (ROOT / "bench" / "results").resolve() and report.update_tables(
         "scale", "\n".join([data["meta"]["line"], "", *table(data)])
     ):
-        log(f"rewrote the scale table in {report.README}")
+        log(f"rewrote the scale table in {report.TABLES}")
     print(text)
     return 0
 
@@ -607,7 +607,7 @@ def _measured(db: str, params: dict) -> dict:
 
 def empty_only(args: argparse.Namespace) -> int:
     """The quick check: every path on the empty database, and the backlog drained there against
-    its 10,000; writes scale-empty.json and prints the figures, README untouched."""
+    its 10,000; writes scale-empty.json and prints the figures, docs/benchmarks.md untouched."""
     started = time.perf_counter()
     _ensure_db(args.empty_db)
     _migrate(args.empty_db)

@@ -2,7 +2,7 @@
 
 With no environment set it runs on the embedded default: SQLite and kombu's filesystem
 transport under ``var/``, so nothing needs a server. Production sets DATABASE_URL and
-CELERY_BROKER_URL (see README.md).
+CELERY_BROKER_URL (see docs/production.md).
 """
 
 import os
@@ -193,7 +193,7 @@ elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
         CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
         CELERY_TASK_CREATE_MISSING_QUEUE_EXCHANGE_TYPE = "topic"
 else:
-    # Longer than any step's timeout, or Redis redelivers a running step (see README).
+    # Longer than any step's timeout, or Redis redelivers a running step (see docs/production.md).
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -203,7 +203,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Celery's Django fix-up closes the database connection before and after every task unless this
-# is set: each durable task would pay a new PostgreSQL connection (see README, Production).
+# is set: each durable task would pay a new PostgreSQL connection (see docs/production.md).
 CELERY_DB_REUSE_MAX = 1000
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
