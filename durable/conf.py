@@ -84,7 +84,7 @@ class Settings:
     #: A worker that records a step result runs the next turn itself when it serves that queue.
     INLINE_NEXT_TURN: bool = True
     #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
-    #: the step's queue (see README, "Eager steps").
+    #: the step's queue (see docs/architecture.md, "Eager steps").
     EAGER_STEPS: bool = True
     #: A turn still running after this is stopped, its run handed back and counted as crashed
     #: (towards MAX_RECOVERY_ATTEMPTS): a body that never reaches a primitive cannot hold a
