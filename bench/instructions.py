@@ -50,10 +50,14 @@ def measure(runs: int) -> None:
     """In the process valgrind runs: set up, warm up, then count ``runs`` runs."""
     from dataclasses import replace
 
-    from bench import env, local
+    from bench import env
 
-    env.setup()
+    env.setup()  # first: what imports durable after it imports the sources being measured
+    from bench import local
     from durable import dispatch
+
+    if not dispatch.__file__.startswith(os.environ["BENCH_SOURCE"]):
+        raise RuntimeError(f"durable was imported from {dispatch.__file__}, not from the sources measured")
 
     dispatch.install(replace(dispatch.transport, send=lambda message: None))
     env.truncate()
@@ -80,7 +84,18 @@ def _sources(rev: str | None, into: Path) -> Path:
     return into
 
 
+def _fresh(db: str) -> None:
+    """Drop ``db``: each side migrates its own, as its sources' schema has it."""
+    import psycopg
+
+    from bench.env import PG
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
 def _count(source: Path, db: str, runs: int) -> int:
+    _fresh(db)
     environ = {**os.environ, "BENCH_SOURCE": str(source), "BENCH_DB": db, "PYTHONHASHSEED": "0"}
     done = subprocess.run(
         [
