@@ -76,8 +76,9 @@ def _shaped(value: Any, hint: Any, depth: int) -> Any:
     if issubclass(hint, tuple) and hasattr(hint, "_fields") and isinstance(value, (dict, list)):
         named = value if isinstance(value, dict) else dict(zip(hint._fields, value, strict=False))
         return hint(**_fields(named, _field_hints(hint), depth))
-    if callable(getattr(hint, "model_validate", None)) and isinstance(value, dict):
-        return hint.model_validate(value)
+    validate = getattr(hint, "model_validate", None)  # a pydantic model
+    if callable(validate) and isinstance(value, dict):
+        return validate(value)
     return value
 
 

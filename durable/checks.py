@@ -135,12 +135,11 @@ def check_visibility_timeout(app_configs: Any = None, **kwargs: Any) -> list[che
     visibility = timedelta(
         seconds=options.get("visibility_timeout", REDIS_DEFAULT_VISIBILITY.total_seconds())
     )
-    longest = max(
-        (step for step in registry.steps.values() if step.timeout is not None),
-        key=lambda step: step.timeout,
-        default=None,
-    )
-    if longest is None or longest.timeout < visibility:
+    timed = [(step.timeout, step) for step in registry.steps.values() if step.timeout is not None]
+    if not timed:
+        return []
+    longest_timeout, longest = max(timed, key=lambda pair: pair[0])
+    if longest_timeout < visibility:
         return []
     return [
         checks.Warning(

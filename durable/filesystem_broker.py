@@ -23,7 +23,8 @@ _sequence = itertools.count()
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    # kombu names the parameter two ways (AbstractChannel: message; filesystem.Channel: payload).
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         name = f"{monotonic_ns():020d}_{next(_sequence):012d}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = f"{final}.partial"  # consumers only take names ending in ".<queue>.msg"

@@ -360,8 +360,8 @@ def register_type(cls: type, *, name: str | None = None) -> type:
         register_converter(cls, lambda v: {n: getattr(v, n) for n in names}, lambda d: cls(**d), name=name)
     elif isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
         register_converter(cls, lambda v: dict(v._asdict()), lambda d: cls(**d), name=name)
-    elif isinstance(cls, type) and callable(getattr(cls, "model_validate", None)):
-        register_converter(cls, lambda v: v.model_dump(mode="json"), cls.model_validate, name=name)
+    elif isinstance(cls, type) and callable(validate := getattr(cls, "model_validate", None)):
+        register_converter(cls, lambda v: v.model_dump(mode="json"), validate, name=name)
     else:
         raise InvalidInput(
             f"register_type() takes an Enum, a dataclass, a NamedTuple or a pydantic model, got "

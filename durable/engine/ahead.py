@@ -92,7 +92,9 @@ def record(
             _write(row, read, output, now, settings, began, recorded_as, *replayed) if replayed else None
         )
         if span is not None:
-            span.set_attribute("durable.outcome", replayed[0].status if written == COMPLETED else "not ahead")
+            span.set_attribute(
+                "durable.outcome", replayed[0].status if replayed and written == COMPLETED else "not ahead"
+            )
     return written
 
 

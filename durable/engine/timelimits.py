@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from ..errors import StepTimeout
 from . import leases
@@ -78,7 +79,7 @@ _limits: list[Limit] = []
 _watchdog_pid: int | None = None
 #: The limit armed on SIGALRM in this process's main thread (one step runs there at a time).
 _armed: Limit | None = None
-_previous: object = None
+_previous: Any = None
 
 
 class Guard:

@@ -42,7 +42,10 @@ def keep_held_results(run_id: str, owner: str, state: TurnState, db: str) -> Non
 def _held(rec: Record) -> bool:
     """A result of an attempt run in place, held back for the turn's next write."""
     return (
-        rec.kind == "step" and rec.status == COMPLETED and bool(rec.stored_as) and rec.stored_as[0] == PENDING
+        rec.kind == "step"
+        and rec.status == COMPLETED
+        and rec.stored_as is not None
+        and rec.stored_as[0] == PENDING
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 
@@ -129,7 +129,7 @@ def complete_and_settle(
         {"id": run_id, "status": Status.SUSPENDED},
         " AND xmin::text = %s AND EXISTS (SELECT 1 FROM recorded)",
     )
-    adding, adding_params = "", []
+    adding, adding_params = "", cast(list[Any], [])
     if inserting is not None:
         adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
         adding = f"added AS ({adding} RETURNING 1) "

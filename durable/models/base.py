@@ -131,7 +131,7 @@ def instances(model: type[M], db: str, columns: tuple[str, ...], rows: list[tupl
     if not rows:
         return []
     connection = connections[db]
-    plan = _loading(model, db, columns, in_model_order=True)
+    plan = _loading(model, db, columns, in_model_order=True)  # type: ignore[arg-type]  # a class hashes
     names = [name for name, *_ in plan]
     return [model.from_db(db, names, _converted(row, plan, connection)) for row in rows]
 
@@ -167,7 +167,7 @@ def converted(
 ) -> list[tuple[Any, ...]]:
     """``rows`` read with ``model``'s ``columns``, each value converted as the ORM would."""
     connection = connections[db]
-    plan = _loading(model, db, columns, in_model_order=False)
+    plan = _loading(model, db, columns, in_model_order=False)  # type: ignore[arg-type]  # a class hashes
     return [tuple(_converted(row, plan, connection)) for row in rows]
 
 
@@ -206,7 +206,7 @@ def insert(model: type[models.Model], db: str, rows: list[models.Model]) -> None
     one transaction (the caller's, or one of their own), so they are written together or not."""
     if not rows:
         return
-    size = rows_per_insert(model)
+    size = rows_per_insert(model)  # type: ignore[arg-type]  # a class hashes
     if len(rows) <= size:
         _insert(model, db, rows)
         return

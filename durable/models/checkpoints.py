@@ -281,7 +281,11 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         return self._end(run_id, seq, attempt, {**fields, **_ENDED})
 
     def _end(self, run_id: str, seq: int, attempt: int, fields: dict[str, Any]) -> bool:
-        return update_where(Checkpoint, self.db, fields, _pending(run_id, seq, attempt)) == 1
+        with offloads.watching() as fresh:
+            ended = update_where(Checkpoint, self.db, fields, _pending(run_id, seq, attempt)) == 1
+        if not ended:
+            offloads.release_names(fresh, self.db)
+        return ended
 
     def complete_and_wake(
         self,
@@ -311,7 +315,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                     return Recorded(True, runs.wake(run_id, now, redrive_at))
                 return Recorded(True, *runs.wake_and_claim(run_id, now, redrive_at, claim))
         ended = _completed(output, now)
-        record, params = updating(Checkpoint, self.db, ended, _pending(run_id, seq, attempt))
+        with offloads.watching() as fresh:
+            record, params = updating(Checkpoint, self.db, ended, _pending(run_id, seq, attempt))
         wake, wake_params = runs.waking(
             run_id, now, redrive_at, claim, only_if="EXISTS (SELECT 1 FROM recorded)"
         )
@@ -336,11 +341,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            columns = tuple(column[0] for column in cursor.description)
+            names = tuple(column[0] for column in cursor.description)
             (row,) = cursor.fetchall()
         if not row[0]:
+            offloads.release_names(fresh, self.db)
             return Recorded(False)
-        woken = instances(Run, self.db, columns, [row]) if row[columns.index("id")] is not None else []
+        woken = instances(Run, self.db, names, [row]) if row[names.index("id")] is not None else []
         done = Recorded(True, *runs.woken_as(woken[0] if woken else None, claim))
         if reading and done.claimed is not None and row[-1] is not None:
             done.history = _positions(row[-1], history, seq, {**ended, "status": CheckpointStatus.COMPLETED})

@@ -9,9 +9,11 @@ deleting transaction; the objects and those rows go after it commits, or at the 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -68,7 +70,27 @@ def offloaded(stored: Any, connection: Any) -> Any:
         cursor.execute(
             f"INSERT INTO {table} (name, created_at, released) VALUES (%s, %s, %s)", [name, created, False]
         )
+    fresh = getattr(_watched, "names", None)
+    if fresh is not None:
+        fresh.append(name)
     return codecs.reference(name, len(data))
+
+
+_watched = threading.local()
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[list[str]]:
+    """The names of the objects written while the statement inside is prepared: a guarded
+    statement that then changes no row (a step result delivered twice, a stale attempt's) left
+    them referred to by nothing, to be handed to ``release_names``."""
+    outer = getattr(_watched, "names", None)
+    fresh: list[str] = []
+    _watched.names = fresh
+    try:
+        yield fresh
+    finally:
+        _watched.names = outer
 
 
 #: How many parts of a payload ``_surely_within`` looks at before leaving the answer to json.dumps.

@@ -4,7 +4,7 @@ an envelope by ``DURABLE["CODEC"]`` when one is set, replaced by a reference to 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.models.expressions import Expression
@@ -28,6 +28,11 @@ class PayloadField(models.JSONField):
     "n": <bytes>}`` (see ``models.offloads``). Only columns written once take it: a column
     rewritten in place would leave its old object behind with nothing that refers to it.
     """
+
+    if TYPE_CHECKING:
+        # What an instance's attribute holds (Django's model metaclass puts a descriptor there):
+        # a payload, any JSON value, not this field.
+        def __get__(self, instance: Any, owner: Any) -> Any: ...
 
     def __init__(self, *args: Any, offload: bool = False, **kwargs: Any) -> None:
         self.offload = offload

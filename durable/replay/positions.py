@@ -90,6 +90,10 @@ class Positions(ABC):
         """Record a new entry at the position being answered."""
 
     @abstractmethod
+    def _is_remote(self, step: Step) -> bool:
+        """Whether an attempt of ``step`` runs on a remote worker (reported through the protocol)."""
+
+    @abstractmethod
     def _settle(self, answer: Any) -> Any:
         """Return ``answer``, raise it if it is an exception, or stop the turn if it is pending."""
 

@@ -226,6 +226,23 @@ def test_a_missing_object_fails_its_reader_with_payload_missing(durable_env, sto
     assert "OFFLOAD_STORAGE" in missing.value.message
 
 
+@pytest.mark.parametrize("write", ["complete", "complete_and_wake"])
+def test_a_result_delivered_twice_leaves_no_object_behind(durable_env, store, write):
+    """The second delivery's guarded write changes no row: the object its output was written to
+    is referred to by nothing, and goes (at once, or at the next sweep) instead of staying."""
+    run_id = run_big(durable_env)
+    (kept,) = objects(store)
+    now = durable_env.now()
+    positions = Checkpoint.objects
+    if write == "complete":
+        assert not positions.complete(run_id, 0, 1, "z" * BIG, now)
+    else:
+        assert not positions.complete_and_wake(run_id, 0, 1, "z" * BIG, now, now, None).done
+    offload_sweep.sweep_offloads()
+    assert objects(store) == [kept] and OffloadedPayload.objects.count() == 1
+    assert Checkpoint.objects.get(run_id=run_id, seq=0).output == MARKER + "x" * BIG
+
+
 def test_columns_rewritten_in_place_are_never_offloaded(durable_env, store):
     assert [f.offload for f in (Run._meta.get_field("exposed"), Checkpoint._meta.get_field("progress"))] == [
         False,
