@@ -18,7 +18,10 @@ CANCEL = "cancel"
 
 
 class Cancelling(Positions):
-    """Delivers an interrupting cancel once, at the first primitive that would wait.
+    """Delivers an interrupting cancel once: at the wait the run was suspended on when the cancel
+    came (what it waited for may have ended since: the body still gets ``Cancelled`` there, and
+    cleanup in its ``finally`` runs as it would had the cancel come first), else at the first
+    primitive that would wait.
 
     Where it was delivered is a position of its own, right after the wait's: a later turn that
     replays the same wait raises ``Cancelled`` there again, whatever became of the wait since
@@ -29,10 +32,13 @@ class Cancelling(Positions):
     _interrupt: dict[str, Any] | None
     #: Whether the history already holds the delivery (it happens once per run).
     _delivered: bool
+    #: The last position of the history as this turn began: the wait the last turn stopped at.
+    _frontier: int | None
 
     def _init_cancelling(self, request: dict[str, Any] | None) -> None:
         self._interrupt = request if request is not None and request.get("interrupt") else None
         self._delivered = any(rec.kind == CANCEL for rec in self._turn.records.values())
+        self._frontier = max(self._turn.records, default=None)
 
     def _deliver_cancel(self, answer: Any) -> None:
         """Raise ``Cancelled`` after the primitive that gave ``answer``, if the cancel is delivered
@@ -48,8 +54,10 @@ class Cancelling(Positions):
             # here, where the turn that reads the request will (this one cannot settle: the
             # request woke the run), so what this turn flushes meanwhile replays the same.
             request = {"interrupt": True, "reason": None}
-        waiting = isinstance(answer, Pending) or (
-            isinstance(answer, DurableError) and answer.code == "cancelled"
+        waiting = (
+            isinstance(answer, Pending)
+            or (isinstance(answer, DurableError) and answer.code == "cancelled")
+            or self._here == self._frontier
         )
         if not waiting or request is None or self._delivered or recorded is not None:
             return

@@ -194,3 +194,50 @@ def test_a_dead_attempt_is_known_within_its_heartbeat_timeout_plus_the_grace(dur
     slack = 0.0 if settings.CELERY_BROKER_URL.startswith("redis") else 1.0
     assert silent <= 3.0 + slack
     assert noticed <= 3.5 + slack  # plus the time the test takes to see the run end
+
+
+@durable.step(name="tests.e2e_cancel.elsewhere", queue="e2e-cancel-elsewhere")
+def elsewhere():
+    note("elsewhere")
+    return "done"
+
+
+@durable.workflow(name="tests.e2e_cancel.elsewhere_then_cleanup")
+def elsewhere_then_cleanup(ctx, _):
+    try:
+        return ctx.step(elsewhere)
+    finally:
+        ctx.step(cleanup)
+
+
+def test_a_cancel_that_lands_after_the_awaited_step_ended_still_runs_the_cleanup(durable_worker):
+    """The step ends on a worker of its own queue (which runs no turns), the cancel lands while
+    no turn runs, then the turns' worker comes back: ``Cancelled`` at the step the run waited on,
+    and the cleanup in ``finally`` runs once."""
+    run = durable.start(elsewhere_then_cleanup)
+    # The turn that sends the step published it once its task returns: stopped before, the
+    # message would wait for the sweep that sends it again.
+    wait_for(
+        lambda: (
+            "durable.advance" in durable_worker.primary.logs()
+            and "succeeded" in durable_worker.primary.logs()
+        ),
+        30,
+        what="the step to be sent",
+    )
+    durable_worker.primary.stop()  # no turn runs from here
+    steps = durable_worker.add_worker(name="steps", queues=["e2e-cancel-elsewhere"])
+    wait_for(
+        lambda: Checkpoint.objects.get(run_id=run.id, seq=0).status == "completed",
+        30,
+        what="the step to end",
+        explain=lambda: f"{list(Checkpoint.objects.filter(run_id=run.id).values())}\n{steps.logs()[-3000:]}",
+    )
+    steps.stop()
+    assert durable.cancel(run.id, interrupt=True, reason="too late") is True
+    durable_worker.primary.start()
+    record = _ended(run.id, 60)
+    assert record.status == "cancelled"
+    assert ledger(run.id) == ["elsewhere", "cleanup"]
+    kinds = list(Checkpoint.objects.filter(run_id=run.id).order_by("seq").values_list("kind", flat=True))
+    assert kinds == ["step", "cancel", "step"]

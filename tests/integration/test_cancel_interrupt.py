@@ -102,6 +102,20 @@ def in_place_flow(ctx, _):
         ctx.step(tidy)
 
 
+@durable.step(name="tests.cancel_interrupt.quick")
+def quick():
+    RAN.append("quick")
+    return "quick"
+
+
+@durable.workflow(name="tests.cancel_interrupt.quick_then_tidy")
+def quick_then_tidy(ctx, _):
+    try:
+        return ctx.step(quick)
+    finally:
+        ctx.step(tidy)
+
+
 def kinds(run_id):
     return list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("kind", flat=True))
 
@@ -248,3 +262,19 @@ def test_a_step_run_in_place_stopped_by_a_cancel_the_turn_had_not_read_raises_ca
     assert kinds(run.id) == ["step", "cancel", "step"]
     record = durable.get_run(run.id)
     assert (record.status, record.error["message"]) == ("cancelled", "mid-turn")
+
+
+def test_a_cancel_that_comes_after_the_awaited_step_ended_still_runs_the_cleanup(durable_env, settings):
+    """The step the run waits on completes (on a worker that does not run turns), then the cancel
+    comes, before the turn they both wake: ``Cancelled`` is raised at that step, where the run
+    was, and the cleanup in ``finally`` runs (raised at the cleanup step instead, it would be
+    recorded and never run)."""
+    settings.DURABLE = {**settings.DURABLE, "INLINE_NEXT_TURN": False, "EAGER_STEPS": False}
+    run = durable.start(quick_then_tidy)
+    assert durable_env.run_next().task == "durable.advance"  # the first turn sends the step
+    assert durable_env.run_next().task == "durable.run_step"  # it ends; its run is woken
+    assert durable.cancel(run.id, interrupt=True, reason="too late") is True
+    durable_env.run_until_idle()
+    assert durable.get_run(run.id).status == "cancelled"
+    assert RAN == ["quick", "tidy"]
+    assert kinds(run.id) == ["step", "cancel", "step"]

@@ -196,3 +196,24 @@ def test_a_fan_member_stopped_by_the_cancel_raises_cancelled_not_gather_error() 
     result = turn(body, stored(records), run=INTERRUPT)
     assert (result.outcome.status, result.outcome.output) == ("completed", "cancelled")
     assert result.state.records[1].kind == "cancel"
+
+
+def test_a_wait_that_ended_before_the_cancel_came_still_takes_it_and_the_cleanup_runs() -> None:
+    """The step the run was suspended on completed, then the cancel came, before the next turn:
+    ``Cancelled`` is raised at that step (where the run was), not at the cleanup step in
+    ``finally``, which would then be recorded and never run."""
+    records = stored(turn(cleans_up).state.records)
+    assert finish_sent(records, output="long") == ["tests.unit_cancel.long"]
+    second = turn(cleans_up, stored(records), run=INTERRUPT)
+    taken = second.state.records
+    assert [(taken[s].kind, taken[s].name) for s in sorted(taken)] == [
+        ("step", "tests.unit_cancel.long"),
+        ("cancel", "cancel"),
+        ("step", "tests.unit_cancel.tidy"),
+    ]
+    assert [rec.name for rec in second.state.dispatch] == ["tests.unit_cancel.tidy"]
+    assert second.outcome.status == "suspended"
+    done = stored(taken)
+    assert finish_sent(done, output="tidy") == ["tests.unit_cancel.tidy"]
+    last = turn(cleans_up, stored(done), run=INTERRUPT)
+    assert last.outcome.status == "cancelled"
