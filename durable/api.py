@@ -190,6 +190,18 @@ def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
     reported.complete_step(token, encode(output, what="the output passed to complete_step()"), error)
 
 
+def heartbeat_step(token: str, progress: Any = None) -> bool:
+    """Beat for the step attempt that raised ``durable.CompleteLater`` after handing out
+    ``token``, from whatever now does its work: its ``heartbeat_timeout`` counts from this beat,
+    and ``progress`` (when given) is kept as ``durable.heartbeat(progress)`` keeps it. False,
+    changing nothing, once the attempt was completed or its run cancelled with ``interrupt=True``
+    (stop the work); ``InvalidInput`` for a token that names no open attempt: forged, or its
+    attempt failed (a timeout) and the position moved on."""
+    from .engine import reported
+
+    return reported.heartbeat_step(token, encode(progress, what="the progress passed to heartbeat_step()"))
+
+
 def cancel(
     run_id: str, *, compensate: bool = False, reason: str | None = None, interrupt: bool = False
 ) -> bool:

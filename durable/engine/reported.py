@@ -140,6 +140,34 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
         )
 
 
+def heartbeat_step(token: Any, progress: Any = None) -> bool:
+    """A beat for the attempt that raised CompleteLater and handed out ``token`` (see
+    ``durable.heartbeat_step``): the attempt's last beat is now, for its heartbeat_timeout."""
+    settings = conf.get()
+    run_id, seq, attempt, secret = parse_token(token)
+    if progress is not None:
+        progress = roundtrip(progress, what="heartbeat progress", max_bytes=settings.MAX_PAYLOAD_BYTES)
+    positions = Checkpoint.objects.using(settings.DATABASE)
+    row = (
+        positions.select_related("run")
+        .filter(run_id=run_id, seq=seq, kind="step")
+        .only(*_ATTEMPT_FIELDS)
+        .first()
+    )
+    if row is None or not _same_token(row.token, secret) or row.attempt != attempt:
+        raise InvalidInput(
+            "this token matches no open step attempt: it is not one durable handed out, or its "
+            "attempt has ended and been retried; nothing changed"
+        )
+    if (
+        row.status != PENDING
+        or row.run.is_finished
+        or Run.objects.using(settings.DATABASE).interrupted(run_id, seq)
+    ):
+        return False
+    return positions.beat_later(run_id, seq, attempt, row.token, clock.now(), progress)
+
+
 def step_result(
     run_id: str, seq: int, attempt: int, output: Any = None, error: Any = None, token: str | None = None
 ) -> str:

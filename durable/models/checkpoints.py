@@ -352,6 +352,17 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             done.history = _positions(row[-1], history, seq, {**ended, "status": CheckpointStatus.COMPLETED})
         return done
 
+    def beat_later(
+        self, run_id: str, seq: int, attempt: int, token: str, now: datetime, progress: Any = None
+    ) -> bool:
+        """A beat from outside for an attempt let go to complete later (``heartbeat_step``): its
+        last beat, and its progress when given, on the attempt still open under that token."""
+        fields: dict[str, Any] = {"last_heartbeat_at": now}
+        if progress is not None:
+            fields["progress"] = progress
+        where = {**_pending(run_id, seq, attempt), "token": token}
+        return update_where(Checkpoint, self.db, fields, where) == 1
+
     def retry_at(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], wake_at: datetime) -> bool:
         """Close a failed attempt and schedule the next one after its backoff."""
         return bool(

@@ -195,3 +195,58 @@ def test_an_in_place_step_that_completes_later_lets_the_turn_go(durable_env, mon
     durable_env.run_until_idle()
     assert durable.result(run.id) == "done in place"
     assert len(handed) == 1
+
+
+@durable.step(name="tests.later.beaten", heartbeat_timeout="1m", retry=durable.Retry(max_attempts=1))
+def beaten():
+    handed.append(durable.step_info().token)
+    raise durable.CompleteLater()
+
+
+@durable.workflow(name="tests.later.beaten_flow")
+def beaten_flow(ctx, _):
+    try:
+        return ctx.step(beaten)
+    except durable.StepFailed as exc:
+        return {"failed": exc.code}
+
+
+def test_beats_by_token_keep_an_attempt_alive_past_its_heartbeat_timeout(durable_env):
+    run = durable.start(beaten_flow)
+    durable_env.run_until_idle()
+    for minute in range(3):  # three heartbeat_timeouts in all, a beat every 40 s
+        durable_env.advance_time("40s")
+        assert durable.heartbeat_step(handed[0], {"pages": minute}) is True
+    durable_env.advance_time("40s")
+    assert durable.get_run(run.id).status != "completed"
+    assert _position(run.id).progress == {"pages": 2}
+    durable.complete_step(handed[0], "done")
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "done"
+    assert durable.heartbeat_step(handed[0]) is False  # settled: nothing to keep alive
+
+
+def test_without_beats_the_attempt_times_out_at_its_heartbeat_timeout(durable_env):
+    run = durable.start(beaten_flow)
+    durable_env.run_until_idle()
+    durable_env.advance_time("40s")
+    assert durable.heartbeat_step(handed[0]) is True
+    durable_env.advance_time("90s")  # past the last beat's heartbeat_timeout and its grace
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {"failed": "timeout"}
+    with pytest.raises(durable.InvalidInput):  # the attempt that token named is gone
+        durable.heartbeat_step(handed[0])
+
+
+def test_a_beat_says_false_once_the_run_is_cancelled_with_interrupt(durable_env):
+    run = durable.start(beaten_flow)
+    durable_env.run_until_idle()
+    durable.cancel(run.id, interrupt=True)
+    assert durable.heartbeat_step(handed[0]) is False
+
+
+def test_a_beat_with_a_forged_token_is_refused(durable_env):
+    durable.start(beaten_flow)
+    durable_env.run_until_idle()
+    with pytest.raises(durable.InvalidInput):
+        durable.heartbeat_step(handed[0][:-4] + "AAAA")

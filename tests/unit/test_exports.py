@@ -57,6 +57,7 @@ PUBLIC = [
     "entity_state",
     "get_run",
     "heartbeat",
+    "heartbeat_step",
     "pause_schedule",
     "publish_event",
     "query",
