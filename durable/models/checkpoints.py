@@ -601,10 +601,15 @@ class Checkpoint(models.Model):
                 condition=models.Q(flow__isnull=False),
             ),
             # Attempts sent and not taken yet, per queue: the orphan sweep's probes look for them.
+            # ``kind`` is in the condition because the take never says it: a take's guards match
+            # the rest of the condition, and a planner without statistics on a fresh fan's rows
+            # would read the whole index (every untaken member) for each take.
             models.Index(
                 fields=["queue", "enqueued_at"],
                 name="durable_checkpoint_untaken",
-                condition=models.Q(status="pending", started_at__isnull=True, enqueued_at__isnull=False),
+                condition=models.Q(
+                    status="pending", started_at__isnull=True, enqueued_at__isnull=False, kind="step"
+                ),
             ),
             # Held attempts whose holder stopped renewing, found by the orphan sweep.
             models.Index(

@@ -1,0 +1,50 @@
+"""What a fan member reads of the checkpoint table's indexes, pinned at two widths (PostgreSQL
+only: counted from ``pg_stat_user_indexes``). A take of a fresh fan's member, its rows without
+planner statistics, must stay a lookup by position whatever the fan's width."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import durable
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="index statistics are PostgreSQL's"),
+]
+
+
+@durable.step(name="tests.fan_reads.member")
+def member(i):
+    return i
+
+
+@durable.workflow(name="tests.fan_reads.fan")
+def fan(ctx, n):
+    return sum(ctx.map(member, range(n)))
+
+
+def index_reads() -> dict[str, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'durable_checkpoint'"
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.parametrize("width", [50, 500])
+def test_a_members_take_and_result_read_a_bounded_number_of_entries(durable_env, width):
+    run = durable.start(fan, width)
+    durable_env.run_next()  # the turn that positions the fan and sends its members
+    before = index_reads()
+    durable_env.run_until_idle()
+    after = index_reads()
+    assert durable.result(run.id) == sum(range(width))
+    per_member = {name: (after[name] - before.get(name, 0)) / width for name in after}
+    # The take, the result and the closing turn's read of the history, by position: a few each.
+    assert per_member["durable_checkpoint_position"] <= 10, per_member
+    assert per_member.get("durable_checkpoint_untaken", 0) <= 1, per_member
