@@ -14,7 +14,7 @@ async def charge(order):
 
 
 async def shop(ctx, order):
-    return order
+    yield order
 
 
 @pytest.mark.parametrize(
@@ -22,9 +22,13 @@ async def shop(ctx, order):
     [
         (lambda: durable.step(charge, name="tests.async_refused.charge"), "step"),
         (lambda: durable.step(name="tests.async_refused.timed", timeout="5s")(charge), "step"),
-        (lambda: durable.workflow(name="tests.async_refused.shop")(shop), "workflow"),
     ],
 )
 def test_an_async_def_step_or_workflow_is_refused_at_declaration(declare, what):
     with pytest.raises(InvalidInput, match=rf"^{what} .* is an async def.*plain def.*astart\(\)"):
         declare()
+
+
+def test_an_async_generator_workflow_is_refused_at_declaration():
+    with pytest.raises(InvalidInput, match=r"^workflow .* is an async generator .*async def that returns"):
+        durable.workflow(name="tests.async_refused.shop")(shop)
