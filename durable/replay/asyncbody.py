@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from asyncio import events
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-
-from asyncio import events
 
 from ..errors import Cancelled, DurableError, NonDeterminismError, Suspend, _ControlFlow
 from ..values import decode
@@ -168,9 +167,8 @@ class Driver:
             return False
         ready = [(w, a) for w, a in zip(waits, answers, strict=True) if not isinstance(a, Pending)]
         summary = next((a for _, a in ready if isinstance(a, DurableError) and a.code == "cancelled"), None)
-        if not ready or summary is not None:
-            if self._cancel(waits, Pending(None) if not ready else summary):
-                return True
+        if (not ready or summary is not None) and self._cancel(waits, summary if ready else Pending(None)):
+            return True
         if len(ready) == len(waits):
             self._resolve(ready)
             return True

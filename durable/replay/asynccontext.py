@@ -99,7 +99,9 @@ class AsyncContext:
         name, payload = await self._driver.wait(self._ctx._here, probe)
         return name, payload
 
-    async def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
+    async def wait_for_event(
+        self, name: str, match: dict[str, Any] | None = None, timeout: Any = None
+    ) -> Any:
         """Return the payload of the next matching event ``name`` (``ctx.wait_for_event``)."""
         probe = self._ctx._event_wait(name, match, timeout)
         return await self._driver.wait(self._ctx._here, probe)

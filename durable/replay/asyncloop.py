@@ -65,7 +65,9 @@ class BodyLoop(asyncio.BaseEventLoop):
             "await ctx.step(...) for I/O)"
         )
         return self._refuse(
-            DurableError(message, code="nondeterministic_await", details={"awaited": called or what, "at": where})
+            DurableError(
+                message, code="nondeterministic_await", details={"awaited": called or what, "at": where}
+            )
         )
 
     # -- what a body may not ask of its loop ------------------------------------------------

@@ -122,7 +122,9 @@ class Composition(Positions):
         if member.kind == "step":
             step = member.target
             assert isinstance(step, Step)
-            rec = self._step_position(step, member.args, member.kwargs, fan=first, fail_fast=fail_fast, send=send)
+            rec = self._step_position(
+                step, member.args, member.kwargs, fan=first, fail_fast=fail_fast, send=send
+            )
             return lambda: self._resolve_step(rec, step)
         assert isinstance(member.target, Workflow)
         rec = self._child_position(
@@ -142,7 +144,8 @@ class Composition(Positions):
         if fail_fast:
             return answers
         return [
-            Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, decode(a)) for a in answers
+            Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, decode(a))
+            for a in answers
         ]
 
     def _failure_of_all(self, failures: list[DurableError]) -> GatherError:

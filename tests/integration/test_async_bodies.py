@@ -111,7 +111,9 @@ def all_of(ctx, _):
 
 
 def _rows(run_id):
-    return list(Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("kind", "name", "seq", "fan"))
+    return list(
+        Checkpoint.objects.filter(run_id=run_id).order_by("seq").values_list("kind", "name", "seq", "fan")
+    )
 
 
 def test_gather_of_three_steps_writes_the_rows_ctx_all_writes(durable_env):

@@ -4,6 +4,7 @@ positions in the same order on every replay, and what a body may not await."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +29,9 @@ def _clear_calls() -> None:
 
 
 def rows(records: dict[int, Record]) -> list[tuple[Any, ...]]:
-    return [(r.seq, r.kind, r.name, r.fan, r.fail_fast) for r in sorted(records.values(), key=lambda r: r.seq)]
+    return [
+        (r.seq, r.kind, r.name, r.fan, r.fail_fast) for r in sorted(records.values(), key=lambda r: r.seq)
+    ]
 
 
 def test_local_steps_awaited_in_turn_run_in_one_turn() -> None:
@@ -105,10 +108,8 @@ def test_a_step_and_a_signal_resolved_apart_record_where_and_replay_in_the_same_
 def test_asyncio_sleep_in_a_body_fails_the_run_naming_it() -> None:
     async def body(ctx: Any, _: Any) -> None:
         await ctx.step(local_a, 1)
-        try:
+        with contextlib.suppress(Exception):  # caught or not, the run fails
             await asyncio.sleep(1)
-        except Exception:  # noqa: BLE001, S110 - caught or not, the run fails
-            pass
 
     result = turn(body)
     assert result.outcome.status == "failed"
@@ -248,5 +249,6 @@ def _line_of(text: str) -> int:
 
 
 RUN_CANCELLED = __import__("dataclasses").replace(
-    __import__("tests.unit.replaykit", fromlist=["RUN"]).RUN, cancel_request={"interrupt": True, "reason": "stop"}
+    __import__("tests.unit.replaykit", fromlist=["RUN"]).RUN,
+    cancel_request={"interrupt": True, "reason": "stop"},
 )
