@@ -75,7 +75,11 @@ def test_an_async_body_killed_mid_turn_replays_and_records_each_step_once(durabl
     except Exception:
         print(durable_worker.logs()[-6000:])
         raise
-    assert sorted(line for line in ledger(run.id) if line.startswith("part")) == ["part 0", "part 1", "part 2"]
+    assert sorted(line for line in ledger(run.id) if line.startswith("part")) == [
+        "part 0",
+        "part 1",
+        "part 2",
+    ]
     assert ledger(run.id).count("hang") == 2  # a local step's attempt died with its turn: run again
     rows = Checkpoint.objects.filter(run_id=run.id).order_by("seq").values_list("kind", "fan", "status")
     assert list(rows) == [

@@ -249,3 +249,24 @@ def test_the_body_sees_the_same_typed_values_on_the_first_turn_and_on_replay(dur
     assert SEEN[0] == given and SEEN[-4:] == [given, charged, given, charged]
     assert all(type(seen) is Order and type(seen.total) is Decimal for seen in SEEN)
     assert durable.result(run.id) == Order(1, Decimal("3.50"))
+
+
+@durable.workflow(name="tests.async_bodies.remote", remote=True, queue="ab-turns")
+async def remote_body(ctx, x: int):
+    doubled = await asyncio.gather(ctx.step(double, x), ctx.step(double, x + 1))
+    return {"doubled": list(doubled), "said": await ctx.wait_for_signal("go")}
+
+
+def test_an_async_body_replays_on_remote_turns(durable_env, monkeypatch):
+    from durable import remote
+
+    turns = []
+    replayed = remote._replay
+    monkeypatch.setattr(remote, "_replay", lambda *args: turns.append(args[1].id) or replayed(*args))
+    run = durable.start(remote_body, 5)
+    durable_env.run_until_idle()
+    durable.signal(run.id, "go", "now")
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {"doubled": [10, 12], "said": "now"}
+    assert _rows(run.id)[:2] == [("step", double.name, 0, 0), ("step", double.name, 1, 0)]
+    assert len(turns) >= 2 and set(turns) == {run.id}  # every turn replayed the body remotely
