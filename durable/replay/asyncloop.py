@@ -23,7 +23,10 @@ from typing import Any
 from ..errors import DurableError
 
 #: The code that is not the body's own when naming where it awaited: asyncio and durable.
-_LIBRARY = (os.path.dirname(asyncio.__file__), os.path.dirname(os.path.dirname(__file__)))
+_LIBRARY = (
+    os.path.dirname(asyncio.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
 
 
 class BodyLoop(asyncio.BaseEventLoop):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ import durable
 from durable.replay.asyncbody import RESUMED
 from durable.replay.history import COMPLETED, PENDING, BufferedSignal, Record
 
-from .replaykit import T0, calls, done, finish_sent, other, pair, remote, stored, turn
+from .replaykit import RUN, T0, calls, done, finish_sent, other, pair, remote, stored, turn
 
 
 @durable.step(name="tests.unit_async.local_a", local=True)
@@ -248,7 +249,33 @@ def _line_of(text: str) -> int:
         return next(n for n, line in enumerate(source, 1) if text in line and "_line_of" not in line)
 
 
-RUN_CANCELLED = __import__("dataclasses").replace(
-    __import__("tests.unit.replaykit", fromlist=["RUN"]).RUN,
-    cancel_request={"interrupt": True, "reason": "stop"},
-)
+RUN_CANCELLED = dataclasses.replace(RUN, cancel_request={"interrupt": True, "reason": "stop"})
+
+
+def test_a_replay_check_walks_an_async_body_over_its_history() -> None:
+    from durable.definitions import Workflow
+    from durable.replay.check import check
+
+    async def body(ctx: Any, _: Any) -> list[int]:
+        return list(await asyncio.gather(ctx.step(remote, 1), ctx.step(remote, 2)))
+
+    async def changed(ctx: Any, _: Any) -> int:
+        return await ctx.step(other)
+
+    records = stored(turn(body).state.records)
+    assert check(Workflow(fn=body, name=RUN.workflow), RUN, records).ok
+    verdict = check(Workflow(fn=changed, name=RUN.workflow), RUN, records)
+    assert type(verdict.error).__name__ == "NonDeterminismError"
+
+
+def test_keyboard_interrupt_in_an_async_body_fails_the_run_with_its_cause() -> None:
+    async def body(ctx: Any, _: Any) -> None:
+        await ctx.step(local_a, 1)
+        raise KeyboardInterrupt("^C in the body")
+
+    result = turn(body)
+    assert result.outcome.status == "failed"
+    assert (result.outcome.error["type"], result.outcome.error["message"]) == (
+        "KeyboardInterrupt",
+        "^C in the body",
+    )
