@@ -44,7 +44,7 @@ def is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Wait:
     """A primitive of an async body waiting for its answer at position ``seq``."""
 
@@ -154,8 +154,12 @@ class Driver:
     def _idle(self) -> bool:
         """Decide what this idle point resolves; False when the turn stops here."""
         ctx = self.ctx
-        waits = sorted(self.waits.values(), key=lambda w: w.seq)
-        self._decide_fresh(waits)
+        waits = list(self.waits.values())
+        if len(waits) > 1:
+            waits.sort(key=lambda w: w.seq)
+            self._decide_fresh(waits)
+        else:
+            waits[0].fresh = None  # a lone new position is decided as a plain body's
         recorded = self._recorded_next()
         if recorded is not None and recorded.kind == CANCEL:
             return self._cancel(waits, None)
@@ -306,7 +310,7 @@ class Driver:
         loop = self.loop
         try:
             for _ in range(3):
-                left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                left = [t for t in loop.tasks if not t.done()]
                 if not left:
                     break
                 for task in left:
