@@ -279,3 +279,18 @@ def test_keyboard_interrupt_in_an_async_body_fails_the_run_with_its_cause() -> N
         "KeyboardInterrupt",
         "^C in the body",
     )
+
+
+def test_the_logger_is_quiet_while_an_async_body_replays(caplog: pytest.LogCaptureFixture) -> None:
+    async def body(ctx: Any, _: Any) -> None:
+        await ctx.step(remote, 1)
+        ctx.logger.warning("after the step (replaying: %s)", ctx.is_replaying)
+        await ctx.sleep("1h")
+
+    first = turn(body)
+    records = stored(first.state.records)
+    finish_sent(records, 10)
+    with caplog.at_level("WARNING", logger="durable.workflow"):
+        second = turn(body, records)
+        turn(body, stored(second.state.records))
+    assert [r.getMessage() for r in caplog.records] == ["after the step (replaying: False)"]
