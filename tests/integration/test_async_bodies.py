@@ -253,8 +253,9 @@ def test_the_body_sees_the_same_typed_values_on_the_first_turn_and_on_replay(dur
 
 @durable.workflow(name="tests.async_bodies.remote", remote=True, queue="ab-turns")
 async def remote_body(ctx, x: int):
+    said = asyncio.create_task(ctx.wait_for_signal("go"))
     doubled = await asyncio.gather(ctx.step(double, x), ctx.step(double, x + 1))
-    return {"doubled": list(doubled), "said": await ctx.wait_for_signal("go")}
+    return {"doubled": list(doubled), "said": await said}
 
 
 def test_an_async_body_replays_on_remote_turns(durable_env, monkeypatch):
@@ -268,5 +269,10 @@ def test_an_async_body_replays_on_remote_turns(durable_env, monkeypatch):
     durable.signal(run.id, "go", "now")
     durable_env.run_until_idle()
     assert durable.result(run.id) == {"doubled": [10, 12], "said": "now"}
-    assert _rows(run.id)[:2] == [("step", double.name, 0, 0), ("step", double.name, 1, 0)]
+    assert [row[:3] for row in _rows(run.id)] == [
+        ("signal", "go", 0),
+        ("step", double.name, 1),
+        ("step", double.name, 2),
+        ("resumed", "resumed", 3),  # the steps' results were resumed before the signal came
+    ]
     assert len(turns) >= 2 and set(turns) == {run.id}  # every turn replayed the body remotely
