@@ -294,3 +294,21 @@ def test_the_logger_is_quiet_while_an_async_body_replays(caplog: pytest.LogCaptu
         second = turn(body, records)
         turn(body, stored(second.state.records))
     assert [r.getMessage() for r in caplog.records] == ["after the step (replaying: False)"]
+
+
+def test_branches_left_behind_leave_no_asyncio_complaint(caplog: pytest.LogCaptureFixture) -> None:
+    import gc
+
+    async def boom() -> None:
+        raise ValueError("never retrieved by the body")
+
+    async def body(ctx: Any, _: Any) -> None:
+        asyncio.create_task(ctx.wait_for_signal("a"))  # suspended with the turn
+        asyncio.create_task(boom())
+        asyncio.create_task(asyncio.Event().wait())  # blocked on what nothing resolves
+        await asyncio.gather(ctx.step(remote, 1), ctx.step(remote, 2))
+
+    with caplog.at_level("DEBUG", logger="asyncio"):
+        assert turn(body).outcome.status == "suspended"
+        gc.collect()
+    assert [r for r in caplog.records if r.name == "asyncio"] == []
