@@ -276,3 +276,20 @@ def test_an_async_body_replays_on_remote_turns(durable_env, monkeypatch):
         ("resumed", "resumed", 3),  # the steps' results were resumed before the signal came
     ]
     assert len(turns) >= 2 and set(turns) == {run.id}  # every turn replayed the body remotely
+
+
+@durable.workflow(name="tests.async_bodies.talks")
+async def talks(ctx, listener: str):
+    ctx.signal(listener, "go", "from a body")  # looks the run up in the database, off the loop
+    return ctx.start(sleeps_and_waits)
+
+
+def test_quick_primitives_that_query_the_database_run_in_an_async_body(durable_env):
+    listener = durable.start(sleeps_and_waits)
+    run = durable.start(talks, listener.id)
+    durable_env.run_until_idle()
+    started = durable.result(run.id)
+    durable_env.advance_time("1h")
+    durable_env.run_until_idle()
+    assert durable.result(listener.id) == "from a body"
+    assert durable.get_run(started).status == "suspended"
