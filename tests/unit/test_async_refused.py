@@ -1,5 +1,6 @@
-"""Until durable runs them (API.md §10, Async), an ``async def`` step or workflow is refused where
-it is declared, saying what to write instead, rather than failing its runs at their first turn."""
+"""Until durable runs them (API.md §10, Async), an ``async def`` step is refused where it is
+declared, saying what to write instead, rather than failing its runs at their first turn; so is an
+async generator workflow, which has no output to return."""
 
 from __future__ import annotations
 
