@@ -312,3 +312,41 @@ def test_branches_left_behind_leave_no_asyncio_complaint(caplog: pytest.LogCaptu
         assert turn(body).outcome.status == "suspended"
         gc.collect()
     assert [r for r in caplog.records if r.name == "asyncio"] == []
+
+
+async def _waits_for(ctx: Any) -> None:
+    # A task, not the bare coroutine: wait_for is refused before it would wrap a coroutine, which
+    # Python would then report as never awaited.
+    await asyncio.wait_for(asyncio.ensure_future(ctx.step(remote, 1)), timeout=5)
+
+
+async def _times_out(ctx: Any) -> None:
+    async with asyncio.timeout(5):
+        await ctx.step(remote, 1)
+
+
+async def _to_thread(ctx: Any) -> None:
+    await asyncio.to_thread(print, "from a thread")
+
+
+async def _connects(ctx: Any) -> None:
+    await asyncio.open_connection("127.0.0.1", 9)
+
+
+@pytest.mark.parametrize(
+    ("awaits", "named"),
+    [
+        (_waits_for, "asyncio.wait_for()"),
+        (_times_out, "asyncio.Timeout."),
+        (_to_thread, "asyncio.to_thread()"),
+        (_connects, "asyncio.open_connection()"),
+    ],
+)
+def test_clocks_threads_and_sockets_in_a_body_fail_the_run_naming_them(awaits: Any, named: str) -> None:
+    async def body(ctx: Any, _: Any) -> None:
+        await awaits(ctx)
+
+    error = turn(body).outcome.error
+    assert error["code"] == "nondeterministic_await"
+    assert named in error["message"], error["message"]
+    assert "test_replay_async_bodies.py" in error["details"]["at"]
