@@ -555,7 +555,7 @@ def workflow(
         )
 
     def wrap(func: Callable[..., Any]) -> Workflow:
-        guards.not_async(func, "workflow")
+        guards.not_async_generator(func, "workflow")
         register_annotations(func)  # the classes its input and output come back as
         return registry.add_workflow(
             Workflow(

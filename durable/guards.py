@@ -229,3 +229,13 @@ def not_async(func: Callable[..., Any], what: str) -> None:
             f"yet: write it as a plain def (call async code inside with asgiref.sync.async_to_sync); "
             "from async views, call durable through astart(), aresult() and the other async twins"
         )
+
+
+def not_async_generator(func: Callable[..., Any], what: str) -> None:
+    """Refuse an ``async def`` that yields: a body returns its output once, and what it would
+    yield between two turns has nowhere durable to go."""
+    if inspect.isasyncgenfunction(func):
+        raise InvalidInput(
+            f"{what} {getattr(func, '__qualname__', func)!r} is an async generator (it yields): a "
+            f"{what} returns its output once; write it as an async def that returns"
+        )

@@ -53,6 +53,7 @@ CHECKPOINT_KINDS = (
     "patch",
     "compensation",
     "cancel",
+    "resumed",
     "send_signal",
     "send_event",
     "start",

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..definitions import Step, Workflow, body_scope
 from ..errors import DurableError, InvalidInput, _ControlFlow
+from . import asyncbody
 from .context import Context
 from .history import Limits, Record
 from .positions import Pending
@@ -39,6 +40,10 @@ class _Checking(Context):
 
     def _run_local(self, rec: Record, step: Step) -> Any:
         return Pending(None)  # a pending local step would run now: not during a check
+
+
+class _AsyncChecking(_Checking, asyncbody.BodyContext):
+    """The same, for an ``async def`` body."""
 
 
 @dataclass(frozen=True)
@@ -80,14 +85,15 @@ def check(
     except InvalidInput as exc:
         return Verdict(run.id, run.workflow, run.version, len(body), exc)
     facts = RunFacts(run.id, run.workflow, run.version, run.namespace, given)
-    ctx: _Checking
+    ctx: _Checking | _AsyncChecking
 
     def past_history() -> BaseException | None:
         if ctx._nondeterminism is None and ctx._next > until:
             return _EndOfHistory()
         return None
 
-    ctx = _Checking(
+    body_async = asyncbody.is_async(workflow.fn)
+    ctx = (_AsyncChecking if body_async else _Checking)(
         facts,
         state,
         clock=lambda: now,
@@ -98,7 +104,7 @@ def check(
     )
     try:
         with body_scope(run.workflow):
-            workflow.fn(ctx, given)
+            asyncbody.run(workflow.fn, ctx, given) if body_async else workflow.fn(ctx, given)
     except BaseException:  # noqa: BLE001, S110 - how the body ends is the history's business
         pass
     return Verdict(run.id, run.workflow, run.version, len(body), ctx._nondeterminism)

@@ -5,6 +5,7 @@ runs and continue-as-new. Pure like the rest of the replay core: no ORM, no Cele
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,38 +105,48 @@ class Composition(Positions):
     # -- internals --------------------------------------------------------------------------
 
     def _gather(self, deferreds: list[Deferred], *, fail_fast: bool) -> list[Any]:
+        first = self._fan_first(deferreds)
+        # Each member answers before the next takes its position: a local member runs there.
+        answers = [self._member(member, first, fail_fast, send=True)() for member in deferreds]
+        return self._settle(self._gathered(answers, fail_fast=fail_fast))
+
+    def _fan_first(self, deferreds: list[Deferred]) -> int:
+        """The position of a fan's first member (its ``fan``), once every member is checked."""
         for member in deferreds:
             if not isinstance(member, Deferred):
                 raise InvalidInput(f"ctx.all() takes what ctx.defer() returns, got {member!r}")
-        first = self._next
-        answers = []
-        for member in deferreds:
-            if member.kind == "step":
-                step = member.target
-                assert isinstance(step, Step)
-                rec = self._step_position(step, member.args, member.kwargs, fan=first, fail_fast=fail_fast)
-                answers.append(self._resolve_step(rec, step))
-            else:
-                assert isinstance(member.target, Workflow)
-                rec = self._child_position(
-                    member.target, member.args[0], member.kwargs.get("run_id"), fan=first, fail_fast=fail_fast
-                )
-                answers.append(self._resolve_child(rec))
+        return self._next
+
+    def _member(self, member: Deferred, first: int, fail_fast: bool, *, send: bool) -> Callable[[], Any]:
+        """Take the position of a fan's member; return how to ask for its answer."""
+        if member.kind == "step":
+            step = member.target
+            assert isinstance(step, Step)
+            rec = self._step_position(
+                step, member.args, member.kwargs, fan=first, fail_fast=fail_fast, send=send
+            )
+            return lambda: self._resolve_step(rec, step)
+        assert isinstance(member.target, Workflow)
+        rec = self._child_position(
+            member.target, member.args[0], member.kwargs.get("run_id"), fan=first, fail_fast=fail_fast
+        )
+        return lambda: self._resolve_child(rec)
+
+    def _gathered(self, answers: list[Any], *, fail_fast: bool) -> Any:
+        """A fan's answer from its members': the failure, the earliest wait, or the outputs."""
         # Every answer goes through _settle, so a cancel delivered after the fan replays there.
         failures = [a for a in answers if isinstance(a, DurableError)]
         if fail_fast and failures:
-            return self._settle(self._failure_of_all(failures))
+            return self._failure_of_all(failures)
         waiting = [a for a in answers if not isinstance(a, DurableError) and isinstance(a, Pending)]
         if waiting:
-            self._settle(min(waiting, key=lambda a: (a.wake_at is None, a.wake_at)))
+            return min(waiting, key=lambda a: (a.wake_at is None, a.wake_at))
         if fail_fast:
-            return self._settle(answers)
-        return self._settle(
-            [
-                Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, decode(a))
-                for a in answers
-            ]
-        )
+            return answers
+        return [
+            Outcome(False, error=a) if isinstance(a, DurableError) else Outcome(True, decode(a))
+            for a in answers
+        ]
 
     def _failure_of_all(self, failures: list[DurableError]) -> GatherError:
         error = GatherError(failures)

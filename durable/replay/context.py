@@ -173,6 +173,13 @@ class Context(
 
     def sleep(self, duration: Any) -> None:
         """Wait durably for ``duration`` (a timer in the database, never a Celery ETA)."""
+        self._settle(self._resolve_timer(self._sleep_position(duration)))
+
+    def sleep_until(self, when: datetime) -> None:
+        """Wait durably until the aware datetime ``when``."""
+        self._settle(self._resolve_timer(self._sleep_until_position(when)))
+
+    def _sleep_position(self, duration: Any) -> Record:
         try:
             delta = parse_duration(duration, what="ctx.sleep()")
         except ValueError as exc:
@@ -181,17 +188,16 @@ class Context(
         if rec is None:
             rec = self._new("sleep", "sleep", input={"seconds": delta.total_seconds()})
             rec.wake_at = self._clock() + delta
-        self._settle(self._resolve_timer(rec))
+        return rec
 
-    def sleep_until(self, when: datetime) -> None:
-        """Wait durably until the aware datetime ``when``."""
+    def _sleep_until_position(self, when: datetime) -> Record:
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise InvalidInput(f"ctx.sleep_until() needs an aware datetime, got {when!r}")
         rec = self._position("sleep", "sleep")
         if rec is None:
             rec = self._new("sleep", "sleep", input={"until": when.isoformat()})
             rec.wake_at = when
-        self._settle(self._resolve_timer(rec))
+        return rec
 
     def now(self) -> datetime:
         """The current time, recorded once and the same on every replay."""

@@ -15,7 +15,7 @@ from .. import shutdown
 from ..definitions import Workflow, body_scope
 from ..errors import InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
-from . import cancelling, saga, stopping
+from . import asyncbody, cancelling, saga, stopping
 from .context import Context
 from .history import Decision, Limits, stored
 from .turnstate import InPlaceRunner, RunFacts, TurnState
@@ -41,7 +41,8 @@ def replay(
     ``ahead``: the turn runs before the run is held; NotAhead is raised out of replay() before a
     local step would run.
     """
-    ctx = Context(
+    body_async = asyncbody.is_async(workflow.fn)
+    ctx = (asyncbody.BodyContext if body_async else Context)(
         run,
         state,
         clock=clock,
@@ -69,7 +70,7 @@ def replay(
     escaped: BaseException | None = None
     try:
         with body_scope(run.workflow):
-            value = workflow.fn(ctx, run.input)
+            value = asyncbody.run(workflow.fn, ctx, run.input) if body_async else workflow.fn(ctx, run.input)
     except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
         escaped = exc
     if escaped is not None and shutdown.is_leaving(escaped):

@@ -8,6 +8,7 @@ caller of ``durable.update(..., wait=...)`` reads it once that turn commits, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,12 +31,20 @@ class Update:
     payload: Any
 
 
+def received_update(received: dict[str, Any]) -> Update:
+    """The ``Update`` a body receives for the answer recorded at a wait for an update."""
+    return Update(received["id"], received["name"], received["payload"])
+
+
 class Updates(Waits):
     """Mixed into ``Context``."""
 
     def wait_for_update(self, name: str, timeout: Any = None) -> Update:
         """Return the next update ``name`` sent to this run with ``durable.update`` (buffered if it
         came first); raise WaitTimeout past ``timeout``."""
+        return received_update(self._settle(self._update_wait(name, timeout)()))
+
+    def _update_wait(self, name: str, timeout: Any) -> Callable[[], Any]:
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"ctx.wait_for_update() needs an update name, got {name!r}")
         rec = self._wait_position("update", name, timeout, {})
@@ -46,10 +55,7 @@ class Updates(Waits):
                 return False, None
             return True, {"id": buffered.id, "name": buffered.name, "payload": buffered.payload}
 
-        received = self._settle(
-            self._resolve_wait(rec, take, f"no update {rec.name!r} arrived before the timeout")
-        )
-        return Update(received["id"], received["name"], received["payload"])
+        return lambda: self._resolve_wait(rec, take, f"no update {rec.name!r} arrived before the timeout")
 
     def reply(self, update: Update, value: Any) -> None:
         """Answer ``update`` with ``value`` (JSON, or a type durable converts):

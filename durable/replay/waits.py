@@ -28,6 +28,18 @@ class Waits(Positions):
 
     def wait_for_signal(self, name: str, timeout: Any = None) -> Any:
         """Return the payload of the next signal ``name``; raise WaitTimeout past ``timeout``."""
+        return self._settle(self._signal_wait(name, timeout)())
+
+    def wait_for_any_signal(self, names: Any, timeout: Any = None) -> tuple[str, Any]:
+        """Return ``(name, payload)`` of the oldest signal sent to this run under any of ``names``
+        and not taken yet; raise WaitTimeout past ``timeout``."""
+        name, payload = self._settle(self._any_signal_wait(names, timeout)())
+        return name, payload
+
+    # Each wait takes its position, then answers through the callable it returns: at once in a
+    # plain body, when its event loop is idle in an async one (``asyncbody``).
+
+    def _signal_wait(self, name: str, timeout: Any) -> Callable[[], Any]:
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"ctx.wait_for_signal() needs a signal name, got {name!r}")
         rec = self._wait_position("signal", name, timeout, {})
@@ -36,13 +48,9 @@ class Waits(Positions):
             buffered = self._take_signal(rec, lambda s: s.name == rec.name)
             return (False, None) if buffered is None else (True, buffered.payload)
 
-        return self._settle(
-            self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout")
-        )
+        return lambda: self._resolve_wait(rec, take, f"no signal {rec.name!r} arrived before the timeout")
 
-    def wait_for_any_signal(self, names: Any, timeout: Any = None) -> tuple[str, Any]:
-        """Return ``(name, payload)`` of the oldest signal sent to this run under any of ``names``
-        and not taken yet; raise WaitTimeout past ``timeout``."""
+    def _any_signal_wait(self, names: Any, timeout: Any) -> Callable[[], Any]:
         wanted = check_names(names)
         rec = self._wait_position("any_signal", "|".join(wanted), timeout, {"names": wanted})
 
@@ -51,8 +59,7 @@ class Waits(Positions):
             return (False, None) if buffered is None else (True, [buffered.name, buffered.payload])
 
         missed = f"none of the signals {wanted!r} arrived before the timeout"
-        name, payload = self._settle(self._resolve_wait(rec, take, missed))
-        return name, payload
+        return lambda: self._resolve_wait(rec, take, missed)
 
     def _take_signal(self, rec: Record, accepts: Callable[[BufferedSignal], bool]) -> BufferedSignal | None:
         """Take the oldest buffered signal ``accepts`` for the wait at ``rec``, or None."""
@@ -65,6 +72,9 @@ class Waits(Positions):
     def wait_for_event(self, name: str, match: dict[str, Any] | None = None, timeout: Any = None) -> Any:
         """Return the payload of the oldest event ``name`` published within EVENT_BUFFER_TTL whose
         payload holds every key/value of ``match`` and that this run has not received yet."""
+        return self._settle(self._event_wait(name, match, timeout)())
+
+    def _event_wait(self, name: str, match: dict[str, Any] | None, timeout: Any) -> Callable[[], Any]:
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"ctx.wait_for_event() needs an event name, got {name!r}")
         rec = self._wait_position("event", name, timeout, {"match": check_match(match)})
@@ -82,7 +92,7 @@ class Waits(Positions):
             return True, found[1]
 
         missed = f"no event {rec.name!r} matching {rec.input.get('match')!r} arrived before the timeout"
-        return self._settle(self._resolve_wait(rec, take, missed))
+        return lambda: self._resolve_wait(rec, take, missed)
 
     def _wait_position(self, kind: str, name: str, timeout: Any, input: dict[str, Any]) -> Record:
         """The position of a wait, recorded with its timeout (as ``wake_at``) when new."""
