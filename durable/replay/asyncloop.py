@@ -55,7 +55,7 @@ class BodyLoop(asyncio.BaseEventLoop):
                 if not handle._cancelled:
                     handle._run()
         finally:
-            self._thread_id = None
+            self._thread_id = None  # type: ignore[assignment]  # asyncio sets None when a loop stops
             events._set_running_loop(outer)
 
     def refused(self, what: str) -> BaseException:
@@ -73,17 +73,6 @@ class BodyLoop(asyncio.BaseEventLoop):
             )
         )
 
-    # -- what a body may not ask of its loop ------------------------------------------------
-
-    def call_at(self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
-        raise self.refused("a timer of the event loop")
-
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
-        raise self.refused("a callback from another thread")
-
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
-        raise self.refused("a thread of an executor")
-
 
 def _refusing(what: str) -> Callable[..., Any]:
     def refuse(self: BodyLoop, *args: Any, **kwargs: Any) -> Any:
@@ -92,35 +81,45 @@ def _refusing(what: str) -> Callable[..., Any]:
     return refuse
 
 
-for _name in (
-    "getaddrinfo",
-    "getnameinfo",
-    "create_connection",
-    "create_server",
-    "create_unix_connection",
-    "create_unix_server",
-    "create_datagram_endpoint",
-    "connect_accepted_socket",
-    "sendfile",
-    "start_tls",
-    "sock_recv",
-    "sock_recv_into",
-    "sock_recvfrom",
-    "sock_recvfrom_into",
-    "sock_sendall",
-    "sock_sendto",
-    "sock_connect",
-    "sock_accept",
-    "sock_sendfile",
-    "add_reader",
-    "add_writer",
-    "connect_read_pipe",
-    "connect_write_pipe",
-    "subprocess_exec",
-    "subprocess_shell",
-    "add_signal_handler",
-):
-    setattr(BodyLoop, _name, _refusing(f"I/O ({_name})"))
+#: What a body may not ask of its loop, and how the refusal names it.
+_REFUSED = {
+    "call_at": "a timer of the event loop",
+    "call_soon_threadsafe": "a callback from another thread",
+    "run_in_executor": "a thread of an executor",
+    **{
+        name: f"I/O ({name})"
+        for name in (
+            "getaddrinfo",
+            "getnameinfo",
+            "create_connection",
+            "create_server",
+            "create_unix_connection",
+            "create_unix_server",
+            "create_datagram_endpoint",
+            "connect_accepted_socket",
+            "sendfile",
+            "start_tls",
+            "sock_recv",
+            "sock_recv_into",
+            "sock_recvfrom",
+            "sock_recvfrom_into",
+            "sock_sendall",
+            "sock_sendto",
+            "sock_connect",
+            "sock_accept",
+            "sock_sendfile",
+            "add_reader",
+            "add_writer",
+            "connect_read_pipe",
+            "connect_write_pipe",
+            "subprocess_exec",
+            "subprocess_shell",
+            "add_signal_handler",
+        )
+    },
+}
+for _name, _what in _REFUSED.items():
+    setattr(BodyLoop, _name, _refusing(_what))
 
 
 def body_frame(frame: FrameType | None) -> tuple[str | None, str]:
