@@ -220,6 +220,16 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def step_function(func: Callable[..., Any]) -> None:
+    """Accept a plain or an ``async def`` step; refuse an async generator, whose many values
+    have no one output to record (collect them in the step and return a list)."""
+    if inspect.isasyncgenfunction(func):
+        raise InvalidInput(
+            f"step {getattr(func, '__qualname__', func)!r} is an async generator, which has no one output "
+            "to record: collect its values in the step and return them as a list"
+        )
+
+
 def not_async(func: Callable[..., Any], what: str) -> None:
     """Refuse an ``async def`` step or workflow until they run (API.md §10, Async): called, it
     would return a coroutine that nothing awaits and fail its run at its first turn."""

@@ -118,6 +118,8 @@ def execute(
         timed_out=(StepTimeout, *dispatch.SOFT_TIME_LIMIT_ERRORS),
         max_bytes=settings.MAX_PAYLOAD_BYTES,
         guard=guard,
+        grace=settings.STEP_TIMEOUT_GRACE.total_seconds(),
+        interrupted=beats.interrupted,
     )
     connections.check_after_long_call()
     return result
@@ -173,6 +175,12 @@ class Beats:
         elif progress is not None:
             self.unsaved = (progress,)
         self._check_cancel(now)
+
+    def interrupted(self) -> bool:
+        """Whether the step's run was cancelled with interrupt=True (an async step is cancelled
+        then, at whatever it awaits, heartbeat or not)."""
+        run_id, seq, _ = self.key
+        return bool(Run.objects.using(self.db).interrupted(run_id, seq))
 
     def _check_cancel(self, now: datetime) -> None:
         if self.checked is not None and now - self.checked < CANCEL_CHECK:
