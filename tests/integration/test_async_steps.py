@@ -82,7 +82,7 @@ async def later() -> None:
 @durable.step(name="tests.async_steps.priced")
 async def priced(amount: Decimal) -> tuple[Decimal, dt.datetime]:
     await asyncio.sleep(0)
-    return amount * 2, dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.timezone.utc)
+    return amount * 2, dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.UTC)
 
 
 @durable.step(
