@@ -126,3 +126,14 @@ def test_a_worker_killed_with_async_steps_in_flight_loses_none(durable_worker):
         assert [e for e in ledger if e.startswith("ended")] == ["ended:2"], ledger
         row = Checkpoint.objects.get(run_id=run.id, seq=0)
         assert (row.status, row.attempt) == ("completed", 2)
+
+
+def test_the_bound_of_async_steps_per_process_holds_back_the_rest(durable_worker):
+    durable_worker.add_worker({"DURABLE_ASYNC_STEPS_PER_PROCESS": "2"}, name="bounded", concurrency=1)
+    began = time.monotonic()
+    runs = [durable.start(waits, 1) for _ in range(6)]
+    for run in runs:
+        assert durable.result(run.id, timeout=60) == "waited 1"
+    took = time.monotonic() - began
+    print(f"6 runs of a 1 s async step, 2 at a time on one process: {took:.1f}s")
+    assert 3 <= took < 20  # two at a time: three waits of a second one after the other

@@ -246,3 +246,30 @@ def test_an_interrupting_cancel_cancels_the_awaiting_coroutine(durable_env, monk
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert (row.status, row.error["type"], row.error["code"]) == ("failed", "StepCancelled", "cancelled")
     assert durable.get_run(run.id).status in ("cancelled", "completed")
+
+
+@durable.step(name="tests.async_steps.remote_triple", remote=True, queue="gpu")
+async def remote_triple(x: int) -> int:
+    durable.heartbeat({"x": x})
+    await asyncio.sleep(0)
+    return x * 3
+
+
+@durable.workflow(name="tests.async_steps.remote")
+def remote(ctx, x):
+    return ctx.step(remote_triple, x)
+
+
+def test_a_remote_async_step_runs_as_its_worker_would(durable_env):
+    run = durable.start(remote, 5)
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 15
+    assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"x": 5}
+
+
+@pytest.mark.parametrize("value", [0, -1, "5", True, 2.5])
+def test_a_bound_of_async_steps_below_one_or_not_an_int_is_refused(value):
+    from durable import conf
+
+    [(key, problem)] = conf.problems({"ASYNC_STEPS_PER_PROCESS": value})
+    assert key == "ASYNC_STEPS_PER_PROCESS" and "whole number" in problem
