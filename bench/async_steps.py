@@ -32,7 +32,6 @@ from bench.stats import summary, wait_until  # noqa: E402
 DB = os.environ.get("BENCH_ASYNC_DB", "durable_async")
 REDIS = os.environ.get("BENCH_ASYNC_REDIS", "redis://127.0.0.1:6379/9")
 GOAL = 3.0
-GEVENT_QUEUE = "bench_gevent"
 
 
 def log(message: str) -> None:
@@ -53,7 +52,6 @@ def worker(name: str, settings: dict[str, str], pool: str = "prefork", concurren
     if pool != "prefork":
         argv[argv.index("--pool=prefork")] = f"--pool={pool}"
         argv[argv.index("--concurrency=1")] = f"--concurrency={concurrency}"
-        argv[argv.index(env.QUEUES)] = GEVENT_QUEUE
     return made
 
 
@@ -80,7 +78,7 @@ def gevent_once(n: int) -> dict[str, float]:
     counter.delete(async_workloads.DONE_KEY)
     t0 = time.perf_counter()
     for i in range(n):
-        async_workloads.gevent_wait.apply_async((i,), queue=GEVENT_QUEUE)
+        async_workloads.gevent_wait.apply_async((i,), queue="celery")
     started = time.perf_counter() - t0
     wait_until(
         lambda: int(counter.get(async_workloads.DONE_KEY) or 0) >= n,

@@ -47,8 +47,9 @@ log = logging.getLogger("durable.engine")
 #: place) the calling thread waits for the coroutine.
 detached = False
 
-#: Threads per process that write outcomes and run heartbeats' writes for the loop.
+#: Threads per process that write outcomes, and that run the loop's sync calls (heartbeats).
 WRITERS = 4
+CALLERS = 2
 
 
 @dataclass(eq=False)
@@ -66,12 +67,14 @@ class _Process:
     def __init__(self, size: int) -> None:
         self.slots = threading.BoundedSemaphore(size)
         self.writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="durable-async-writer")
+        # Apart from the writers: the loop waits for these, and must not wait behind outcomes.
+        self.callers = ThreadPoolExecutor(CALLERS, thread_name_prefix="durable-async-caller")
         self.in_flight: set[_InFlight] = set()
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, name="durable-async-watch", daemon=True).start()
 
     def host(self, fn: Callable[[], Any]) -> Any:
-        return self.writers.submit(_with_connection, fn).result()
+        return self.callers.submit(_with_connection, fn).result()
 
     def _watch(self) -> None:
         # Once a CANCEL_CHECK for all of them: one query for the runs cancelled with

@@ -68,6 +68,28 @@ async def overrun() -> str:
     return "never"
 
 
+@durable.step(name="tests.e2e_async.long", heartbeat_timeout="5s")
+async def long(beat: bool) -> str:
+    _note("began")
+    try:
+        for _ in range(300):
+            if beat:
+                durable.heartbeat({"beating": True})
+            await asyncio.sleep(0.2)
+    except (asyncio.CancelledError, durable.StepCancelled) as exc:
+        _note(f"stopped-by-{type(exc).__name__}")
+        raise
+    return "never"
+
+
+@durable.workflow(name="tests.e2e_async.long_flow")
+def long_flow(ctx, beat):
+    try:
+        return ctx.step(long, beat)
+    except durable.Cancelled:
+        return "cancelled"
+
+
 @durable.workflow(name="tests.e2e_async.waits")
 def waits(ctx, seconds):
     return ctx.step(wait, seconds)
@@ -137,3 +159,20 @@ def test_the_bound_of_async_steps_per_process_holds_back_the_rest(durable_worker
     took = time.monotonic() - began
     print(f"6 runs of a 1 s async step, 2 at a time on one process: {took:.1f}s")
     assert 3 <= took < 20  # two at a time: three waits of a second one after the other
+
+
+def test_an_interrupting_cancel_stops_async_steps_that_beat_and_that_do_not(durable_worker):
+    durable_worker.primary.start()
+    beating, silent = durable.start(long_flow, True), durable.start(long_flow, False)
+    wait_for(lambda: noted(beating.id) and noted(silent.id), timeout=60, what="both steps to start")
+    time.sleep(1)  # the beating one has beaten (its progress saved) by now
+    for run in (beating, silent):
+        assert durable.cancel(run.id, interrupt=True)
+    for run in (beating, silent):
+        assert durable.result(run.id, timeout=30) == "cancelled"
+        row = Checkpoint.objects.get(run_id=run.id, seq=0)
+        assert (row.status, row.error["code"]) == ("failed", "cancelled")
+    # The beating one may hear of it at a beat (StepCancelled) or at its await (CancelledError).
+    assert noted(beating.id)[-1] in ("stopped-by-StepCancelled:1", "stopped-by-CancelledError:1")
+    assert noted(silent.id) == ["began:1", "stopped-by-CancelledError:1"]
+    assert Checkpoint.objects.get(run_id=beating.id, seq=0).progress == {"beating": True}
