@@ -170,9 +170,14 @@ def test_an_interrupting_cancel_stops_async_steps_that_beat_and_that_do_not(dura
         assert durable.cancel(run.id, interrupt=True)
     for run in (beating, silent):
         assert durable.result(run.id, timeout=30) == "cancelled"
-        row = Checkpoint.objects.get(run_id=run.id, seq=0)
-        assert (row.status, row.error["code"]) == ("failed", "cancelled")
-    # The beating one may hear of it at a beat (StepCancelled) or at its await (CancelledError).
+        # The body heard of the cancel at its step first (the run ended then): whatever the
+        # stopped attempt reports after that is stale.
+        assert Checkpoint.objects.get(run_id=run.id, seq=0).status != "completed"
+    # Each coroutine hears of it within a second or so: the beating one at a beat (StepCancelled)
+    # or at its await (CancelledError), the silent one at its await.
+    wait_for(
+        lambda: len(noted(beating.id)) == 2 and len(noted(silent.id)) == 2, timeout=10, what="both to stop"
+    )
     assert noted(beating.id)[-1] in ("stopped-by-StepCancelled:1", "stopped-by-CancelledError:1")
     assert noted(silent.id) == ["began:1", "stopped-by-CancelledError:1"]
     assert Checkpoint.objects.get(run_id=beating.id, seq=0).progress == {"beating": True}
