@@ -39,6 +39,10 @@ def gevent_wait(i: int) -> int:
     global _counter
     time.sleep(WAIT)
     if _counter is None:
-        _counter = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+        # Greenlets wait for one of a few connections, rather than open one each.
+        pool = redis.BlockingConnectionPool.from_url(
+            os.environ["CELERY_BROKER_URL"], max_connections=20, timeout=60
+        )
+        _counter = redis.Redis(connection_pool=pool)
     _counter.incr(DONE_KEY)
     return i
