@@ -159,8 +159,9 @@ def launch(
             if entry.ended:
                 return  # given up at its hard limit, then ended after all: written once
             entry.ended = True
+        attempt = entry.attempt
         try:
-            _with_connection(lambda: _write(entry.attempt))
+            _with_connection(lambda: _write(attempt))
         except Exception:  # noqa: BLE001 - the hold lapses: the attempt counts as lost, run again
             log.exception("durable: could not record async attempt %s#%s %s", *key)
         finally:
