@@ -33,7 +33,7 @@ DB = os.environ.get("BENCH_ASYNC_DB", "durable_abodies")
 
 
 def measure(rounds: int, per_round: int) -> dict[str, Any]:
-    from bench.async_workloads import ALOCAL10
+    from bench.async_body_workloads import ALOCAL10
     from durable import dispatch
 
     saved = dispatch.install(replace(dispatch.transport, send=lambda message: None))

@@ -208,6 +208,25 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
         connections.close_all()
 
 
+@signals.celeryd_after_setup.connect
+def _detach_async_steps(**_: Any) -> None:
+    # A green pool's threads are greenlets, which cannot host the async steps' loop alongside:
+    # there an async step's task waits for it, one attempt per greenlet.
+    from .engine import asyncattempts
+
+    asyncattempts.detached = not _green()
+
+
+@signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
+def _finish_async_steps(**_: Any) -> None:
+    """A warm shutdown lets this process's async attempts in flight end (up to a LEASE): their
+    messages were acknowledged already; one cut short is run again once its hold lapses."""
+    from .engine import asyncattempts
+
+    asyncattempts.drain(conf.get().LEASE.total_seconds())
+
+
 @signals.worker_process_shutdown.connect
 @signals.worker_shutdown.connect
 def _hand_back_leases(**_: Any) -> None:

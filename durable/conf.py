@@ -86,6 +86,9 @@ class Settings:
     #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
     #: the step's queue (see docs/architecture.md, "Eager steps").
     EAGER_STEPS: bool = True
+    #: The most async step attempts one worker process runs at once on its loop (its tasks
+    #: wait for a slot past that).
+    ASYNC_STEPS_PER_PROCESS: int = 100
     #: A turn still running after this is stopped, its run handed back and counted as crashed
     #: (towards MAX_RECOVERY_ATTEMPTS): a body that never reaches a primitive cannot hold a
     #: worker process forever.

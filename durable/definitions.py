@@ -456,12 +456,17 @@ def step(
                 input_schema,
                 output_schema,
             )
-        if local and (timeout is not None or heartbeat_timeout is not None):
-            # A local step runs inside the turn, where nothing could stop it at the timeout.
+        if (
+            local
+            and not inspect.iscoroutinefunction(func)
+            and (timeout is not None or heartbeat_timeout is not None)
+        ):
+            # A local step runs inside the turn, where nothing could stop it at the timeout (an
+            # async one is cancelled on its loop, the turn's thread only waits for it).
             raise InvalidInput(
                 f"step {name or _default_name(func)!r}: a local=True step runs inside the turn, "
                 "where no timeout= or heartbeat_timeout= can stop it; drop the option (the "
-                "turn's TURN_TIME_LIMIT bounds it) or make it a dispatched step (local=False)"
+                "turn's TURN_TIME_LIMIT bounds it) or make it a dispatched step (local=False) or an async def"
             )
         limit = concurrency_option(concurrency, f"step {func.__name__!r} concurrency=")
         rate = Rate.parse(rate_limit, f"step {func.__name__!r} rate_limit=")
@@ -477,7 +482,7 @@ def step(
                 f"step {func.__name__!r} declares input_schema=, which validates the step's one argument, "
                 f"but it takes {_parameters(func)}: take one argument (a model of them all) or drop input_schema"
             )
-        guards.not_async(func, "step")
+        guards.step_function(func)
         register_annotations(func)  # the classes its arguments and result come back as
         return registry.add_step(
             Step(

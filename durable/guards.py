@@ -220,14 +220,13 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def not_async(func: Callable[..., Any], what: str) -> None:
-    """Refuse an ``async def`` step or workflow until they run (API.md §10, Async): called, it
-    would return a coroutine that nothing awaits and fail its run at its first turn."""
-    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+def step_function(func: Callable[..., Any]) -> None:
+    """Accept a plain or an ``async def`` step; refuse an async generator, whose many values
+    have no one output to record (collect them in the step and return a list)."""
+    if inspect.isasyncgenfunction(func):
         raise InvalidInput(
-            f"{what} {getattr(func, '__qualname__', func)!r} is an async def, which durable does not run "
-            f"yet: write it as a plain def (call async code inside with asgiref.sync.async_to_sync); "
-            "from async views, call durable through astart(), aresult() and the other async twins"
+            f"step {getattr(func, '__qualname__', func)!r} is an async generator, which has no one output "
+            "to record: collect its values in the step and return them as a list"
         )
 
 

@@ -230,6 +230,7 @@ _DURABLE_FROM_ENV = {
     "ENTITY_OPS_KEPT": int,
     "PRESENCE_INTERVAL": str,
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
+    "ASYNC_STEPS_PER_PROCESS": int,
     "ON_NONDETERMINISM": str,
     # Comma-separated: codec paths in order, Fernet keys with the first one encrypting.
     "CODEC": lambda value: [item.strip() for item in value.split(",") if item.strip()],

@@ -11,14 +11,14 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, conf, connections, dispatch
+from .. import asyncsteps, clock, conf, connections, dispatch
 from ..definitions import Step
 from ..errors import StepCancelled, StepTimeout, step_timeout_error
 from ..models import Checkpoint, Run
 from ..replay.attempt import Result, beat_grace, run_attempt
 from ..replay.history import Record, check_size, roundtrip
 from ..replay.stepscope import StepInfo
-from . import leases, timelimits
+from . import asyncattempts, leases, timelimits
 
 log = logging.getLogger("durable.engine")
 
@@ -54,7 +54,11 @@ class InPlace:
             return None
         return cls(run_id, owner, queue, settings)
 
-    def accepts(self, queue: str) -> bool:
+    def accepts(self, queue: str, step: Step) -> bool:
+        if asyncattempts.detached and asyncsteps.is_async(step.fn):
+            # Sent instead: a worker runs many async attempts at once on its loop, where one run
+            # here would hold this process for its whole wait.
+            return False
         return queue in (dispatch.transport.served_queues or ())
 
     def __call__(self, rec: Record, step: Step) -> Result:
@@ -118,6 +122,8 @@ def execute(
         timed_out=(StepTimeout, *dispatch.SOFT_TIME_LIMIT_ERRORS),
         max_bytes=settings.MAX_PAYLOAD_BYTES,
         guard=guard,
+        grace=settings.STEP_TIMEOUT_GRACE.total_seconds(),
+        interrupted=beats.interrupted,
     )
     connections.check_after_long_call()
     return result
@@ -173,6 +179,12 @@ class Beats:
         elif progress is not None:
             self.unsaved = (progress,)
         self._check_cancel(now)
+
+    def interrupted(self) -> bool:
+        """Whether the step's run was cancelled with interrupt=True (an async step is cancelled
+        then, at whatever it awaits, heartbeat or not)."""
+        run_id, seq, _ = self.key
+        return bool(Run.objects.using(self.db).interrupted(run_id, seq))
 
     def _check_cancel(self, now: datetime) -> None:
         if self.checked is not None and now - self.checked < CANCEL_CHECK:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, shutdown, tracing
+from .. import asyncsteps, clock, conf, shutdown, tracing
 from ..definitions import Step, registry
 from ..errors import WorkflowNotRegistered, step_timeout_error
 from ..models import HELD, AttemptError, Checkpoint, Claim, Run
@@ -23,7 +23,7 @@ from ..models.ahead import Ahead
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, Record
 from ..replay.stepscope import StepInfo
-from . import ahead, attempts, flow, handover, histories, leases, namespaces, observe, turn
+from . import ahead, asyncattempts, attempts, flow, handover, histories, leases, namespaces, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -75,6 +75,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         "durable.step": row.name,
         "durable.attempt": attempt,
     }
+    detached = False
     try:
         with tracing.span(f"durable.step {row.name}", run_id, attributes) as span:
             step: Step | None = None
@@ -83,6 +84,12 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
             except WorkflowNotRegistered as exc:
                 output, error, retryable = None, exc.to_dict(), True
             beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout if step else None)
+            if step is not None and asyncattempts.detached and asyncsteps.is_async(step.fn):
+                info = StepInfo(run_id, seq, attempt, row.name, secret=token)
+                launched = asyncattempts.launch(row, step, info, beats, began, read, holder)
+                # Held until its outcome is written, from another thread, whenever it ends.
+                detached = launched == "started"
+                return launched
             if step is not None:
                 info = StepInfo(run_id, seq, attempt, row.name, secret=token)
                 output, error, retryable = attempts.execute(
@@ -90,7 +97,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
                 )
             tracing.fail(span, error)
             if output is LATER:
-                return _await_completion(row, holder, beats)
+                return await_completion(row, holder, beats)
             return record(row, step, output, error, retryable, beats, began, read=read)
     except BaseException as exc:
         if shutdown.is_leaving(exc):
@@ -99,7 +106,8 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     finally:
         # Recorded, or it never will be from here: either way this process holds it no longer,
         # and a hold left unrecorded lapses, so the attempt counts as lost and is retried.
-        leases.let_go_attempt(key)
+        if not detached:
+            leases.let_go_attempt(key)
 
 
 def _on_hard_limit(row: Checkpoint, step: Step, beats: Beats, began: float) -> Callable[[str], bool]:
@@ -137,7 +145,7 @@ def _start(
         return row, flow.admit_start(row, step, now), None
 
 
-def _await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
+def await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
     """The step raised CompleteLater: let the attempt go, open, for ``complete_step``."""
     db = conf.get().DATABASE
 

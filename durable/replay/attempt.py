@@ -7,6 +7,7 @@ One implementation, so the same step ends with the same error code on every path
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import traceback
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
-from .. import shutdown
+from .. import asyncsteps, shutdown
 from ..annotated import signature
 from ..definitions import Step
 from ..errors import (
@@ -33,6 +34,9 @@ from .history import roundtrip, stored
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
+
+#: How long past its soft limit an async step still running is abandoned, where no setting says.
+DEFAULT_GRACE = 5.0
 
 #: The most a dead attempt of a step with a heartbeat_timeout may go unnoticed past that timeout.
 MAX_BEAT_GRACE = timedelta(seconds=1)
@@ -69,6 +73,8 @@ def run_attempt(
     timed_out: tuple[type[BaseException], ...] = (),
     max_bytes: int | None = None,
     guard: AbstractContextManager[Any] | None = None,
+    grace: float = DEFAULT_GRACE,
+    interrupted: Callable[[], bool] | None = None,
 ) -> Result:
     """Call the step with ``payload`` (``{"args": [...], "kwargs": {...}}``) inside its step scope.
 
@@ -81,7 +87,89 @@ def run_attempt(
     what a worker that is shutting down raised (``durable.shutdown``): the attempt is lost.
     ``CompleteLater`` returns ``LATER`` as the output: the attempt stays open for
     ``durable.complete_step``.
+
+    An ``async def`` step is awaited on this process's loop while this thread waits (and serves
+    its heartbeats); its limits are kept there (``durable.asyncsteps``), ``grace`` seconds past
+    the soft one it is abandoned as timed out, and ``interrupted`` is asked meanwhile whether its
+    run was cancelled with interrupt=True.
     """
+    positional, named, refused = _arguments(step, payload)
+    if refused is not None:
+        return refused
+    if asyncsteps.is_async(step.fn):
+
+        def awaited() -> Any:
+            return start_async(
+                step, info, positional, named, beat, grace=grace, interrupted=interrupted
+            ).wait()
+
+        return conclude(step, info, awaited, timed_out=(*timed_out, StepTimeout), max_bytes=max_bytes)
+
+    def called() -> Any:
+        with step_scope(info, beat), guard or contextlib.nullcontext():
+            return step.fn(*positional, **named)
+
+    return conclude(step, info, called, timed_out=timed_out, max_bytes=max_bytes)
+
+
+def begin_async(
+    step: Step,
+    info: StepInfo,
+    payload: Any,
+    beat: Callable[[Any], None],
+    *,
+    grace: float,
+    interrupted: Callable[[], bool] | None,
+    host: Callable[[Callable[[], Any]], Any],
+    max_bytes: int | None = None,
+) -> asyncsteps.Attempt | Result:
+    """Start an async step's attempt on this process's loop and return at once (its sync calls
+    run through ``host``); the Result instead when it could not start. ``conclude`` it with
+    ``attempt.outcome`` once ``attempt.future`` is done."""
+    positional, named, refused = _arguments(step, payload)
+    if refused is not None:
+        return refused
+    try:
+        return start_async(
+            step, info, positional, named, beat, grace=grace, interrupted=interrupted, host=host
+        )
+    except BaseException as exc:  # noqa: BLE001 - concluded as the attempt's end, below
+        failed = exc
+
+    def reraised() -> Any:
+        raise failed
+
+    return conclude(step, info, reraised, timed_out=(StepTimeout,), max_bytes=max_bytes)
+
+
+def start_async(
+    step: Step,
+    info: StepInfo,
+    positional: list[Any],
+    named: dict[str, Any],
+    beat: Callable[[Any], None],
+    *,
+    grace: float,
+    interrupted: Callable[[], bool] | None,
+    host: Callable[[Callable[[], Any]], Any] | None = None,
+) -> asyncsteps.Attempt:
+    attempt = asyncsteps.Attempt(
+        f"step {step.name!r} attempt {info.attempt} of run {info.run_id}",
+        timeout=None if step.timeout is None else step.timeout.total_seconds(),
+        heartbeat_timeout=None if step.heartbeat_timeout is None else step.heartbeat_timeout.total_seconds(),
+        grace=grace,
+        beat=beat,
+        interrupted=interrupted,
+        host=host,
+    )
+    with step_scope(info, attempt.beat):
+        # The coroutine runs on the loop's thread, in a copy of this scope.
+        attempt.start(step.fn(*positional, **named), contextvars.copy_context())
+    return attempt
+
+
+def _arguments(step: Step, payload: Any) -> tuple[list[Any], dict[str, Any], Result | None]:
+    """The step's arguments from its payload, or the Result of an input its schema refuses."""
     args = payload or {}
     # The arguments as the body passed them: a Decimal stored tagged is a Decimal again.
     positional, named = list(decode(args.get("args", []))), dict(decode(args.get("kwargs", {})))
@@ -91,10 +179,21 @@ def run_attempt(
         try:
             positional, named = _validated_input(step, positional, named)
         except InvalidInput as exc:
-            return None, exc.to_dict(), False
+            return positional, named, (None, exc.to_dict(), False)
+    return positional, named, None
+
+
+def conclude(
+    step: Step,
+    info: StepInfo,
+    call: Callable[[], Any],
+    *,
+    timed_out: tuple[type[BaseException], ...] = (),
+    max_bytes: int | None = None,
+) -> Result:
+    """The Result of the attempt whose output ``call()`` returns (or whose error it raises)."""
     try:
-        with step_scope(info, beat), guard or contextlib.nullcontext():
-            output = step.fn(*positional, **named)
+        output = call()
     except _ControlFlow:
         raise
     except CompleteLater:

@@ -429,7 +429,7 @@ class Context(
             and not step.celery_task
             and not self._is_remote(step)
             and not step.limited  # a limited attempt may have to wait: durably, not in a turn
-            and self._in_place.accepts(self._queue_of(step))
+            and self._in_place.accepts(self._queue_of(step), step)
         )
 
     def _run_local(self, rec: Record, step: Step) -> Any:

@@ -73,7 +73,7 @@ def test_an_attempt_holding_a_slot_frees_it_when_the_turn_times_it_out() -> None
 
 def test_a_limited_step_is_sent_rather_than_run_in_place() -> None:
     class Anywhere:
-        def accepts(self, queue: str) -> bool:
+        def accepts(self, queue: str, step: object) -> bool:
             return True
 
         def __call__(self, rec, step):  # pragma: no cover - must not be called
