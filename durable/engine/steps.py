@@ -79,6 +79,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     try:
         with tracing.span(f"durable.step {row.name}", run_id, attributes) as span:
             step: Step | None = None
+            error: dict[str, Any] | None
             try:
                 step = registry.step(row.name)
             except WorkflowNotRegistered as exc:
