@@ -1,0 +1,356 @@
+"""Crash-point exploration: kill the "process" at every point a real one could die, then check
+the invariants of docs/guarantees.md ("Checked at every crash point").
+
+A scenario runs once fault-free under ``durable_env`` (real commits: ``transactional_db``),
+counting its crash points: every SQL statement on the connection (before it runs), every commit
+(before and after), every message publish (before and after) and every message receipt. Then,
+for each point k in turn, the database is emptied and the scenario runs again; at point k the
+process dies:
+
+- ``Killed`` (a BaseException no engine code catches) is raised there, after the open
+  transaction is rolled back on the raw connection and its pending on-commit callbacks dropped,
+  as a dead connection's would be;
+- from then on the process is dead: any statement, commit or publish the unwinding code still
+  tries (an engine ``finally`` or ``except BaseException``) raises ``Killed`` again and is
+  counted as a post-mortem attempt: a dead process runs no code, so nothing of it takes effect;
+- the message it was handling is redelivered (acks_late + reject_on_worker_lost); the messages
+  it had published stay;
+- the restart forgets the process's memory (leases, holds, sweep passes, its holder name), moves
+  the clock past the lease, runs the sweeps and delivers messages until idle, then the scenario's
+  remaining actions run and the run is driven to its end.
+
+The client's own calls (``durable.start``, ``durable.signal``) are not crash points here.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.apps import apps
+from django.db import connections, transaction
+
+import durable
+from durable import conf
+from durable.definitions import registry
+from durable.engine import histories, leases, sweeps
+from durable.models import TERMINAL, Checkpoint, Run
+from durable.testing import DurableEnv, replay_history
+
+
+class Killed(BaseException):  # noqa: N818 - it is a death, not an error
+    """The process died here. Not a ``_ControlFlow``: nothing in the engine may recognise it."""
+
+
+#: Step bodies call ``effect()``: (run, seq, attempt) -> how many times the body ran.
+EFFECTS: Counter[tuple[str, int, int]] = Counter()
+
+
+def effect() -> None:
+    """A step's side effect, counted outside the database (a crash does not roll it back)."""
+    info = durable.step_info()
+    EFFECTS[(info.run_id, info.seq, info.attempt)] += 1
+
+
+@dataclass
+class Scenario:
+    name: str
+    start: Callable[[], str]
+    #: What drives the run: each gets the env and the run id. A ``client`` action is not
+    #: explored (a caller's call: durable.signal, say).
+    actions: list[tuple[str, Callable[[DurableEnv, str], Any]]] = field(default_factory=list)
+    #: Set up the env for the scenario (e.g. a worker that runs steps in place).
+    prepare: Callable[[DurableEnv], None] = lambda env: None
+
+
+def deliver(env: DurableEnv, run_id: str) -> None:
+    env.run_until_idle()
+
+
+def advance(duration: str) -> Callable[[DurableEnv, str], None]:
+    def act(env: DurableEnv, run_id: str) -> None:
+        env.advance_time(duration)
+
+    return act
+
+
+@dataclass
+class Outcome:
+    points: list[str]
+    status: str
+    output: Any
+    error_code: str | None
+    positions: list[tuple[int, int, str, str]]
+    post_mortem: list[str]
+    killed_at: str | None
+
+
+class Explorer:
+    def __init__(self, env: DurableEnv, scenario: Scenario) -> None:
+        self.env, self.scenario = env, scenario
+        self.db = conf.get().DATABASE
+        self.connection = connections[self.db]
+        self.armed = False
+        self.dead = False
+        self.target: int | None = None
+        self.count = 0
+        self.points: list[str] = []
+        self.post_mortem: list[str] = []
+        self.killed_at: str | None = None
+        self._install()
+
+    # --- the points ---------------------------------------------------------------------------
+
+    def point(self, what: str) -> None:
+        if self.dead:
+            # Code the dead process would never have run: refused, and noted with its caller.
+            engine = [f for f in traceback.extract_stack() if "/durable/" in f.filename]
+            where = f"{engine[-1].filename.rpartition('/durable/')[2]}:{engine[-1].name}" if engine else "?"
+            self.post_mortem.append(f"{what[:60]} from {where}")
+            raise Killed(f"post mortem: {what}")
+        if not self.armed:
+            return
+        self.count += 1
+        self.points.append(what)
+        if self.count == self.target:
+            self.kill(what)
+
+    def kill(self, what: str) -> None:
+        self.dead, self.armed, self.killed_at = True, False, what
+        raw = self.connection.connection
+        if raw is not None:
+            raw.rollback()  # a dead connection's transaction is rolled back by the server
+        self.connection.run_on_commit = []
+        raise Killed(what)
+
+    def _install(self) -> None:
+        env, connection = self.env, self.connection
+
+        def statement(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            self.point(f"statement {' '.join(sql.split())[:160]}")
+            return execute(sql, params, many, context)
+
+        self._wrapper = connection.execute_wrapper(statement)
+        self._wrapper.__enter__()
+        commit = connection.commit
+
+        def committed() -> None:
+            self.point("before commit")
+            commit()
+            self.point("after commit")
+
+        connection.commit = committed
+        capture = env.capture
+
+        def publish(message: Any) -> None:
+            self.point(f"before publish {message.task}{message.args}")
+            capture(message)
+            self.point(f"after publish {message.task}{message.args}")
+
+        env.transport.send = publish
+        run_next = env.run_next
+
+        def receive() -> Any:
+            if not env.pending():
+                return None
+            message = env.messages[0]
+            self.point(f"receipt of {message.task}{message.args}")
+            try:
+                return run_next()
+            except Killed:
+                if message not in env.messages:
+                    env.messages.insert(0, message)  # unacknowledged: the broker redelivers it
+                raise
+
+        env.run_next = receive  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        self._wrapper.__exit__(None, None, None)
+        del self.connection.commit
+
+    # --- one run ------------------------------------------------------------------------------
+
+    def forget(self) -> None:
+        """A fresh process: nothing of the dead one's memory."""
+        leases.active.clear()
+        leases.lost.clear()
+        leases._renewed.clear()
+        leases.attempts.clear()
+        leases._watched.clear()
+        leases._holder = None
+        sweeps.reset_passes()
+
+    def reset(self) -> None:
+        # DELETE, not TRUNCATE (slow on PostgreSQL for a few rows), in one transaction: the
+        # foreign keys Django makes are checked at its commit.
+        quote = self.connection.ops.quote_name
+        with transaction.atomic(using=self.db), self.connection.cursor() as cursor:
+            for model in apps.get_app_config("durable").get_models():
+                cursor.execute(f"DELETE FROM {quote(model._meta.db_table)}")
+        self.env.messages.clear()
+        EFFECTS.clear()
+        self.forget()
+
+    def restart(self) -> None:
+        """A new process, at once: what the dead one held lapses as the clock moves on (the
+        remaining actions, then ``settle``)."""
+        self.dead = False
+        self.forget()
+
+    def run(self, target: int | None) -> tuple[str, Outcome]:
+        self.reset()
+        self.target, self.count, self.points, self.post_mortem = target, 0, [], []
+        self.dead, self.killed_at = False, None
+        self.scenario.prepare(self.env)
+        run_id = self.scenario.start()
+        for kind, action in self.scenario.actions:
+            self.armed = kind != "client" and self.killed_at is None
+            try:
+                action(self.env, run_id)
+            except Killed:
+                self.armed = False
+                self.restart()
+            finally:
+                self.armed = False
+            if self.dead:  # something swallowed the death: still a dead process
+                self.restart()
+        self.settle(run_id)
+        return run_id, self.outcome(run_id)
+
+    def settle(self, run_id: str) -> None:
+        """Move the clock a lease at a time (sweeps and messages run) until the run's tree has
+        ended and nothing of a dead process is left to lapse."""
+        past_lease = conf.get().LEASE + timedelta(seconds=1)
+        self.env.run_until_idle()
+        for _ in range(60):
+            runs = self.tree(run_id)
+            if (
+                not self.env.pending()
+                and not Run.objects.filter(id__in=runs).exclude(status__in=TERMINAL).exists()
+                and not Run.objects.filter(id__in=runs).exclude(locked_by=None).exists()
+                and not Checkpoint.objects.filter(run__in=runs).exclude(held_by=None).exists()
+            ):
+                return
+            # A run waiting for a timer (say, one that began late because of the crash) is
+            # woken by it: jump there rather than a lease at a time.
+            wakes = Run.objects.filter(id__in=runs).exclude(status__in=TERMINAL).exclude(wake_at=None)
+            due = min(wakes.values_list("wake_at", flat=True), default=None)
+            now = self.env.now()
+            self.env.advance_time(max(past_lease, (due - now + timedelta(seconds=1)) if due else past_lease))
+
+    def outcome(self, run_id: str) -> Outcome:
+        run = Run.objects.get(id=run_id)
+        # Children get fresh ids each run: a run is named by its place in the tree.
+        tree = {tree_id: i for i, tree_id in enumerate(self.tree(run_id))}
+        positions = sorted(
+            (tree[c.run_id], c.seq, c.kind, c.name) for c in Checkpoint.objects.filter(run__in=tree)
+        )
+        return Outcome(
+            list(self.points),
+            run.status,
+            run.output,
+            (run.error or {}).get("code"),
+            positions,
+            list(self.post_mortem),
+            self.killed_at,
+        )
+
+    def tree(self, run_id: str) -> list[str]:
+        ids, frontier = [run_id], [run_id]
+        while frontier:
+            frontier = list(Run.objects.filter(parent_id__in=frontier).values_list("id", flat=True))
+            ids += frontier
+        return ids
+
+    # --- the invariants -----------------------------------------------------------------------
+
+    def violations(self, run_id: str, baseline: Outcome, got: Outcome) -> list[str]:
+        found = []
+        if (got.status, got.output, got.error_code) != (
+            baseline.status,
+            baseline.output,
+            baseline.error_code,
+        ):
+            found.append(
+                f"ends {got.status} {got.output!r} {got.error_code!r}, fault-free "
+                f"{baseline.status} {baseline.output!r} {baseline.error_code!r}"
+            )
+        if got.positions != baseline.positions:
+            found.append(f"positions {got.positions} differ from the fault-free {baseline.positions}")
+        runs = self.tree(run_id)
+        again = 0
+        for c in Checkpoint.objects.filter(run__in=runs, kind="step"):
+            ran = {a: n for (r, s, a), n in EFFECTS.items() if (r, s) == (c.run_id, c.seq)}
+            twice = {a: n for a, n in ran.items() if n > 1}
+            if twice and registry.step(c.name).local:
+                # A local step's attempt is not held: killed after its body and before its
+                # record, it runs again as the same attempt (docs/guarantees.md, "At least once").
+                again += sum(n - 1 for n in twice.values())
+            elif twice:
+                found.append(f"{c}: attempt(s) {twice} ran more than once")
+            beyond = [a for a in ran if a > c.attempt]
+            if beyond:
+                found.append(f"{c}: ran attempt(s) {beyond} beyond the recorded attempt {c.attempt}")
+            if c.status == "completed" and c.attempt not in ran:
+                found.append(f"{c}: result of attempt {c.attempt} recorded, which never ran")
+        for run in Run.objects.filter(id__in=runs):
+            if run.status not in TERMINAL:
+                found.append(f"run {run.id} still {run.status}")
+            if run.locked_by is not None:
+                found.append(f"run {run.id} still leased by {run.locked_by}")
+            try:
+                replay_history(histories.export(run))
+            except Exception as exc:  # noqa: BLE001 - reported as the violation it is
+                found.append(f"run {run.id}'s history fails replay: {exc!r}")
+        if again > (got.killed_at is not None):
+            found.append(f"local steps ran {again} extra time(s) for {got.killed_at is not None:d} kill(s)")
+        leftovers = Checkpoint.objects.filter(run__in=runs).exclude(held_by=None)
+        found += [f"{c}: still held by {c.held_by}" for c in leftovers]
+        found += [
+            f"{c}: still {c.flow} a flow slot"
+            for c in Checkpoint.objects.filter(run__in=runs, flow__in=("held", "waiting"))
+        ]
+        found += [f"{c}: still pending" for c in Checkpoint.objects.filter(run__in=runs, status="pending")]
+        from durable.models import EntityPrompt, FlowGate, Signal
+
+        found += [
+            f"signal {s.name} of {s.run_id} never consumed"
+            for s in Signal.objects.filter(run__in=runs, consumed_seq=None)
+        ]
+        found += [f"entity prompt {p} left" for p in EntityPrompt.objects.all()]
+        found += [f"flow gate {g} has {g.waiting} waiting" for g in FlowGate.objects.exclude(waiting=0)]
+        return found
+
+
+def explore(env: DurableEnv, scenario: Scenario, only: list[int] | None = None) -> dict[str, Any]:
+    """Run ``scenario`` fault-free, then killed at each of its crash points; return a report.
+    Raises AssertionError naming the scenario, k, the point and the invariants broken."""
+    explorer = Explorer(env, scenario)
+    started = os.times().elapsed
+    try:
+        run_id, baseline = explorer.run(None)
+        problems = explorer.violations(run_id, baseline, baseline)
+        assert not problems, f"{scenario.name} fault-free: {problems}"
+        assert baseline.status in TERMINAL
+        failures: list[str] = []
+        post_mortem: Counter[str] = Counter()
+        for k in only or range(1, len(baseline.points) + 1):
+            run_id, got = explorer.run(k)
+            post_mortem.update(got.post_mortem)
+            assert got.killed_at is not None, f"{scenario.name}: point {k} never came (not deterministic?)"
+            problems = explorer.violations(run_id, baseline, got)
+            if problems:
+                failures.append(f"{scenario.name} k={k} ({got.killed_at}): " + "; ".join(problems))
+        assert not failures, "\n".join(failures)
+        return {
+            "points": len(baseline.points),
+            "post_mortem": dict(post_mortem),
+            "seconds": round(os.times().elapsed - started, 1),  # not time.*: the clock is frozen
+        }
+    finally:
+        explorer.uninstall()
