@@ -18,8 +18,9 @@ from typing import Any, cast
 from django.db import connections
 
 from ..statuses import CheckpointStatus
+from . import read_back
 from .base import Status, insertion, instances, updating
-from .checkpoints import Checkpoint, _completed, _pending, _positions
+from .checkpoints import Checkpoint, _completed, _pending
 from .runs import Run
 
 
@@ -75,7 +76,7 @@ def take(
         return taken, None
     (run,) = instances(Run, db, run_columns, [row[split + 1 : -1]])
     ended = {"status": CheckpointStatus.PENDING}  # as before the take: the replay overwrites it
-    return taken, Ahead(run, version, _positions(row[-1], fields, -1, ended))
+    return taken, Ahead(run, version, read_back.positions(Checkpoint, row[-1], fields, -1, ended))
 
 
 @functools.cache

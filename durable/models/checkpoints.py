@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -13,7 +11,7 @@ from django.db.models import Exists, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
-from . import offloads
+from . import offloads, read_back
 from .base import (
     BEAT_HOLDER,
     IDS_PER_STATEMENT,
@@ -29,7 +27,7 @@ from .base import (
     updating,
     values_where,
 )
-from .payloads import PayloadField, opened
+from .payloads import PayloadField
 from .runs import Claim, Run
 
 HELD, WAITING, RATE = FlowState.HELD, FlowState.WAITING, FlowState.RATE
@@ -50,40 +48,6 @@ class Recorded:
     queue: str | None = None
     claimed: Run | None = None
     history: list[dict[str, Any]] | None = None
-
-
-def _positions(found: Any, fields: tuple[str, ...], seq: int, ended: dict[str, Any]) -> list[dict[str, Any]]:
-    """The positions a statement read as one JSON array of arrays of ``fields``, converted as the
-    ORM would, with position ``seq`` as the same statement left it (``ended``): the reading saw
-    the table as the statement began."""
-    rows = json.loads(found) if isinstance(found, str) else found
-    timed, payloads = _timed(fields), _payloads(fields)
-    positions = []
-    for values in rows:
-        position = dict(zip(fields, values, strict=True))
-        for name in timed:
-            if position[name] is not None:
-                position[name] = datetime.fromisoformat(position[name])
-        for name in payloads:
-            position[name] = opened(position[name])
-        if position.get("seq") == seq:
-            position.update({name: value for name, value in ended.items() if name in position})
-        positions.append(position)
-    return positions
-
-
-@functools.cache
-def _timed(fields: tuple[str, ...]) -> frozenset[str]:
-    """Those of ``fields`` that hold a time (JSON carries them as ISO 8601 text)."""
-    return frozenset(
-        name for name in fields if isinstance(Checkpoint._meta.get_field(name), models.DateTimeField)
-    )
-
-
-@functools.cache
-def _payloads(fields: tuple[str, ...]) -> frozenset[str]:
-    """Those of ``fields`` that hold a payload (an envelope, under a codec)."""
-    return frozenset(name for name in fields if isinstance(Checkpoint._meta.get_field(name), PayloadField))
 
 
 def _pending(run_id: str, seq: int, attempt: int) -> dict[str, Any]:
@@ -349,7 +313,9 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         woken = instances(Run, self.db, names, [row]) if row[names.index("id")] is not None else []
         done = Recorded(True, *runs.woken_as(woken[0] if woken else None, claim))
         if reading and done.claimed is not None and row[-1] is not None:
-            done.history = _positions(row[-1], history, seq, {**ended, "status": CheckpointStatus.COMPLETED})
+            done.history = read_back.positions(
+                Checkpoint, row[-1], history, seq, {**ended, "status": CheckpointStatus.COMPLETED}
+            )
         return done
 
     def beat_later(
