@@ -24,8 +24,10 @@ pytestmark = pytest.mark.django_db
 FREEZER: dict[str, Any] = {}
 #: Set by a test to let a looping body return.
 RELEASE = threading.Event()
-#: Set by a spinning body once it spins: the keeper stand-in acts only then, however slow the claim.
-SPINNING = threading.Event()
+#: Set by a spinning body once it spins: the keeper stand-in acts only then, however slow the
+#: claim. A plain flag, not an Event: the keeper's stop may land anywhere in the body, and inside
+#: Event.set() it would leave the Event's lock held.
+SPINNING: dict[str, bool] = {}
 
 
 @pytest.fixture
@@ -106,14 +108,16 @@ def test_a_turn_given_back_once_is_counted_and_runs_again(env):
 @durable.workflow(name="tests.bodies.spins")
 def spins(ctx, swallow):
     ctx.now()
-    SPINNING.set()
     while not RELEASE.is_set():
         if swallow:
             try:
+                SPINNING["now"] = True  # in the try: the keeper's stop can only land where it is swallowed
                 while not RELEASE.is_set():
                     pass
             except BaseException:  # noqa: BLE001 - a body that swallows even the keeper's stop
                 pass
+        else:
+            SPINNING["now"] = True
     return "released"
 
 
@@ -123,7 +127,9 @@ def _keeper(first: Any, passes: list[float]) -> threading.Thread:
 
     def work() -> None:
         try:
-            SPINNING.wait(30)
+            deadline = time.monotonic() + 30
+            while not SPINNING and time.monotonic() < deadline:
+                time.sleep(0.01)
             time.sleep(0.05)
             first()
             for delay in passes:
