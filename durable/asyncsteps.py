@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .errors import StepCancelled, StepTimeout
+from .steplimits import overrun, soft_limit
 
 log = logging.getLogger("durable.steps")
 
@@ -283,22 +284,10 @@ class Attempt:
         self._calls.put(_WAKE)
 
     def _soft_at(self) -> float | None:
-        limits = []
-        if self.timeout is not None:
-            limits.append(self.began + self.timeout)
-        if self.heartbeat_timeout is not None:
-            limits.append(self.last_beat + self.heartbeat_timeout)
-        return min(limits, default=None)
+        return soft_limit(self.began, self.timeout, self.last_beat, self.heartbeat_timeout)
 
     def _why(self) -> str:
-        silent = self.heartbeat_timeout is not None and (
-            self.timeout is None or self.last_beat + self.heartbeat_timeout < self.began + self.timeout
-        )
-        if silent:
-            return (
-                f"{self.what} gave no heartbeat within its heartbeat_timeout of {self.heartbeat_timeout:g}s"
-            )
-        return f"{self.what} ran past its timeout of {self.timeout:g}s"
+        return overrun(self.what, self.began, self.timeout, self.last_beat, self.heartbeat_timeout)
 
 
 async def _drive(attempt: Attempt, coro: Coroutine[Any, Any, Any]) -> Any:

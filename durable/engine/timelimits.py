@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import StepTimeout
+from ..steplimits import overrun, soft_limit
 from . import leases
 
 log = logging.getLogger("durable.engine")
@@ -47,25 +48,15 @@ class Limit:
     ended: bool = False
 
     def soft_at(self) -> float:
-        limits = []
-        if self.timeout is not None:
-            limits.append(self.began + self.timeout)
-        if self.heartbeat_timeout is not None:
-            limits.append(self.last_beat + self.heartbeat_timeout)
-        return min(limits)
+        soft = soft_limit(self.began, self.timeout, self.last_beat, self.heartbeat_timeout)
+        assert soft is not None  # a limit is made only for a step that has one
+        return soft
 
     def hard_at(self) -> float:
         return self.soft_at() + self.grace
 
     def why(self) -> str:
-        silent = self.heartbeat_timeout is not None and (
-            self.timeout is None or self.last_beat + self.heartbeat_timeout < self.began + self.timeout
-        )
-        if silent:
-            return (
-                f"{self.what} gave no heartbeat within its heartbeat_timeout of {self.heartbeat_timeout:g}s"
-            )
-        return f"{self.what} ran past its timeout of {self.timeout:g}s"
+        return overrun(self.what, self.began, self.timeout, self.last_beat, self.heartbeat_timeout)
 
 
 def _now() -> float:

@@ -130,7 +130,6 @@ def _keeper(first: Any, passes: list[float]) -> threading.Thread:
             deadline = time.monotonic() + 30
             while not SPINNING and time.monotonic() < deadline:
                 time.sleep(0.01)
-            time.sleep(0.05)
             first()
             for delay in passes:
                 if RELEASE.wait(delay):
