@@ -39,7 +39,7 @@ import durable
 from durable import conf
 from durable.definitions import registry
 from durable.engine import histories, leases, sweeps
-from durable.models import TERMINAL, Checkpoint, Run
+from durable.models import TERMINAL, Checkpoint, Fan, Run
 from durable.testing import DurableEnv, replay_history
 
 
@@ -316,6 +316,10 @@ class Explorer:
             for c in Checkpoint.objects.filter(run__in=runs, flow__in=("held", "waiting"))
         ]
         found += [f"{c}: still pending" for c in Checkpoint.objects.filter(run__in=runs, status="pending")]
+        for fan in Fan.objects.filter(run__in=runs):
+            members = Checkpoint.objects.filter(run_id=fan.run_id, fan=fan.first, status="pending")
+            if fan.pending != members.count():
+                found.append(f"{fan}: {members.count()} of its members are pending")
         from durable.models import EntityPrompt, FlowGate, Signal
 
         found += [

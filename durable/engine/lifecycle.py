@@ -15,7 +15,7 @@ from ..definitions import Workflow, registry
 from ..errors import DurableError, cancelled_error
 from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
-from ..models import TERMINAL, UNFINISHED, Checkpoint, Run, Status
+from ..models import TERMINAL, UNFINISHED, Checkpoint, Fan, Run, Status
 from ..statuses import CheckpointStatus
 from ..values import decode
 from . import flow, observe
@@ -104,18 +104,16 @@ def _tell_parent(run: Run) -> None:
         return  # nobody waits for it (start_child), or it was settled already
     position = checkpoints.filter(run_id=run.parent_id, seq=run.parent_seq).values("fan", "fail_fast").first()
     parent_id = run.parent_id
-    if (
-        position is None
-        or position["fan"] is None
-        or (status == CheckpointStatus.FAILED and position["fail_fast"])
-    ):
+    fan = position["fan"] if position is not None else None
+    # Before the parent's row is locked by the wake: the order every writer keeps.
+    left = Fan.objects.using(db).leave(parent_id, fan, run.parent_seq) if fan is not None else None
+    if fan is None or (status == CheckpointStatus.FAILED and position and position["fail_fast"]):
         wake(parent_id)
         return
-    fan = position["fan"]
 
     def join() -> None:
         # Asked after this child's end committed, so the last member always sees the fan closed.
-        if Checkpoint.objects.using(db).fan_closed(parent_id, fan):
+        if Checkpoint.objects.using(db).fan_closed(parent_id, fan, left):
             wake(parent_id)
 
     transaction.on_commit(join, using=db)

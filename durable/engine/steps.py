@@ -18,7 +18,7 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 from .. import asyncsteps, clock, conf, shutdown, tracing
 from ..definitions import Step, registry
 from ..errors import WorkflowNotRegistered, step_timeout_error
-from ..models import HELD, AttemptError, Checkpoint, Claim, Run
+from ..models import HELD, AttemptError, Checkpoint, Claim, Fan, Run
 from ..models.ahead import Ahead
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING, Record
@@ -28,8 +28,8 @@ from .attempts import Beats
 
 T = TypeVar("T")
 #: (how it was recorded or None, the woken run's queue, whether a fan joins later, the claimed
-#: run, its positions if read with the claim)
-_Written = tuple[str | None, str | None, bool, Run | None, dict[int, Record] | None]
+#: run, its positions if read with the claim, the fan's members left open if its count is kept)
+_Written = tuple[str | None, str | None, bool, Run | None, dict[int, Record] | None, int | None]
 
 log = logging.getLogger("durable.engine")
 
@@ -192,7 +192,7 @@ def record(
     outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
         return "unrecorded"
-    recorded, woken, joins_later, claimed, history = outcome
+    recorded, woken, joins_later, claimed, history, left = outcome
     if not recorded:
         if claim is not None and (taken := handover.claimed_unseen(run_id, claim)) is not None:
             turn.advance_claimed(taken, claim.owner)
@@ -203,7 +203,7 @@ def record(
         # A fan member wakes the run only once the fan is closed. Asked after this result
         # committed, so the last member always sees it closed (two may: the second turn is a
         # harmless replay).
-        woken = _persistently(lambda: _wake_if_closed(run_id, fan, settings), key)
+        woken = _persistently(lambda: _wake_if_closed(run_id, fan, left, settings), key)
         if woken:
             handover.next_turn(run_id, woken, settings, began, inline=inline)
     elif woken and not (claim is not None and attempts.serves(woken)):
@@ -227,8 +227,8 @@ def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None
     return None
 
 
-def _wake_if_closed(run_id: str, fan: int, settings: conf.Settings) -> str | None:
-    if not Checkpoint.objects.using(settings.DATABASE).fan_closed(run_id, fan):
+def _wake_if_closed(run_id: str, fan: int, left: int | None, settings: conf.Settings) -> str | None:
+    if not Checkpoint.objects.using(settings.DATABASE).fan_closed(run_id, fan, left):
         return None
     now = clock.now()
     return Run.objects.using(settings.DATABASE).wake(run_id, now, now + settings.LEASE)
@@ -244,7 +244,8 @@ def _record_once(
     claim: Claim | None,
 ) -> _Written:
     """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later,
-    the run if ``claim`` took its lease, and its history if read with the claim)."""
+    the run if ``claim`` took its lease, its history if read with the claim, and the fan's
+    members left open if it keeps a count)."""
     try:
         return _write_result(row, step, output, error, retryable, beats, claim)
     except DataError as exc:
@@ -283,6 +284,7 @@ def _write_result(
     if error is not None:
         error, trace = split_traceback(error)
     joins_later = False
+    left: int | None = None  # the fan's members still open, when it keeps the count
     retry_at: datetime | None = None
     if _common_end(row, error, beats):  # no transaction of its own needed
         done = Checkpoint.objects.using(db).complete_and_wake(
@@ -291,7 +293,7 @@ def _write_result(
         if done.done:
             _observe(row, output, None, None)
         history = histories.records(done.history) if done.history is not None else None
-        return (COMPLETED if done.done else None), done.queue, False, done.claimed, history
+        return (COMPLETED if done.done else None), done.queue, False, done.claimed, history, None
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
@@ -319,6 +321,9 @@ def _write_result(
             _observe(row, output, error, retry_at)
         if recorded:
             settled = error is None or not recorded_retry(step, retryable, attempt)
+            if row.fan is not None and settled:
+                # Before the run's row is locked below: the order every writer keeps.
+                left = Fan.objects.using(db).leave(run_id, row.fan, seq)
             joins_later = row.fan is not None and settled and not (error is not None and row.fail_fast)
             if not joins_later and claim is not None:
                 woken, claimed = Run.objects.using(db).wake_and_claim(
@@ -330,7 +335,7 @@ def _write_result(
                 # The attempt ended: its slot goes to the oldest in line, in this transaction
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
-    return recorded or None, woken, joins_later, claimed, None
+    return recorded or None, woken, joins_later, claimed, None, left
 
 
 def _common_end(row: Checkpoint, error: dict[str, Any] | None, beats: Beats | None) -> bool:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from .. import clock, conf, dispatch, routing
 from ..definitions import registry
 from ..errors import _ControlFlow
-from ..models import AttemptError, Checkpoint, Run, Signal
+from ..models import AttemptError, Checkpoint, Fan, Run, Signal
 from ..replay.history import COMPLETED, PENDING, Record
 from ..replay.turnstate import TurnState
 from . import entities, flow, observe, outbox
@@ -85,6 +85,10 @@ def write(
     without, the caller's transaction ends with the fenced settle, which rolls it all back.
     """
     db = settings.DATABASE
+    if not connections[db].in_atomic_block and any(_settles_member(rec) for rec in state.unsaved()):
+        # A fan member settled here and its fan's count go together.
+        with transaction.atomic(using=db):
+            return write(run_id, state, settings, fenced_by=fenced_by, namespace=namespace)
     checkpoints = Checkpoint.objects.using(db)
     new = []
     answers = replies(state)
@@ -105,6 +109,7 @@ def write(
                 raise _Stale()
     if new:
         checkpoints.add(new)
+    _count_fans(run_id, state, db)
     _file_failures(run_id, state, db)
     now = clock.now()
     for rec in answers:
@@ -195,6 +200,43 @@ def _row(run_id: str, rec: Record) -> Checkpoint:
         fail_fast=rec.fail_fast,
         **{f: getattr(rec, f) for f in _WRITTEN},
     )
+
+
+def _settles_member(rec: Record) -> bool:
+    """Whether the turn settles a fan member stored pending."""
+    return (
+        rec.fan is not None
+        and rec.stored_as is not None
+        and rec.stored_as[0] == PENDING
+        and rec.status != PENDING
+    )
+
+
+def _count_fans(run_id: str, state: TurnState, db: str) -> None:
+    """Keep the fans' counts (models/fans.py) true to what the turn wrote: a count for each fan
+    it positioned whole, its settled members counted out; none for a fan it positioned in part."""
+    new: dict[int, list[int]] = {}
+    stored: set[int] = set()
+    settled: list[tuple[int, int]] = []
+    for rec in state.records.values():
+        if rec.fan is None:
+            continue
+        if rec.stored_as is None:
+            new.setdefault(rec.fan, [])
+            if rec.status == PENDING:
+                new[rec.fan].append(rec.seq)
+        else:
+            stored.add(rec.fan)
+            if rec.dirty and _settles_member(rec):
+                settled.append((rec.fan, rec.seq))
+    if not new and not settled:
+        return
+    fans = Fan.objects.using(db)
+    fans.keep(run_id, {fan: seqs for fan, seqs in new.items() if fan not in stored})
+    for fan, seq in settled:
+        fans.leave(run_id, fan, seq)
+    if reopened := sorted(fan for fan in new if fan in stored):
+        fans.forget(run_id, reopened)
 
 
 def _file_failures(run_id: str, state: TurnState, db: str) -> None:

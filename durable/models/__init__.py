@@ -10,6 +10,7 @@ from .checkpoints import HELD, RATE, WAITING, Checkpoint, CheckpointQuerySet
 from .cron import CronSchedule, CronScheduleQuerySet, SingletonSlot
 from .entities import Entity, EntityOp, EntityOpQuerySet, EntityPrompt, EntityQuerySet, OpStatus
 from .failures import AttemptError, AttemptErrorQuerySet
+from .fans import Fan, FanQuerySet
 from .flow import FlowGate, FlowStart, in_flight, in_line
 from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .offloads import OffloadedPayload
@@ -37,6 +38,8 @@ __all__ = [
     "EntityQuerySet",
     "Event",
     "EventQuerySet",
+    "Fan",
+    "FanQuerySet",
     "OffloadedPayload",
     "OpStatus",
     "Presence",

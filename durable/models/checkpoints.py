@@ -27,6 +27,7 @@ from .base import (
     updating,
     values_where,
 )
+from .fans import Fan
 from .payloads import PayloadField
 from .runs import Claim, Run
 
@@ -417,8 +418,17 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             cursor.execute(sql, [*params, row.run_id, owner])
             return cursor.rowcount == 1
 
-    def fan_closed(self, run_id: str, fan: int) -> bool:
-        """No member of the fan is still pending (asked after a member's result committed)."""
+    def fan_closed(self, run_id: str, fan: int, left: int | None = None) -> bool:
+        """No member of the fan is still pending (asked after a member's result committed).
+
+        ``left``, what ``Fan.objects.leave`` said of the member's shard in that commit, answers
+        when the fan keeps a count (durable/models/fans.py). Else the members are asked, which
+        reads past the index entry of every member settled since the last vacuum."""
+        if left is not None and left > 0:
+            return False
+        closed = Fan.objects.using(self.db).closed(run_id, fan) if left == 0 else None
+        if closed is not None:
+            return closed
         return not self.filter(run_id=run_id, status=CheckpointStatus.PENDING, fan=fan).exists()
 
     def settle_child(
@@ -446,6 +456,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         (call before the run is reopened): a child position waits again for its run, retried
         with it; any other position is forgotten, so the next turn replays it as new."""
         ended = Exists(Run.objects.filter(id=run_id, status__in=RETRYABLE))
+        # Forgetting a count is always safe: the fans' members are asked instead.
+        Fan.objects.using(self.db).forget(run_id)
         for batch in chunked(seqs, IDS_PER_STATEMENT):  # a wide fan's failures, a slice at a time
             positions = self.filter(ended, run_id=run_id, seq__in=batch)
             positions.filter(kind="child", status=CheckpointStatus.FAILED).update(

@@ -65,6 +65,11 @@ def parent(ctx, n):
     return ctx.child(child, n) + ctx.step(add, n)
 
 
+@durable.workflow(name="tests.crash.children_fan")
+def children_fan(ctx, n):
+    return ctx.all([ctx.defer_child(child, i) for i in range(n)])
+
+
 def in_place(env):
     env.transport.served_queues = {"durable"}
 
@@ -84,6 +89,7 @@ SCENARIOS = [
         [("worker", deliver), ("worker", advance("1h")), ("client", signal), ("worker", deliver)],
     ),
     Scenario("a child", lambda: durable.start(parent, 5).id, [("worker", deliver)]),
+    Scenario("a fan of 3 children", lambda: durable.start(children_fan, 3).id, [("worker", deliver)]),
 ]
 
 
