@@ -119,6 +119,9 @@ class Settings:
     OFFLOAD_BYTES: int | None = 256 * 1024
     #: The key of Django's STORAGES that offloaded payloads are written to.
     OFFLOAD_STORAGE: str = "default"
+    #: The bearer token a scraper sends to ``durable.metrics_view`` (staff users need none);
+    #: None: only staff may read the metrics.
+    METRICS_TOKEN: str | None = None
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how
@@ -188,7 +191,28 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
     found.extend(_codec_problems(raw))
     found.extend(_offload_problems(raw))
+    found.extend(_token_problems(raw))
     return found
+
+
+#: The shortest METRICS_TOKEN accepted: one a scraper could guess is no protection.
+MIN_TOKEN_LENGTH = 24
+
+
+def _token_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    token = raw.get("METRICS_TOKEN")
+    if token is None:
+        return []
+    if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH or token != token.strip() or " " in token:
+        shown = f"{len(token)} characters" if isinstance(token, str) else type(token).__name__
+        return [
+            (
+                "METRICS_TOKEN",
+                f"must be None or a string of at least {MIN_TOKEN_LENGTH} characters without spaces "
+                f"(e.g. secrets.token_urlsafe(32)), got {shown}",
+            )
+        ]
+    return []
 
 
 def _offload_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
