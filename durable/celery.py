@@ -182,8 +182,10 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
     and any starting worker sends a turn to the parked runs of the workflows it registered."""
     from django.db import connections
 
+    from . import metrics
     from .engine import blocked, leases, presence, sweeps
 
+    metrics.make()  # the project's SDK provider is set by now (its gauges, before any run)
     try:
         # Noted here, in the worker's main process; its keeper thread renews the note.
         presence.announce(node_name or "worker", sorted(dispatch.transport.served_queues or ()))
@@ -309,6 +311,8 @@ stepscope.beat_elsewhere = _beat_by_message
 @signals.worker_process_init.connect
 def _pool_child(**_: Any) -> None:
     """A prefork pool child may end itself to free a turn stuck in a body (see engine.leases)."""
+    from . import metrics
     from .engine import leases
 
     leases.may_exit = True
+    metrics.make()  # a provider set by the project's own worker_process_init

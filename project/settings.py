@@ -232,6 +232,8 @@ _DURABLE_FROM_ENV = {
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
     "ASYNC_STEPS_PER_PROCESS": int,
     "ON_NONDETERMINISM": str,
+    # The bearer token Prometheus sends to /metrics/ (durable.metrics_view).
+    "METRICS_TOKEN": str,
     # Comma-separated: codec paths in order, Fernet keys with the first one encrypting.
     "CODEC": lambda value: [item.strip() for item in value.split(",") if item.strip()],
     "CODEC_KEYS": lambda value: [item.strip() for item in value.split(",") if item.strip()],

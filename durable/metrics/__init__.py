@@ -106,6 +106,16 @@ def _prometheus_instruments() -> dict[str, Any] | None:
     return _prometheus
 
 
+def make() -> None:
+    """Make the OpenTelemetry instruments now, if the project set an SDK provider: its gauges are
+    then observed from the first collection, before anything is recorded (called at Django's
+    ready and at each worker's start; any record makes them too)."""
+    try:
+        _otel_instruments()
+    except Exception:  # noqa: BLE001 - never worth a worker's start
+        log.exception("durable: could not make the OpenTelemetry instruments")
+
+
 def enabled() -> bool:
     """Whether anything records metrics here: an SDK meter provider, or prometheus_client."""
     return prometheus_client is not None or _otel_instruments() is not None

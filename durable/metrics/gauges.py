@@ -23,9 +23,10 @@ log = logging.getLogger("durable.metrics")
 
 Reading = list[tuple[dict[str, str], float]]
 
-#: The timer gauges share one statement: kept this long for the other's callback.
-_SHARED_FOR = 1.0
-_timers: tuple[float, Reading, Reading] | None = None
+#: The timer gauges share one statement: the first read of a collection (their order in the
+#: table) keeps the lag for the second, which takes it, if still fresh, or reads again.
+_FRESH_FOR = 1.0
+_lag: tuple[float, Reading] | None = None
 
 
 def _namespace() -> tuple[str | None, str]:
@@ -34,9 +35,6 @@ def _namespace() -> tuple[str | None, str]:
 
 
 def _timer_readings() -> tuple[Reading, Reading]:
-    global _timers
-    if _timers is not None and time.monotonic() - _timers[0] < _SHARED_FOR:
-        return _timers[1], _timers[2]
     settings = conf.get()
     namespace, label = _namespace()
     now = clock.now()
@@ -49,15 +47,21 @@ def _timer_readings() -> tuple[Reading, Reading]:
     oldest = found["oldest"]
     due = [({"namespace": label}, float(found["due"]))]
     lag = [({"namespace": label}, max((now - oldest).total_seconds(), 0.0) if oldest else 0.0)]
-    _timers = (time.monotonic(), due, lag)
     return due, lag
 
 
 def timers_due() -> Reading:
-    return _timer_readings()[0]
+    global _lag
+    due, lag = _timer_readings()
+    _lag = (time.monotonic(), lag)
+    return due
 
 
 def timers_oldest_due_age() -> Reading:
+    global _lag
+    kept, _lag = _lag, None
+    if kept is not None and time.monotonic() - kept[0] < _FRESH_FOR:
+        return kept[1]
     return _timer_readings()[1]
 
 
