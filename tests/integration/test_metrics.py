@@ -274,3 +274,13 @@ def test_the_bad_token_setting_is_a_system_check_error(settings):
     errors = [e for e in checks.run_checks() if "METRICS_TOKEN" in str(e)]
     assert errors and all(e.level >= checks.ERROR for e in errors)
     assert ImproperlyConfigured  # the settings still load: the view then admits staff only
+
+
+def test_a_run_whose_turns_kept_crashing_counts_as_dead(durable_env, reader):
+    handle = durable.start(waits)
+    Run.objects.filter(id=handle.id).update(recovery_attempts=conf.get().MAX_RECOVERY_ATTEMPTS + 1)
+    durable_env.run_until_idle()
+    assert durable.get_run(handle.id).status == "dead"
+    seen = otel_points(reader.get_metrics_data())
+    assert value(seen, "durable.runs.dead", workflow="tests.metrics.waits", namespace="") == 1
+    assert value(seen, "durable.turn.duration", workflow="tests.metrics.waits", outcome="dead") == 1
