@@ -234,8 +234,10 @@ def _finish_async_steps(**_: Any) -> None:
 def _hand_back_leases(**_: Any) -> None:
     """Release the leases of turns this process still runs, so another worker continues at once."""
     from .engine import leases
+    from .metrics import shared
 
     leases.leave()
+    shared.flush()  # the last second's metrics, before the process ends
 
 
 def _worker_leaving(exc: BaseException) -> bool:

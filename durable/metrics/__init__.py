@@ -1,25 +1,35 @@
-"""OpenTelemetry metrics, and their Prometheus twin, for runs, turns and step attempts.
+"""Metrics of runs, turns and step attempts: OpenTelemetry instruments and their Prometheus twin.
 
-Every value goes to two places, each only when it is there to take it: the instruments of the
-global OpenTelemetry meter provider, once the project configured an SDK one (the API's default
-records nothing, so nothing is built for it), and ``prometheus_client``'s, when that package is
-installed (the ``prometheus`` extra), which ``durable.metrics_view`` serves. The names, kinds and
-attributes are the table of ``durable.metrics.instruments``; the gauges are read from the
-database when collected (``durable.metrics.gauges``).
+A value is first added to this process's own tallies (a dict entry and a bucket: about a
+microsecond, under a lock), and read from there by whoever collects:
 
-The engine asks for a recorder (``run_started``, ``run_ended``, ``step_ended``) and calls it once
-the change commits: a rolled-back transition never counts. With neither sink, each costs a check.
+- the OpenTelemetry meter of the global provider, once the project configured an SDK one (the
+  API's default records nothing, so nothing is made for it): counters are observable counters of
+  the tallies; histogram values wait in a bounded buffer and are recorded into the SDK's
+  histograms when its reader collects (the SDK's own cost per value, tens of microseconds, is
+  paid then, off the turn); gauges are read from the database (``durable.metrics.gauges``);
+- ``durable.metrics_view`` (``prometheus-client`` renders the text): the tallies of this process,
+  or, with ``DURABLE["METRICS_DIR"]``, those every process of the host writes there (a flusher
+  thread writes this process's file within a second of a change; ``durable.metrics.shared``).
+
+Names, kinds and attributes: the table of ``durable.metrics.instruments``. The engine asks for a
+recorder (``run_started``, ``run_ended``, ``step_ended``) and calls it once the change commits:
+a rolled-back transition never counts. Nothing records unless an SDK provider is set or
+prometheus-client is installed; then each costs a check.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-from .instruments import BUCKETS, COUNTER, GAUGE, HISTOGRAM, INSTRUMENTS
+from . import shared
+from .instruments import BUCKETS, BY_NAME, COUNTER, HISTOGRAM, INSTRUMENTS
 
 try:  # optional: durable never requires OpenTelemetry
     from opentelemetry import metrics as otel
@@ -33,34 +43,47 @@ except ImportError:  # pragma: no cover - exercised only where the package is ab
 
 log = logging.getLogger("durable.metrics")
 
-_COUNTERS = frozenset(instrument.name for instrument in INSTRUMENTS if instrument.kind == COUNTER)
-
 Recorder = Callable[[], None]
+#: (instrument name, attribute values in the table's order)
+Key = tuple[str, tuple[str, ...]]
+#: (instrument name, value, attribute values in the table's order)
+Value = tuple[str, float, tuple[str, ...]]
 
-#: The provider the OpenTelemetry instruments were made with, and those instruments by name.
+_COUNTERS = frozenset(instrument.name for instrument in INSTRUMENTS if instrument.kind == COUNTER)
+#: Histogram values waiting for the SDK's collection; past this many, new ones are dropped for
+#: OpenTelemetry (a provider whose reader never collects must not grow the process without end).
+PENDING_LIMIT = 100_000
+
+_lock = threading.Lock()
+#: This process's tallies: a counter's total; a histogram's per-bucket counts (the last: above
+#: every bound), sum and count.
+counters: dict[Key, float] = {}
+histograms: dict[Key, list[Any]] = {}
+#: Bumped at each change: the flusher writes the process's file when it moved.
+changes = 0
+
+#: The provider the OpenTelemetry instruments were made with, and the histograms among them.
 _provider: Any = None
-_otel: dict[str, Any] = {}
-#: prometheus_client's instruments by name, made once per process (in their own registry).
-_prometheus: dict[str, Any] | None = None
-REGISTRY: Any = None
+_otel_histograms: dict[str, Any] = {}
+_pending: list[Value] = []
+_dropped = 0
 
 
-def _otel_instruments() -> dict[str, Any] | None:
-    """The meter's instruments, made again when the project set another provider; None while the
-    global provider is the API's own (a proxy or no-op: no SDK configured)."""
-    global _provider, _otel
+def _otel_on() -> bool:
+    """Whether an SDK meter provider takes values; makes the instruments again when the project
+    set another provider. False while the global provider is the API's own (proxy or no-op)."""
+    global _provider, _otel_histograms
     if otel is None:
-        return None
+        return False
     provider = otel.get_meter_provider()
-    if provider is _provider:
-        return _otel or None
-    _provider, _otel = provider, {}
-    if not type(provider).__module__.startswith("opentelemetry.metrics"):
-        try:
-            _otel = _make_otel(provider)
-        except Exception:  # noqa: BLE001 - an SDK too old or broken: no metrics, never a failed turn
-            log.exception("durable: could not make the OpenTelemetry instruments")
-    return _otel or None
+    if provider is not _provider:
+        _provider, _otel_histograms = provider, {}
+        if not type(provider).__module__.startswith("opentelemetry.metrics"):
+            try:
+                _otel_histograms = _make_otel(provider)
+            except Exception:  # noqa: BLE001 - an SDK too old or broken: no metrics, never a failed turn
+                log.exception("durable: could not make the OpenTelemetry instruments")
+    return bool(_otel_histograms)
 
 
 def _make_otel(provider: Any) -> dict[str, Any]:
@@ -71,39 +94,44 @@ def _make_otel(provider: Any) -> dict[str, Any]:
     for instrument in INSTRUMENTS:
         common = {"name": instrument.name, "unit": instrument.unit, "description": instrument.description}
         if instrument.kind == COUNTER:
-            made[instrument.name] = meter.create_counter(**common)
+            meter.create_observable_counter(
+                **common, callbacks=[functools.partial(_observe_counter, instrument.name)]
+            )
         elif instrument.kind == HISTOGRAM:
             made[instrument.name] = meter.create_histogram(
                 **common, explicit_bucket_boundaries_advisory=list(BUCKETS)
             )
         else:
-            made[instrument.name] = meter.create_observable_gauge(
-                **common, callbacks=[gauges.otel_callback(instrument.name)]
-            )
+            meter.create_observable_gauge(**common, callbacks=[gauges.otel_callback(instrument.name)])
     return made
 
 
-def _prometheus_instruments() -> dict[str, Any] | None:
-    global _prometheus, REGISTRY
-    if prometheus_client is None:
-        return None
-    if _prometheus is None:
-        # A registry of durable's own: nothing of the project's default one is touched.
-        REGISTRY = prometheus_client.CollectorRegistry()
-        made: dict[str, Any] = {}
-        for instrument in INSTRUMENTS:
-            if instrument.kind == GAUGE:
-                continue  # read from the database by the view (durable.metrics.gauges)
-            named = (instrument.prometheus, instrument.description)
-            made[instrument.name] = (
-                prometheus_client.Counter(*named, labelnames=instrument.attributes, registry=REGISTRY)
-                if instrument.kind == COUNTER
-                else prometheus_client.Histogram(
-                    *named, labelnames=instrument.attributes, registry=REGISTRY, buckets=BUCKETS
-                )
-            )
-        _prometheus = made
-    return _prometheus
+def _observe_counter(name: str, options: Any) -> Iterable[Any]:
+    from opentelemetry.metrics import Observation
+
+    # The SDK runs every callback before it collects its histograms: hand them the waiting values.
+    _drain()
+    names = BY_NAME[name].attributes
+    with _lock:
+        found = [(values, total) for (kind, values), total in counters.items() if kind == name]
+    return [Observation(total, dict(zip(names, values, strict=True))) for values, total in found]
+
+
+def _drain() -> None:
+    global _pending, _dropped
+    with _lock:
+        taken, _pending = _pending, []
+        dropped, _dropped = _dropped, 0
+    if dropped:
+        log.warning(
+            "durable: %d histogram values were dropped for OpenTelemetry: its reader collects too seldom",
+            dropped,
+        )
+    histograms_made = _otel_histograms
+    for name, value, values in taken:
+        histogram = histograms_made.get(name)
+        if histogram is not None:
+            histogram.record(value, dict(zip(BY_NAME[name].attributes, values, strict=True)))
 
 
 def make() -> None:
@@ -111,40 +139,46 @@ def make() -> None:
     then observed from the first collection, before anything is recorded (called at Django's
     ready and at each worker's start; any record makes them too)."""
     try:
-        _otel_instruments()
+        _otel_on()
     except Exception:  # noqa: BLE001 - never worth a worker's start
         log.exception("durable: could not make the OpenTelemetry instruments")
 
 
 def enabled() -> bool:
-    """Whether anything records metrics here: an SDK meter provider, or prometheus_client."""
-    return prometheus_client is not None or _otel_instruments() is not None
+    """Whether anything takes metrics here: prometheus-client, or an SDK meter provider."""
+    return prometheus_client is not None or _otel_on()
 
 
-def _record(values: list[tuple[str, float, dict[str, str]]]) -> None:
-    """Add each (instrument, value, attributes) to each sink; a sink that fails is logged, never
-    raised into the engine (the change it reports is committed)."""
+def _record(values: list[Value]) -> None:
+    """Add each (instrument, value, attribute values) to the tallies; never raises into the engine
+    (the change it reports is committed)."""
+    global changes, _dropped
     try:
-        made = _otel_instruments()
-        if made is not None:
+        buffering = _otel_on()
+        with _lock:
             for name, value, attributes in values:
+                key = (name, attributes)
                 if name in _COUNTERS:
-                    made[name].add(value, attributes)
-                else:
-                    made[name].record(value, attributes)
-        kept = _prometheus_instruments()
-        if kept is not None:
-            for name, value, attributes in values:
-                child = kept[name].labels(**attributes)
-                if name in _COUNTERS:
-                    child.inc(value)
-                else:
-                    child.observe(value)
+                    counters[key] = counters.get(key, 0.0) + value
+                    continue
+                tally = histograms.get(key)
+                if tally is None:
+                    tally = histograms[key] = [[0] * (len(BUCKETS) + 1), 0.0, 0]
+                tally[0][bisect_left(BUCKETS, value)] += 1
+                tally[1] += value
+                tally[2] += 1
+                if buffering:
+                    if len(_pending) < PENDING_LIMIT:
+                        _pending.append((name, value, attributes))
+                    else:
+                        _dropped += 1
+            changes += 1
+        shared.changed()
     except Exception:  # noqa: BLE001 - a metric is never worth a turn
         log.exception("durable: could not record metrics %s", [name for name, *_ in values])
 
 
-def _later(values: list[tuple[str, float, dict[str, str]]]) -> Recorder | None:
+def _later(values: list[Value]) -> Recorder | None:
     return functools.partial(_record, values) if enabled() else None
 
 
@@ -154,18 +188,18 @@ def _seconds(delta: timedelta | None) -> float | None:
 
 def run_started(workflow: str, namespace: str | None) -> Recorder | None:
     """The recorder of a run's first turn (None: nothing records)."""
-    return _later([("durable.runs.started", 1, {"workflow": workflow, "namespace": namespace or ""})])
+    return _later([("durable.runs.started", 1.0, (workflow, namespace or ""))])
 
 
 def run_ended(
     status: str, workflow: str, namespace: str | None, duration: timedelta | None
 ) -> Recorder | None:
     """The recorder of a run that reached ``status`` (completed, failed, cancelled or dead)."""
-    attributes = {"workflow": workflow, "namespace": namespace or ""}
-    values = [(f"durable.runs.{status}", 1.0, attributes)]
+    run = (workflow, namespace or "")
+    values: list[Value] = [(f"durable.runs.{status}", 1.0, run)]
     seconds = _seconds(duration)
     if seconds is not None:
-        values.append(("durable.run.duration", seconds, {**attributes, "status": status}))
+        values.append(("durable.run.duration", seconds, (*run, str(status))))
     return _later(values)
 
 
@@ -178,19 +212,31 @@ def step_ended(
     duration: timedelta | None,
 ) -> Recorder | None:
     """The recorder of a step attempt that ended: ``outcome`` completed, retried or failed."""
-    attributes = {"step": step, "queue": queue or "", "namespace": namespace or ""}
-    values = [("durable.steps.attempts", 1.0, {**attributes, "outcome": outcome})]
+    where = (step, queue or "", namespace or "")
+    values: list[Value] = [("durable.steps.attempts", 1.0, (*where, outcome))]
     seconds = _seconds(duration)
     if seconds is not None:
-        values.append(("durable.step.duration", seconds, {**attributes, "outcome": outcome}))
+        values.append(("durable.step.duration", seconds, (*where, outcome)))
     waited = _seconds(queue_wait)
     if waited is not None:
-        values.append(("durable.step.queue_wait", waited, attributes))
+        values.append(("durable.step.queue_wait", waited, where))
     return _later(values)
 
 
 def turn_ended(workflow: str, namespace: str | None, outcome: str, seconds: float) -> None:
     """A turn of a run settled with ``outcome`` after ``seconds`` (its transactions are over)."""
     if enabled():
-        attributes = {"workflow": workflow, "namespace": namespace or "", "outcome": outcome}
-        _record([("durable.turn.duration", max(seconds, 0.0), attributes)])
+        _record([("durable.turn.duration", max(seconds, 0.0), (workflow, namespace or "", outcome))])
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's tallies, as plain JSON."""
+    with _lock:
+        return {
+            "buckets": list(BUCKETS),
+            "counters": [[name, list(values), total] for (name, values), total in counters.items()],
+            "histograms": [
+                [name, list(values), list(tally[0]), tally[1], tally[2]]
+                for (name, values), tally in histograms.items()
+            ],
+        }

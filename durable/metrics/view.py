@@ -2,16 +2,16 @@
 
 Allowed to a scraper that sends ``Authorization: Bearer <DURABLE["METRICS_TOKEN"]>`` and to a
 signed-in active staff user; refused to anyone else, with a reason (401 when a token is set, 403
-when none is). Counters and histograms come from ``prometheus_client``: with
-``PROMETHEUS_MULTIPROC_DIR`` set on every process of the host (web and workers), those of every
-process that wrote there; without it, only this process's own. Gauges are read from the database
-at each scrape (``durable.metrics.gauges``), the same whichever process serves the view.
+when none is). Counters and histograms: with ``DURABLE["METRICS_DIR"]`` set on every process of
+the host (web and workers), the sum of every process that wrote there (``durable.metrics.shared``);
+without it, only this process's own. Gauges are read from the database at each scrape
+(``durable.metrics.gauges``), the same whichever process serves the view. ``prometheus-client``
+renders the text.
 """
 
 from __future__ import annotations
 
 import hmac
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +19,8 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
 from .. import conf, metrics
-from .instruments import GAUGE, INSTRUMENTS
+from . import shared
+from .instruments import BUCKETS, COUNTER, GAUGE, INSTRUMENTS
 
 
 class _Gauges:
@@ -41,12 +42,44 @@ class _Gauges:
             yield family
 
 
-class _ThisProcess:
-    """durable's counters and histograms as this process holds them."""
+class _Tallies:
+    """The counters and histograms: this process's, or the sum of the host's."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
 
     def collect(self) -> Iterator[Any]:
-        metrics._prometheus_instruments()
-        yield from metrics.REGISTRY.collect()
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        if self.directory:
+            shared.flush()  # this process's own values too
+            counters, histograms = shared.read(self.directory)
+        else:
+            with metrics._lock:
+                counters = dict(metrics.counters)
+                histograms = {key: [list(t[0]), t[1], t[2]] for key, t in metrics.histograms.items()}
+        bounds = [str(bound) for bound in BUCKETS] + ["+Inf"]
+        for instrument in INSTRUMENTS:
+            labels = list(instrument.attributes)
+            if instrument.kind == GAUGE:
+                continue
+            if instrument.kind == COUNTER:
+                family: Any = CounterMetricFamily(
+                    instrument.prometheus, instrument.description, labels=labels
+                )
+                for (name, values), total in sorted(counters.items()):
+                    if name == instrument.name:
+                        family.add_metric(list(values), total)
+            else:
+                family = HistogramMetricFamily(instrument.prometheus, instrument.description, labels=labels)
+                for (name, values), (counts, total, _count) in sorted(histograms.items()):
+                    if name == instrument.name:
+                        cumulative, running = [], 0
+                        for bound, count in zip(bounds, counts, strict=True):
+                            running += count
+                            cumulative.append((bound, running))
+                        family.add_metric(list(values), cumulative, total)
+            yield family
 
 
 def refusal(request: HttpRequest) -> HttpResponse | None:
@@ -86,13 +119,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             content_type="text/plain",
         )
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-    from prometheus_client.multiprocess import MultiProcessCollector
 
     registry = CollectorRegistry()
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if directory:
-        MultiProcessCollector(registry, path=directory)
-    else:
-        registry.register(_ThisProcess())  # type: ignore[arg-type]
+    registry.register(_Tallies(conf.get().METRICS_DIR))  # type: ignore[arg-type]
     registry.register(_Gauges())  # type: ignore[arg-type]
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,7 +1,7 @@
 """End to end, on a real prefork worker: after real runs, each instrument of durable.metrics with
 its attributes, read from the worker's OpenTelemetry SDK (an in-memory reader) and through
-``durable.metrics_view`` in this process (the worker's prometheus-client values, shared through
-``PROMETHEUS_MULTIPROC_DIR`` as on one host, and the gauges read from the database).
+``durable.metrics_view`` in this process (the worker's tallies, shared through
+``DURABLE["METRICS_DIR"]`` as on one host, and the gauges read from the database).
 
 The worker imports this module (``--include``); with ``DURABLE_TEST_METRICS_DIR`` set it installs
 an SDK meter provider with an in-memory reader, and each pool process writes what that reader
@@ -91,7 +91,7 @@ def durable_worker_options(tmp_path):
     return {
         "env": {
             "DURABLE_TEST_METRICS_DIR": str(tmp_path),
-            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
+            "DURABLE_METRICS_DIR": str(tmp_path / "prometheus"),
             # The step crosses the broker to a pool process: its queue wait is measured.
             "DURABLE_EAGER_STEPS": "false",
         }
@@ -113,7 +113,7 @@ def _worker_points(folder: Path) -> dict[str, list[tuple[dict[str, Any], float]]
 
 
 def test_a_worker_s_metrics_after_real_runs_through_its_sdk_and_the_prometheus_view(
-    durable_worker, tmp_path, client, settings, monkeypatch
+    durable_worker, tmp_path, client, settings
 ):
     done = durable.start(ship, 7)
     failed = durable.start(broken)
@@ -165,11 +165,20 @@ def test_a_worker_s_metrics_after_real_runs_through_its_sdk_and_the_prometheus_v
     assert any(a.get("queue") == queue for a, _ in points["durable.step.queue_wait"])
 
     # The same through the view, in this process: the worker's values from the shared folder.
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prometheus"))
-    settings.DURABLE = {**settings.DURABLE, "METRICS_TOKEN": TOKEN}
-    response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    assert response.status_code == 200
-    scraped = prometheus_samples(response.content.decode())
+    settings.DURABLE = {
+        **settings.DURABLE,
+        "METRICS_TOKEN": TOKEN,
+        "METRICS_DIR": str(tmp_path / "prometheus"),
+    }
+
+    def scraped_all():
+        response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+        assert response.status_code == 200
+        found = prometheus_samples(response.content.decode())
+        return found if value(found, "durable_runs_completed_total", **ship_run) else None
+
+    scraped = wait_for(scraped_all, timeout=10, what="the worker's file of metrics")
+    assert len(list((tmp_path / "prometheus").glob("durable-*.json"))) >= 2  # the pool's, and this one's
     kinds = {instrument.name: instrument.kind for instrument in INSTRUMENTS}
     for name, (attributes, least) in expected.items():
         sample = name.replace(".", "_") + (

@@ -60,6 +60,9 @@ def reader(monkeypatch):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+    with metrics._lock:  # the observable counters read the process's tallies: from zero here
+        metrics.counters.clear()
+        metrics.histograms.clear()
     memory = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[memory])
     monkeypatch.setattr(metrics.otel, "get_meter_provider", lambda: provider)
@@ -220,13 +223,52 @@ def test_the_gauges_are_read_from_the_database_when_collected(durable_env, reade
     assert pending.id != due.id
 
 
-def test_every_instrument_of_the_table_is_made_in_the_sdk(reader):
-    metrics._otel_instruments()
-    assert set(metrics._otel) == {instrument.name for instrument in INSTRUMENTS}
+def test_every_instrument_of_the_table_reaches_the_sdk(durable_env, reader):
+    durable.start(sums, 1)
+    durable.start(fails)
+    durable_env.run_until_idle()
+    Checkpoint.objects.filter(status="pending").update(
+        started_at=None, enqueued_at=clock.now(), queue="gauges-q", kind="step"
+    )
+    names = set(otel_points(reader.get_metrics_data()))
+    made = {i.name for i in INSTRUMENTS} - {
+        "durable.runs.cancelled",
+        "durable.runs.dead",
+        "durable.runs.failed",
+    }
+    assert made <= names, sorted(made - names)
 
 
 def test_without_an_sdk_nothing_is_made_for_the_api_s_default_provider():
-    assert metrics._otel_instruments() is None
+    assert metrics._otel_on() is False
+
+
+def test_the_view_sums_the_files_of_the_host_s_processes(durable_env, scrape, settings, tmp_path):
+    import json
+
+    from durable.metrics import shared
+
+    other = {
+        "buckets": list(metrics.BUCKETS),
+        "counters": [["durable.runs.started", ["tests.metrics.elsewhere", ""], 5.0]],
+        "histograms": [
+            ["durable.run.duration", ["tests.metrics.elsewhere", "", "completed"], [1] + [0] * 18, 0.004, 1]
+        ],
+    }
+    (tmp_path / "durable-999999.json").write_text(json.dumps(other))
+    (tmp_path / "durable-999998.json").write_text(json.dumps({**other, "buckets": [1, 2]}))  # another version
+    settings.DURABLE = {**settings.DURABLE, "METRICS_DIR": str(tmp_path)}
+    durable.start(sums, 1)
+    durable_env.run_until_idle()
+    scraped = scrape()
+    assert value(scraped, "durable_runs_started_total", workflow="tests.metrics.elsewhere") == 5
+    assert value(scraped, "durable_run_duration_bucket", workflow="tests.metrics.elsewhere", le="0.005") == 1
+    assert value(scraped, "durable_run_duration_bucket", workflow="tests.metrics.elsewhere", le="+Inf") == 1
+    assert (
+        value(scraped, "durable_runs_started_total", workflow="tests.metrics.sums") >= 1
+    )  # this process's file
+    assert (tmp_path / f"durable-{__import__('os').getpid()}.json").exists()
+    assert shared.read(str(tmp_path))[0][("durable.runs.started", ("tests.metrics.elsewhere", ""))] == 5
 
 
 # The view's protection.
