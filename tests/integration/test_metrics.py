@@ -326,3 +326,23 @@ def test_a_run_whose_turns_kept_crashing_counts_as_dead(durable_env, reader):
     seen = otel_points(reader.get_metrics_data())
     assert value(seen, "durable.runs.dead", workflow="tests.metrics.waits", namespace="") == 1
     assert value(seen, "durable.turn.duration", workflow="tests.metrics.waits", outcome="dead") == 1
+
+
+def test_histogram_values_wait_for_the_sdk_s_collection_within_a_bound(reader, monkeypatch, caplog):
+    monkeypatch.setattr(metrics, "PENDING_LIMIT", 3)
+    for _ in range(5):
+        metrics.turn_ended("tests.metrics.bounded", None, "completed", 0.01)
+    assert len(metrics._pending) == 3  # recorded into the SDK only when its reader collects
+    with caplog.at_level("WARNING", logger="durable.metrics"):
+        seen = otel_points(reader.get_metrics_data())
+    assert value(seen, "durable.turn.duration", workflow="tests.metrics.bounded") == 3
+    assert "2 histogram values were dropped" in caplog.text
+    assert metrics._pending == []
+    # The view's tallies are not bounded by the buffer: every value is there.
+    assert metrics.histograms[("durable.turn.duration", ("tests.metrics.bounded", "", "completed"))][2] == 5
+
+
+def test_a_metrics_dir_that_is_no_folder_is_reported(settings, tmp_path):
+    settings.DURABLE = {**settings.DURABLE, "METRICS_DIR": str(tmp_path / "missing")}
+    assert [key for key, _ in conf.problems(conf.declared())] == ["METRICS_DIR"]
+    assert conf.get().METRICS_DIR is None
