@@ -3,6 +3,10 @@ ten-local-step run (``bench.local10``, the path where durable's own Python weigh
 checkout against the sources of another commit.
 
     .venv-bench/bin/python bench/instructions.py --against f04b883^1   # about two minutes
+    .venv-bench/bin/python bench/instructions.py --metrics both        # metrics off, then on
+
+With ``--metrics MODE`` both sides are this checkout's sources, the first with metrics ``off``, the
+second as MODE says (``prometheus``, ``otel`` or ``both``: see bench/metering.py).
 
 Each side runs in its own process under valgrind's callgrind (Debian's ``valgrind`` package),
 collecting only while ``--runs`` runs start and finish (after ten unmeasured ones): the count of
@@ -13,7 +17,7 @@ statements shows in ``bench/run.py`` and ``tests/integration/test_costs.py``). T
 a quiet machine; this one does not, which is why it exists.
 
 Writes bench/results/instructions.json and instructions.md. Databases ``durable_instr_a`` and
-``durable_instr_b`` only.
+``durable_instr_b`` only (``BENCH_INSTR_DBS=one,two`` names others: each is dropped first).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PACKAGES = ("durable", "durable_admin", "project")
+DBS = tuple(os.environ.get("BENCH_INSTR_DBS", "durable_instr_a,durable_instr_b").split(","))
 COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
@@ -60,6 +65,10 @@ def measure(runs: int) -> None:
         raise RuntimeError(f"durable was imported from {dispatch.__file__}, not from the sources measured")
 
     dispatch.install(replace(dispatch.transport, send=lambda message: None))
+    if os.environ.get("BENCH_METRICS"):  # only sources that have durable.metrics are asked this
+        from bench import metering
+
+        metering.apply(os.environ["BENCH_METRICS"])
     env.truncate()
     for _ in range(10):
         local._in_process_once()
@@ -94,9 +103,11 @@ def _fresh(db: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
-def _count(source: Path, db: str, runs: int) -> int:
+def _count(source: Path, db: str, runs: int, metrics: str | None = None) -> int:
     _fresh(db)
     environ = {**os.environ, "BENCH_SOURCE": str(source), "BENCH_DB": db, "PYTHONHASHSEED": "0"}
+    if metrics is not None:
+        environ["BENCH_METRICS"] = metrics
     done = subprocess.run(
         [
             "valgrind",
@@ -126,6 +137,11 @@ def main() -> None:
         "--against", default="f04b883^1", help="the commit to compare with (default: before values)"
     )
     parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument(
+        "--metrics",
+        choices=("prometheus", "otel", "both"),
+        help="compare this checkout with metrics off against the same with these metrics on",
+    )
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure is not None:
@@ -133,23 +149,34 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
-    against = subprocess.run(
-        ["git", "rev-parse", "--short=12", args.against], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.strip()
     here = subprocess.run(
         ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout.strip()
     dirty = bool(
         subprocess.run(["git", "status", "--porcelain", *PACKAGES], cwd=ROOT, capture_output=True).stdout
     )
+    sources = here + ("+changes" if dirty else "")
+    if args.metrics:
+        against = f"{sources}, metrics off"
+        sides = (("before", None, DBS[0], "off"), ("now", None, DBS[1], args.metrics))
+        sources = f"{sources}, metrics {args.metrics}"
+    else:
+        against = subprocess.run(
+            ["git", "rev-parse", "--short=12", args.against],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        sides = (("before", against, DBS[0], None), ("now", None, DBS[1], None))
     with tempfile.TemporaryDirectory(prefix="durable-instr-") as tmp:
         counts = {}
-        for side, rev, db in (("before", against, "durable_instr_a"), ("now", None, "durable_instr_b")):
-            log(f"{side}: counting {args.runs} runs")
-            counts[side] = _count(_sources(rev, Path(tmp) / side), db, args.runs) / args.runs
+        for side, rev, db, metrics in sides:
+            log(f"{side}: counting {args.runs} runs" + (f", metrics {metrics}" if metrics else ""))
+            counts[side] = _count(_sources(rev, Path(tmp) / side), db, args.runs, metrics) / args.runs
     result = {
         "against": against,
-        "sources": here + ("+changes" if dirty else ""),
+        "sources": sources,
         "runs": args.runs,
         "per_run": counts,
         "ratio": round(counts["now"] / counts["before"], 4),

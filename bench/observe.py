@@ -3,9 +3,11 @@
     python bench/observe.py               # 5 interleaved repetitions; about a minute
 
 1. A run of ten local steps (``bench.local10``), started and turned in this process (as family 3's
-   ``in_process``, one at a time), three ways, interleaved: ``off`` (no receiver, no tracer
-   provider: the shipped default), ``signals`` (a receiver on every lifecycle signal) and
-   ``traced`` (an OpenTelemetry SDK tracer, spans handed to an exporter that drops them).
+   ``in_process``, one at a time), four ways, interleaved: ``off`` (no receiver, no tracer
+   provider, no metrics: the default without the optional packages), ``signals`` (a receiver on
+   every lifecycle signal), ``traced`` (an OpenTelemetry SDK tracer, spans handed to an exporter
+   that drops them) and ``metered`` (durable.metrics into both prometheus-client's view and an
+   OpenTelemetry SDK meter provider: bench/metering.py's ``both``).
 2. ``manage.py durable replay`` over 1,000 stored histories of that workflow (10 positions each).
 
 Writes bench/results/observe.json and observe.md. Its own database ``durable_observe``
@@ -86,7 +88,11 @@ class Mode:
         self.undo: list[Any] = []
 
     def __enter__(self) -> Mode:
+        from bench import metering
         from durable import signals, tracing
+
+        # Metrics only where asked: the venv has prometheus-client, which would meter every way.
+        self.undo.append(metering.apply("both" if self.name == "metered" else "off"))
 
         if self.name == "signals":
             heard: list[Any] = []
@@ -123,7 +129,7 @@ def turn_costs() -> dict[str, Any]:
     from durable import dispatch
 
     saved = dispatch.install(replace(dispatch.transport, send=lambda message: None))
-    samples: dict[str, list[float]] = {"off": [], "signals": [], "traced": []}
+    samples: dict[str, list[float]] = {"off": [], "signals": [], "traced": [], "metered": []}
     try:
         truncate()
         for _ in range(20):
@@ -141,6 +147,7 @@ def turn_costs() -> dict[str, Any]:
         "per_run_s": medians,
         "signals_vs_off": ratio(medians["signals"]["median"], medians["off"]["median"]),
         "traced_vs_off": ratio(medians["traced"]["median"], medians["off"]["median"]),
+        "metered_vs_off": ratio(medians["metered"]["median"], medians["off"]["median"]),
     }
 
 
@@ -190,7 +197,7 @@ def main() -> None:
             f"| `bench.local10` in process, {name} | {turn['per_run_s'][name]['median'] * 1000:.2f} ms | "
             + ("1.00x" if name == "off" else f"{turn[f'{name}_vs_off']:.2f}x")
             + " |"
-            for name in ("off", "signals", "traced")
+            for name in ("off", "signals", "traced", "metered")
         ),
         f"| `manage.py durable replay`, {check['histories']} histories of {check['positions_each']} positions "
         f"| {check['seconds']['median']:.2f} s | |",

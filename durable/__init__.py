@@ -56,6 +56,7 @@ from .errors import (
 )
 from .inputs import DeadLetter, Failure
 from .limits import Concurrency
+from .metrics.view import metrics_view
 from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
@@ -114,6 +115,7 @@ __all__ = [
     "get_run",
     "heartbeat",
     "heartbeat_step",
+    "metrics_view",
     "pause_schedule",
     "publish_event",
     "query",

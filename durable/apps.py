@@ -16,13 +16,14 @@ class DurableConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.utils.module_loading import autodiscover_modules
 
-        from . import celery, checks, conf, tasks  # noqa: F401 - registers tasks, signals and checks
+        from . import celery, checks, conf, metrics, tasks  # noqa: F401 - registers tasks, signals and checks
 
         setting_changed.connect(conf.reset)
         conf.reset()  # tells the value converter USE_TZ
         _use_test_database()
         # Import ``workflows`` from every installed app, as the admin does with ``admin``.
         autodiscover_modules("workflows")
+        metrics.make()  # with a provider the settings set, the gauges are observed from the start
 
 
 def _app_label(module: str) -> str | None:

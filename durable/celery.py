@@ -182,8 +182,10 @@ def _reclaim_predecessor(sender: Any = None, **_: Any) -> None:
     and any starting worker sends a turn to the parked runs of the workflows it registered."""
     from django.db import connections
 
+    from . import metrics
     from .engine import blocked, leases, presence, sweeps
 
+    metrics.make()  # the project's SDK provider is set by now (its gauges, before any run)
     try:
         # Noted here, in the worker's main process; its keeper thread renews the note.
         presence.announce(node_name or "worker", sorted(dispatch.transport.served_queues or ()))
@@ -232,8 +234,10 @@ def _finish_async_steps(**_: Any) -> None:
 def _hand_back_leases(**_: Any) -> None:
     """Release the leases of turns this process still runs, so another worker continues at once."""
     from .engine import leases
+    from .metrics import shared
 
     leases.leave()
+    shared.flush()  # the last second's metrics, before the process ends
 
 
 def _worker_leaving(exc: BaseException) -> bool:
@@ -309,6 +313,8 @@ stepscope.beat_elsewhere = _beat_by_message
 @signals.worker_process_init.connect
 def _pool_child(**_: Any) -> None:
     """A prefork pool child may end itself to free a turn stuck in a body (see engine.leases)."""
+    from . import metrics
     from .engine import leases
 
     leases.may_exit = True
+    metrics.make()  # a provider set by the project's own worker_process_init

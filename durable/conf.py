@@ -119,6 +119,12 @@ class Settings:
     OFFLOAD_BYTES: int | None = 256 * 1024
     #: The key of Django's STORAGES that offloaded payloads are written to.
     OFFLOAD_STORAGE: str = "default"
+    #: The bearer token a scraper sends to ``durable.metrics_view`` (staff users need none);
+    #: None: only staff may read the metrics.
+    METRICS_TOKEN: str | None = None
+    #: A folder every process of the host writes its metrics to, for durable.metrics_view to sum
+    #: (each web and worker process of a host the same one); None: the view shows its own process's.
+    METRICS_DIR: str | None = None
 
 
 # The dataclass is the one place the keys and their defaults are written; a key's type says how
@@ -188,6 +194,31 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("DATABASE", f"{raw['DATABASE']!r} is not a key of DATABASES"))
     found.extend(_codec_problems(raw))
     found.extend(_offload_problems(raw))
+    found.extend(_token_problems(raw))
+    return found
+
+
+#: The shortest METRICS_TOKEN accepted: one a scraper could guess is no protection.
+MIN_TOKEN_LENGTH = 24
+
+
+def _token_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    token = raw.get("METRICS_TOKEN")
+    found = []
+    folder = raw.get("METRICS_DIR")
+    if folder is not None and (not isinstance(folder, str) or not os.path.isdir(folder)):
+        found.append(("METRICS_DIR", f"must be None or the path of an existing folder, got {folder!r}"))
+    if token is None:
+        return found
+    if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH or token != token.strip() or " " in token:
+        shown = f"{len(token)} characters" if isinstance(token, str) else type(token).__name__
+        found.append(
+            (
+                "METRICS_TOKEN",
+                f"must be None or a string of at least {MIN_TOKEN_LENGTH} characters without spaces "
+                f"(e.g. secrets.token_urlsafe(32)), got {shown}",
+            )
+        )
     return found
 
 

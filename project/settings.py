@@ -232,6 +232,10 @@ _DURABLE_FROM_ENV = {
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
     "ASYNC_STEPS_PER_PROCESS": int,
     "ON_NONDETERMINISM": str,
+    # The bearer token Prometheus sends to /metrics/ (durable.metrics_view).
+    "METRICS_TOKEN": str,
+    # The folder the web and worker processes of one host share their metrics through.
+    "METRICS_DIR": str,
     # Comma-separated: codec paths in order, Fernet keys with the first one encrypting.
     "CODEC": lambda value: [item.strip() for item in value.split(",") if item.strip()],
     "CODEC_KEYS": lambda value: [item.strip() for item in value.split(",") if item.strip()],

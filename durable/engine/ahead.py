@@ -14,13 +14,14 @@ never tried.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections
 
-from .. import clock, conf, dispatch, tracing
+from .. import clock, conf, dispatch, metrics, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
 from ..models import Checkpoint, Run, Status
@@ -85,16 +86,18 @@ def record(
     except (WorkflowNotRegistered, InvalidInput):
         return None
     attributes = {"durable.run_id": run.id, "durable.workflow": run.workflow, "durable.version": run.version}
+    started = time.perf_counter()
     with tracing.span(f"durable.turn {run.workflow}", run.id, attributes) as span:
         now = clock.now()
         replayed = _replayed(workflow, body_input, row, read, output, now, settings)
         written = (
             _write(row, read, output, now, settings, began, recorded_as, *replayed) if replayed else None
         )
+        outcome = replayed[0].status if replayed and written == COMPLETED else "not ahead"
         if span is not None:
-            span.set_attribute(
-                "durable.outcome", replayed[0].status if replayed and written == COMPLETED else "not ahead"
-            )
+            span.set_attribute("durable.outcome", outcome)
+    if outcome != "not ahead":  # else the usual turn runs, and is measured, after this
+        metrics.turn_ended(run.workflow, run.namespace, str(outcome), time.perf_counter() - started)
     return written
 
 

@@ -1,7 +1,8 @@
-"""Tell the world how runs and step attempts went: the lifecycle signals and log records, sent
-after the change commits, and the spans of step attempts a turn ran or judged.
+"""Tell the world how runs and step attempts went: the lifecycle signals, log records and
+metrics, sent after the change commits, and the spans of step attempts a turn ran or judged.
 
-Nothing here writes to the database; with no receiver and the log level above, it costs a check.
+Nothing here writes to the database; with no receiver, the log level above and nothing recording
+metrics, it costs a check.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
-from .. import clock, conf, signals, tracing
+from .. import clock, conf, metrics, signals, tracing
 from ..models import Checkpoint, Run, Status
 from ..replay.history import COMPLETED, FAILED, PENDING, Record
 from ..values import decode
@@ -38,12 +39,21 @@ def _seconds(delta: timedelta | None) -> float | None:
 
 
 def _emit(
-    signal: Signal, sender: type, level: int, message: str, args: tuple[Any, ...], **facts: Any
+    signal: Signal,
+    sender: type,
+    level: int,
+    message: str,
+    args: tuple[Any, ...],
+    measure: metrics.Recorder | None = None,
+    **facts: Any,
 ) -> None:
-    """Send ``signal`` and log ``message`` once the current transaction commits (at once outside one)."""
+    """Send ``signal``, log ``message`` and record ``measure``'s metrics once the current
+    transaction commits (at once outside one): a transition rolled back reports nothing."""
     listening = signal.has_listeners(sender)
     logging_it = log.isEnabledFor(level)
     if not listening and not logging_it:
+        if measure is not None:
+            transaction.on_commit(measure, using=conf.get().DATABASE)
         return
     extra = {
         key: (_seconds(value) if isinstance(value, timedelta) else value)
@@ -56,6 +66,8 @@ def _emit(
         extra["error_code"] = facts["error"].get("code")
 
     def send() -> None:
+        if measure is not None:
+            measure()
         if logging_it:
             log.log(level, message, *args, extra=extra)
         if listening:
@@ -88,6 +100,7 @@ def run_started(run: Run) -> None:
         logging.DEBUG,
         "durable: run %s (%s) started",
         (run.id, run.workflow),
+        metrics.run_started(run.workflow, run.namespace),
         **facts,
     )
 
@@ -134,6 +147,7 @@ def run_ended(run: Run) -> None:
         level,
         "durable: run %s (%s) %s after %ss%s",
         (run.id, run.workflow, run.status, _seconds(duration), _reason(run.error)),
+        metrics.run_ended(run.status, run.workflow, run.namespace, duration),
         **facts,
     )
 
@@ -183,6 +197,10 @@ def step_recorded(
         "duration": _since(began, now),
     }
     where = (name, run_id, seq, attempt)
+    outcome = "completed" if status == COMPLETED else "failed" if status == FAILED else "retried"
+    measure = metrics.step_ended(
+        name, queue, conf.get().NAMESPACE, outcome, facts["queue_wait"], facts["duration"]
+    )
     if status == COMPLETED:
         _emit(
             signals.step_completed,
@@ -190,6 +208,7 @@ def step_recorded(
             logging.DEBUG,
             "durable: step %s of run %s#%s attempt %s completed",
             where,
+            measure,
             output=output,
             **facts,
         )
@@ -200,6 +219,7 @@ def step_recorded(
             logging.WARNING,
             "durable: step %s of run %s#%s failed for good at attempt %s%s",
             (*where, _reason(error)),
+            measure,
             error=error,
             **facts,
         )
@@ -210,6 +230,7 @@ def step_recorded(
             logging.INFO,
             "durable: step %s of run %s#%s attempt %s failed; the next is due at %s%s",
             (*where, retry_at, _reason(error)),
+            measure,
             error=error,
             retry_at=retry_at,
             **facts,

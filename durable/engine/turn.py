@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from .. import clock, conf, dispatch, errors, shutdown, tracing
+from .. import clock, conf, dispatch, errors, metrics, shutdown, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import FIRST_CLAIM, Checkpoint, Run, Status
@@ -131,6 +131,7 @@ def _claimed(
         return remote_turns.send(run, owner, settings, first=first)
     leases.hold(run_id, owner)
     attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
+    began, outcome = time.perf_counter(), "error"
     try:
         with tracing.span(f"durable.turn {run.workflow}", run_id, attributes) as span:
             outcome = _turns(run, owner, settings, first=first, history=history)
@@ -143,6 +144,7 @@ def _claimed(
         raise
     finally:
         leases.release(run_id)
+        metrics.turn_ended(run.workflow, run.namespace, str(outcome), time.perf_counter() - began)
 
 
 def _when_the_database_answers(write: Callable[[], None], settings: conf.Settings) -> None:

@@ -58,6 +58,7 @@ PUBLIC = [
     "get_run",
     "heartbeat",
     "heartbeat_step",
+    "metrics_view",
     "pause_schedule",
     "publish_event",
     "query",
