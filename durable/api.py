@@ -306,10 +306,15 @@ class ResultWait:
         waited = time.monotonic() - self.started
         if self.limit is not None and waited >= self.limit:
             raise WaitTimeout(
-                f"run {self.run_id!r} is still {run.status} after {self.timeout}",
+                f"run {self.run_id!r} is still {run.status} after {_waited(self.timeout, self.limit)}",
                 details={"status": run.status},
             )
         return None if self.limit is None else self.limit - waited
+
+
+def _waited(timeout: Any, seconds: float) -> str:
+    """The wait as the caller gave it, with a unit when it had none (``20`` → ``20 s``)."""
+    return f"{seconds:g} s" if isinstance(timeout, int | float) else str(timeout)
 
 
 def result_wait(run_id: str, timeout: Any) -> ResultWait:

@@ -43,9 +43,6 @@ REPAIR_BATCH = 100
 #: varies: each start counts this much longer than its period, so the bodies' own starts
 #: keep to the limit too.
 RATE_SLACK = timedelta(milliseconds=100)
-#: A token due within this long also gets a countdown message (it waits in a worker's memory,
-#: so only briefly); a later one is left to the timer sweep, whose second matters less.
-HINT_WITHIN = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -124,11 +121,8 @@ def wake_for_token(run_id: str, until: datetime) -> None:
     queue = Run.objects.using(settings.DATABASE).wake_by(run_id, until)
     if queue is None:
         return
-    # A little late rather than early: a turn before the token is due only waits again.
-    seconds = (until - clock.now()).total_seconds() + 0.05
-    if 0 < seconds <= HINT_WITHIN.total_seconds():
-        with transaction.atomic(using=settings.DATABASE):  # sent on commit, as every message is
-            dispatch.advance_later(run_id, queue or settings.DEFAULT_QUEUE, seconds)
+    with transaction.atomic(using=settings.DATABASE):  # sent on commit, as every message is
+        dispatch.advance_at(run_id, queue or settings.DEFAULT_QUEUE, until)
 
 
 def _rate_token(step: Step) -> datetime | None:

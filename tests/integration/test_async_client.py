@@ -241,9 +241,12 @@ async def test_aresult_times_out_as_result_does(sent, monkeypatch):
     # Past the limit it raises even while the end notices are being waited on.
     monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)
     t0 = time.monotonic()
-    with pytest.raises(durable.WaitTimeout):
+    with pytest.raises(durable.WaitTimeout) as bare:
         await durable.aresult(handle.id, timeout=0.3)
     assert time.monotonic() - t0 < 2
+    # A timeout given as a bare number is said with its unit; one given as a duration, as given.
+    assert str(bare.value).endswith("still pending after 0.3 s")
+    assert str(late.value).endswith("still pending after 200ms")
 
 
 @pytest.mark.asyncio
