@@ -247,9 +247,16 @@ class Explorer:
         run = Run.objects.get(id=run_id)
         # Children get fresh ids each run: a run is named by its place in the tree.
         tree = {tree_id: i for i, tree_id in enumerate(self.tree(run_id))}
-        positions = sorted(
-            (tree[c.run_id], c.seq, c.kind, c.name) for c in Checkpoint.objects.filter(run__in=tree)
-        )
+        # An async body's ``resumed`` positions record which answers an idle point handed out:
+        # when each answer came, which a crash changes (a member sent late answers late), not
+        # what the run did. The others are compared in order, numbered without them.
+        kept = Checkpoint.objects.filter(run__in=tree).exclude(kind="resumed").order_by("run_id", "seq")
+        numbered = Counter[str]()
+        positions = []
+        for c in kept:
+            positions.append((tree[c.run_id], numbered[c.run_id], c.kind, c.name))
+            numbered[c.run_id] += 1
+        positions.sort()
         return Outcome(
             list(self.points),
             run.status,
