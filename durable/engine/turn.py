@@ -490,9 +490,9 @@ def _settle(
         )
     else:
         observe.run_suspended(run, outcome.wake_at)
-        if outcome.wake_at is not None:
+        if state is not None and state.timers:
             # A timer due soon (a retry's backoff, a short sleep) fires on time without beat.
-            dispatch.advance_at(run.id, run.queue or settings.DEFAULT_QUEUE, outcome.wake_at)
+            dispatch.advance_at(run.id, run.queue or settings.DEFAULT_QUEUE, min(state.timers))
 
 
 def run_fields(outcome: Decision) -> dict[str, Any]:

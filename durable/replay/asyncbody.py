@@ -275,6 +275,8 @@ class Driver:
         for answer in answers:
             if isinstance(answer, Pending) and answer.wake_at is not None:
                 ctx._turn.wakes.append(answer.wake_at)
+                if answer.timer:
+                    ctx._turn.timers.append(answer.wake_at)
         ctx._stop(Suspend())
 
     def _stuck(self, task: asyncio.Task[Any]) -> None:

@@ -255,6 +255,8 @@ class Context(
         if isinstance(answer, Pending):
             if answer.wake_at is not None:
                 self._turn.wakes.append(answer.wake_at)
+                if answer.timer:
+                    self._turn.timers.append(answer.wake_at)
             raise self._stop(Suspend())
         if isinstance(answer, BaseException):
             raise answer
@@ -323,7 +325,9 @@ class Context(
                 self._send(rec, step)
             # Look again by the earliest moment a started attempt could have overrun.
             earliest = self._deadline(rec, step, since=rec.enqueued_at)
-            return Pending(min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])))
+            return Pending(
+                min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])), timer=False
+            )
         if rec.held_until is not None and rec.held_until <= now:
             return self._attempt_lost(
                 rec,
@@ -338,7 +342,7 @@ class Context(
             )
             self._attempt_failed(rec, step, err, retryable=True)
             return self._resolve_step(rec, step)
-        return Pending(deadline)
+        return Pending(deadline, timer=False)
 
     def _attempt_lost(self, rec: Record, step: Step, why: str) -> Any:
         """Count an attempt whose executor died as a failed one; the retry policy decides the rest."""

@@ -20,12 +20,17 @@ if TYPE_CHECKING:
 
 
 class Pending:
-    """A primitive that cannot answer yet; the run should wake by ``wake_at`` (None: no timer)."""
+    """A primitive that cannot answer yet; the run should wake by ``wake_at`` (None: no timer).
 
-    __slots__ = ("wake_at",)
+    ``timer``: whether ``wake_at`` is when the body's wait ends (a sleep, a backoff, a timeout)
+    rather than a check that normally never fires (a step attempt's deadline): only a timer is
+    worth a message of its own to fire on time (the engine's countdown hint)."""
 
-    def __init__(self, wake_at: datetime | None) -> None:
+    __slots__ = ("timer", "wake_at")
+
+    def __init__(self, wake_at: datetime | None, *, timer: bool = True) -> None:
         self.wake_at = wake_at
+        self.timer = timer
 
 
 class Positions(ABC):

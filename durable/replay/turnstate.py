@@ -50,6 +50,8 @@ class TurnState:
     )
     dispatch: list[Record] = field(default_factory=list)
     wakes: list[datetime] = field(default_factory=list)
+    #: Those of ``wakes`` that end a wait of the body (a sleep, a backoff, a timeout), not checks.
+    timers: list[datetime] = field(default_factory=list)
     consumed: list[BufferedSignal] = field(default_factory=list)
     children: list[ChildStart] = field(default_factory=list)
     #: Messages to other runs recorded by this turn, sent in the transaction that writes them.
