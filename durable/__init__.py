@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .__about__ import __version__ as __version__
 from .api import (
     RunHandle,
     cancel,
