@@ -42,6 +42,10 @@ from durable.engine import histories, leases, sweeps
 from durable.models import TERMINAL, Checkpoint, Fan, Run
 from durable.testing import DurableEnv, replay_history
 
+#: What happens at the target point: the process dies there, or (receipts only) the message
+#: received there is lost, delivered twice, or delivered after every message pending behind it.
+KILL, DROP, DOUBLE, REORDER = "kill", "drop", "double", "reorder"
+
 
 class Killed(BaseException):  # noqa: N818 - it is a death, not an error
     """The process died here. Not a ``_ControlFlow``: nothing in the engine may recognise it."""
@@ -91,8 +95,8 @@ class Outcome:
 
 
 class Explorer:
-    def __init__(self, env: DurableEnv, scenario: Scenario) -> None:
-        self.env, self.scenario = env, scenario
+    def __init__(self, env: DurableEnv, scenario: Scenario, fault: str = KILL) -> None:
+        self.env, self.scenario, self.fault = env, scenario, fault
         self.db = conf.get().DATABASE
         self.connection = connections[self.db]
         self.armed = False
@@ -106,19 +110,25 @@ class Explorer:
 
     # --- the points ---------------------------------------------------------------------------
 
-    def point(self, what: str) -> None:
+    def point(self, what: str, receipt: bool = False) -> bool:
+        """Count a point; at the target, kill the process there (or, for a message fault, say
+        so: the receipt applies it)."""
         if self.dead:
             # Code the dead process would never have run: refused, and noted with its caller.
             engine = [f for f in traceback.extract_stack() if "/durable/" in f.filename]
             where = f"{engine[-1].filename.rpartition('/durable/')[2]}:{engine[-1].name}" if engine else "?"
             self.post_mortem.append(f"{what[:60]} from {where}")
             raise Killed(f"post mortem: {what}")
-        if not self.armed:
-            return
+        if not self.armed or (self.fault != KILL and not receipt):
+            return False
         self.count += 1
         self.points.append(what)
-        if self.count == self.target:
+        if self.count != self.target:
+            return False
+        if self.fault == KILL:
             self.kill(what)
+        self.armed, self.killed_at = False, f"{self.fault} at {what}"
+        return True
 
     def kill(self, what: str) -> None:
         self.dead, self.armed, self.killed_at = True, False, what
@@ -159,7 +169,17 @@ class Explorer:
             if not env.pending():
                 return None
             message = env.messages[0]
-            self.point(f"receipt of {message.task}{message.args}")
+            if self.point(f"receipt of {message.task}{message.args}", receipt=True):
+                if self.fault == DROP:  # lost by the broker before any worker saw it
+                    env.messages.pop(0)
+                    return message
+                if self.fault == REORDER:  # overtaken by the rest of the queue
+                    env.messages.append(env.messages.pop(0))
+                    return message
+                # DOUBLE: delivered again once handled (a redelivery, a publisher's retry)
+                handled = run_next()
+                env.messages.insert(0, message)
+                return handled
             try:
                 return run_next()
             except Killed:
@@ -338,19 +358,26 @@ class Explorer:
         return found
 
 
-def explore(env: DurableEnv, scenario: Scenario, only: list[int] | None = None) -> dict[str, Any]:
-    """Run ``scenario`` fault-free, then killed at each of its crash points; return a report.
-    Raises AssertionError naming the scenario, k, the point and the invariants broken."""
-    explorer = Explorer(env, scenario)
+def explore(
+    env: DurableEnv, scenario: Scenario, only: list[int] | None = None, fault: str = KILL
+) -> dict[str, Any]:
+    """Run ``scenario`` fault-free, then killed at each of its crash points (``fault=KILL``), or
+    with each message it receives lost (``DROP``), delivered twice (``DOUBLE``) or after the
+    messages queued behind it (``REORDER``); return a report. Raises AssertionError naming the
+    scenario, k, the point and the invariants broken."""
+    explorer = Explorer(env, scenario, fault)
     started = os.times().elapsed
     try:
+        explorer.fault = KILL  # counting every point of the fault-free run
         run_id, baseline = explorer.run(None)
+        explorer.fault = fault
         problems = explorer.violations(run_id, baseline, baseline)
         assert not problems, f"{scenario.name} fault-free: {problems}"
         assert baseline.status in TERMINAL
         failures: list[str] = []
         post_mortem: Counter[str] = Counter()
-        for k in only or range(1, len(baseline.points) + 1):
+        targets = [p for p in baseline.points if fault == KILL or p.startswith("receipt of")]
+        for k in only or range(1, len(targets) + 1):
             run_id, got = explorer.run(k)
             post_mortem.update(got.post_mortem)
             assert got.killed_at is not None, f"{scenario.name}: point {k} never came (not deterministic?)"
@@ -359,7 +386,7 @@ def explore(env: DurableEnv, scenario: Scenario, only: list[int] | None = None) 
                 failures.append(f"{scenario.name} k={k} ({got.killed_at}): " + "; ".join(problems))
         assert not failures, "\n".join(failures)
         return {
-            "points": len(baseline.points),
+            "points": len(targets),
             "post_mortem": dict(post_mortem),
             "seconds": round(os.times().elapsed - started, 1),  # not time.*: the clock is frozen
         }

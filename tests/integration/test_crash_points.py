@@ -9,7 +9,7 @@ import os
 import pytest
 
 import durable
-from tests.crashpoints import Scenario, advance, deliver, effect, explore
+from tests.crashpoints import DOUBLE, DROP, REORDER, Scenario, advance, deliver, effect, explore
 
 pytestmark = [pytest.mark.crashpoints, pytest.mark.django_db(transaction=True)]
 
@@ -162,3 +162,13 @@ def test_every_crash_point_keeps_the_invariants(durable_env, scenario, record_pr
     report = explore(durable_env, scenario)
     record_property("crash_points", report)
     print(f"{scenario.name}: {report}")
+
+
+@pytest.mark.parametrize("fault", [DROP, DOUBLE, REORDER])
+@pytest.mark.parametrize("scenario", shard(SCENARIOS), ids=lambda s: s.name.replace(" ", "_"))
+def test_every_message_lost_doubled_or_reordered_keeps_the_invariants(
+    durable_env, scenario, fault, record_property
+):
+    report = explore(durable_env, scenario, fault=fault)
+    record_property("message_faults", report)
+    print(f"{scenario.name}, each message {fault}: {report}")
