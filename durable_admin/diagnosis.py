@@ -17,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 
 from durable import clock, conf, routing
 from durable.engine import blocked
-from durable.engine.diagnosis import WORKER_SILENT_AFTER
+from durable.engine.diagnosis import WORKER_SILENT_AFTER, sweep_queue
 from durable.engine.sweeps import SWEEPS
 from durable.models import AttemptError, Checkpoint, Presence, Run
 from durable.statuses import CheckpointStatus, RunStatus
@@ -99,13 +99,27 @@ def health() -> dict[str, Any]:
     alive = [w["row"] for w in workers if w["alive"]]
     # One row per sweep and namespace its beat serves ("task" or "task@namespace").
     swept = list(Presence.objects.using(db).filter(kind=Presence.SWEEP).order_by("who")[:500])
+    # A late sweep is beat's fault only if a worker would have run what it sent.
+    sweeps_to = sweep_queue(settings)
+    why_late = (
+        "is celery beat running?"
+        if any(sweeps_to in (w.queues or []) for w in alive)
+        else f"no worker consumes queue {sweeps_to!r}, where beat sends the sweeps"
+    )
     sweeps = []
     for sweep in SWEEPS:
         every = getattr(settings, sweep.interval)
         rows = [p for p in swept if p.who.partition("@")[0] == sweep.task] or [None]
         for row in rows:
             late = row is None or row.last_seen < now - max(every * 3, timedelta(seconds=10))
-            sweeps.append({"task": row.who if row else sweep.task, "every": every, "row": row, "late": late})
+            sweeps.append(
+                {
+                    "task": row.who if row else sweep.task,
+                    "every": every,
+                    "row": row,
+                    "late": why_late if late else None,
+                }
+            )
     runs = Run.objects.using(db).serving(settings.NAMESPACE)
     steps = Checkpoint.objects.using(db).serving(settings.NAMESPACE)
     unsent = steps.filter(

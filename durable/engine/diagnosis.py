@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .. import clock, conf
+from .. import clock, conf, routing
 from ..models import Checkpoint, Presence, Run
 from ..models.flow import in_flight, in_line
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
@@ -62,7 +62,7 @@ def explain(run: Run, now: datetime | None = None) -> list[Reason]:
     reasons += _missing_workers(unserved, known)
     if run.queue not in unserved:
         reasons += _unregistered(run, workers)
-    reasons += _beat_silent(run, pending, now, settings, db)
+    reasons += _beat_silent(run, pending, now, settings, db, workers)
     return reasons
 
 
@@ -172,10 +172,21 @@ def _unregistered(run: Run, workers: list[Presence]) -> list[Reason]:
     ]
 
 
+def sweep_queue(settings: conf.Settings) -> str:
+    """The queue beat sends durable's sweeps to (its namespace's, if it has one)."""
+    return routing.queue_in(settings.DEFAULT_QUEUE, settings.NAMESPACE)
+
+
 def _beat_silent(
-    run: Run, pending: list[Checkpoint], now: datetime, settings: conf.Settings, db: str
+    run: Run,
+    pending: list[Checkpoint],
+    now: datetime,
+    settings: conf.Settings,
+    db: str,
+    workers: list[Presence],
 ) -> list[Reason]:
-    """A wake-up past due by more than the timer sweep allows, and no timer sweep since it."""
+    """A wake-up past due by more than the timer sweep allows, and no timer sweep since it: beat
+    is not running, or no worker consumes the queue its sweeps wait on."""
     late = settings.TIMER_SWEEP_INTERVAL * SWEEPS_LATE
     due = [run.wake_at] if run.status == RunStatus.SUSPENDED and run.wake_at else []
     due += [row.wake_at for row in pending if row.kind == "sleep" and row.wake_at]
@@ -186,6 +197,20 @@ def _beat_silent(
     if swept is not None and swept >= min(overdue):
         return []
     last = f"last timer sweep {_at(swept)}" if swept else "no timer sweep recorded"
+    # A beat of the run's namespace sends its sweeps to the namespace's queue, a beat of none
+    # (which sweeps every namespace) to the default one.
+    queues = {routing.queue_in(settings.DEFAULT_QUEUE, run.namespace or None), settings.DEFAULT_QUEUE}
+    if not any(_serving(queue, workers) for queue in queues):
+        queue = min(queues, key=len)
+        return [
+            Reason(
+                "no_worker",
+                f"due at {_at(min(overdue))} but the timer sweep has not run since ({last}): beat "
+                f"sends it to queue {queue!r}, which no worker consumes: start one with `-Q {queue}` "
+                "or add the queue to a running worker's -Q",
+                stuck=True,
+            )
+        ]
     return [
         Reason(
             "no_beat",

@@ -125,6 +125,19 @@ def test_a_due_timer_and_no_sweep_since_says_beat_is_not_running(durable_env: An
     assert "no_beat" not in _codes(run.id)
 
 
+def test_a_due_timer_whose_sweeps_no_worker_consumes_names_the_queue_not_beat(durable_env: Any) -> None:
+    run = durable.start(nap_flow)
+    durable_env.run_until_idle()
+    _worker(["reports"], presence.registered_workflows())  # beat runs; nobody takes its sweeps
+    durable_env._freezer.tick(timedelta(seconds=8))
+
+    stuck = _codes(run.id)
+
+    assert "no_beat" not in stuck
+    assert "timer sweep has not run" in stuck["no_worker"]
+    assert "queue 'durable', which no worker consumes" in stuck["no_worker"]
+
+
 def test_a_namespaced_beat_counts_for_the_runs_of_its_namespace_only(durable_env: Any) -> None:
     ours = durable.start(nap_flow, namespace="tenant-a")
     theirs = durable.start(nap_flow, namespace="tenant-b")
@@ -202,6 +215,18 @@ def test_the_health_page_shows_workers_sweeps_queues_and_due_timers(admin_client
     assert "durable.sweep_orphans" in html and "late: is celery beat running?" in html
     assert "<td>durable</td>" in html and "<td>reports</td>" in html
     assert "Celery ping:" in html
+
+
+def test_the_health_page_blames_a_late_sweep_on_its_unconsumed_queue_not_on_beat(
+    admin_client: Client,
+) -> None:
+    _worker(["reports"], ["tests.diagnosis_echo@3"])
+    presence.sweep_ran("durable.sweep_orphans", 2)
+
+    html = admin_client.get(reverse(HEALTH)).content.decode()
+
+    assert "late: no worker consumes queue &#x27;durable&#x27;, where beat sends the sweeps" in html
+    assert "is celery beat running?" not in html
 
 
 def test_the_health_page_needs_the_view_permission(client: Client) -> None:
