@@ -170,12 +170,14 @@ def test_a_body_that_swallows_the_keepers_stop_is_abandoned_and_its_run_handed_b
         row = Run.objects.get(id=run.id)
         states.append((row.status, row.recovery_attempts))
 
-    keeper = _keeper(lambda: FREEZER["clock"].tick(61), [0.0, 0.5])
+    # Passes until one finds the stop ignored for ABANDON_AFTER (the second, on a quiet machine).
+    keeper = _keeper(lambda: FREEZER["clock"].tick(61), [0.0, 0.5, 1.0, 2.0, 4.0])
     original = leases._abandon
 
     def abandon(run_id: str, entry: Any) -> None:
         original(run_id, entry)
         look()  # while the body still spins: the run is already handed back
+        RELEASE.set()  # then let the body end: no later pass is needed
 
     monkeypatch.setattr(leases, "_abandon", abandon)
     env.run_next()
