@@ -34,10 +34,11 @@ PAIRS = {
     "py311-celery54": ("3.11", "py311-celery54.txt"),
 }
 
-# The integration tests CI runs on the secondary pairs (the whole integration suite takes a
-# quarter of an hour there; `integration-*` runs it). Chosen for what a Django, Python or Celery
+# The integration tests CI runs on the secondary pairs (the whole integration suite takes about
+# 10 CPU-minutes a pair; `integration-*` runs it). Chosen for what a Django, Python or Celery
 # release could break: the models, migrations and query shapes, the admin and its templates, the
-# system checks, the Celery tasks and their signals, the async client, settings and deploys.
+# system checks, the connections, storages and async ORM, the Celery tasks, signals and time
+# limits, JSON and values, schedules, and the engine's claim and record path.
 INTEGRATION_SUBSET = [
     "tests/integration/test_migrations.py",
     "tests/integration/test_indexes.py",
@@ -45,8 +46,18 @@ INTEGRATION_SUBSET = [
     "tests/integration/test_checks.py",
     "tests/integration/test_admin.py",
     "tests/integration/test_admin_console.py",
-    "tests/integration/test_celery_tasks.py",
+    "tests/integration/test_admin_payloads.py",
+    "tests/integration/test_console.py",
+    "tests/integration/test_connections.py",
+    "tests/integration/test_offload.py",
+    "tests/integration/test_hello_async.py",
     "tests/integration/test_async_client.py",
+    "tests/integration/test_async_steps.py",
+    "tests/integration/test_celery_tasks.py",
+    "tests/integration/test_lifecycle_signals.py",
+    "tests/integration/test_step_time_limits.py",
+    "tests/integration/test_values.py",
+    "tests/integration/test_schedules.py",
     "tests/integration/test_record_and_claim.py",
     "tests/integration/test_api.py",
     "tests/integration/test_engine.py",
