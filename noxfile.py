@@ -54,6 +54,7 @@ INTEGRATION_SUBSET = [
     "tests/integration/test_async_client.py",
     "tests/integration/test_async_steps.py",
     "tests/integration/test_celery_tasks.py",
+    "tests/integration/test_recovery.py",
     "tests/integration/test_lifecycle_signals.py",
     "tests/integration/test_step_time_limits.py",
     "tests/integration/test_values.py",
