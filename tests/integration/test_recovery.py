@@ -250,15 +250,20 @@ def test_check_warns_when_redis_visibility_timeout_is_shorter_than_a_step_timeou
     def very_long():
         return None
 
-    saved = current_app.conf.broker_url, current_app.conf.broker_transport_options
+    # Set as the project's settings name them (CELERY_ namespace): Celery 5.4 reads the
+    # namespaced keys before the plain ones, so conf.broker_url = ... would not be seen there.
+    conf, url, options = current_app.conf, "CELERY_BROKER_URL", "CELERY_BROKER_TRANSPORT_OPTIONS"
+    saved = {key: conf[key] for key in (url, options) if key in conf}
     try:
-        current_app.conf.broker_url = "redis://127.0.0.1:6379/0"
-        current_app.conf.broker_transport_options = {"visibility_timeout": 3600}
+        conf[url] = "redis://127.0.0.1:6379/0"
+        conf[options] = {"visibility_timeout": 3600}
         warnings = durable_checks.check_visibility_timeout()
-        current_app.conf.broker_transport_options = {"visibility_timeout": 3 * 3600}
+        conf[options] = {"visibility_timeout": 3 * 3600}
         assert durable_checks.check_visibility_timeout() == []
     finally:
-        current_app.conf.broker_url, current_app.conf.broker_transport_options = saved
+        for key in (url, options):
+            conf.pop(key, None)
+        conf.update(saved)
         from durable.definitions import registry
 
         registry.steps.pop("tests.recovery_very_long")
