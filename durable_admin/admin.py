@@ -345,8 +345,8 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
             request,
             messages.SUCCESS,
             retried,
-            "Retried %d run; it is pending again.",
-            "Retried %d runs; they are pending again.",
+            "Retried %d run; it goes on from where it stopped.",
+            "Retried %d runs; they go on from where they stopped.",
         )
         self._tell(
             request,

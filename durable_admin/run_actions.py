@@ -128,7 +128,7 @@ class RunActions:
         except durable.DurableError as exc:
             self._done(request, run, f"Not retried: {exc}", messages.ERROR)
         else:
-            self._done(request, run, "Retried: the run is pending again.")
+            self._done(request, run, "Retried: the run goes on from where it stopped.")
         return self._back(run)
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:

@@ -144,7 +144,7 @@ def test_retry_a_failed_run_from_its_page(page: Page, engine: Any, operator: Use
     page.shot("retried-run")
 
     assert "payment provider is down" in error
-    assert "Retried: the run is pending again." in said
+    assert "Retried: the run goes on from where it stopped." in said
     assert durable.get_run(run_id).output == "charged 500"
     assert "completed" in page.text("#now")
 

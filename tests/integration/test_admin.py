@@ -237,7 +237,7 @@ def test_retry_action_runs_a_failed_run_again(admin_client: Client, durable_env:
     shown = act(admin_client, "retry_runs", [failed, completed])
 
     assert durable.get_run(failed).status == "pending"
-    assert "Retried 1 run; it is pending again." in shown
+    assert "Retried 1 run; it goes on from where it stopped." in shown
     assert any(m.startswith("Skipped 1 run that cannot be retried:") and "completed" in m for m in shown)
     durable_env.run_until_idle()
     run = durable.get_run(failed)

@@ -222,10 +222,13 @@ def test_retry_button_reruns_a_failed_run_and_writes_history(admin_client: Clien
     response = admin_client.post(action_url(run_id, "retry"), follow=True)
     durable_env.run_until_idle()
 
-    assert "Retried: the run is pending again." in [str(m) for m in response.context["messages"]]
+    assert "Retried: the run goes on from where it stopped." in [str(m) for m in response.context["messages"]]
     assert durable.get_run(run_id).output == "charged 5"
     (entry,) = LogEntry.objects.all()
-    assert (entry.object_id, entry.get_change_message()) == (run_id, "Retried: the run is pending again.")
+    assert (entry.object_id, entry.get_change_message()) == (
+        run_id,
+        "Retried: the run goes on from where it stopped.",
+    )
 
 
 def test_retry_button_on_a_completed_run_says_why_not(admin_client: Client, durable_env: Any) -> None:
