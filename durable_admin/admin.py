@@ -27,7 +27,7 @@ import durable
 from durable import conf
 from durable.engine.diagnosis import explain
 from durable.models import Checkpoint, CronSchedule, Event, Run
-from durable.statuses import CheckpointStatus
+from durable.statuses import UNFINISHED, CheckpointStatus
 
 from . import diagnosis, history, payloads, run_list, run_page
 from .run_actions import RunActions, allowed, buttons_for
@@ -225,7 +225,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         ),
         (
             "Timing",
-            {"fields": ("created_time", "updated_time", "started_time", "finished_time", "wake_time")},
+            {"fields": ("created_time", "updated_time", "started_time", "finished_time", "safety_net")},
         ),
         (
             "Engine",
@@ -253,6 +253,20 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     def created(self, obj: Run) -> str:
         # To the second in the list, so a row fits a laptop's width; the run page has the rest.
         return f"{timezone.localtime(obj.created_at):%Y-%m-%d %H:%M:%S}"
+
+    @admin.display(description="safety-net check at")
+    def safety_net(self, obj: Run) -> str:
+        # The run's wake_at is when the timer sweep looks at it next: its earliest timer or,
+        # later, a check that nothing was lost. Its timers are under "Waits for"; shown beside
+        # them as "wake at" it read as a second, contradicting time.
+        if obj.status not in UNFINISHED or obj.wake_at is None:
+            return self.get_empty_value_display()
+        local = timezone.localtime(obj.wake_at)
+        return format_html(
+            "{} <small>(the timer sweep looks at the run again then, if nothing woke it before; "
+            "what it waits for is under Now)</small>",
+            f"{local:%Y-%m-%d %H:%M:%S} {local:%Z}",
+        )
 
     @admin.display(description="took")
     def took(self, obj: Run) -> str:
