@@ -454,7 +454,7 @@ def test_cancel_asks_first_and_acts_only_once_confirmed(
     assert not logged
     assert done.redirect_chain and durable.get_run(run_id).status == "cancelled"
     undone = ["reservation-lamp"] if button == "compensate" else []
-    assert flows.UNDONE == undone
+    assert undone == flows.UNDONE
 
 
 def test_a_finished_run_shows_no_position_as_pending_until(admin_client: Client, durable_env: Any) -> None:
