@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any
 
 from django.contrib import admin, messages
@@ -18,8 +19,9 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 from django.utils.translation import ngettext
 
@@ -181,7 +183,7 @@ class RunChangeList(ChangeList):
 class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     list_display = (
         "id",
-        "workflow",
+        "workflow_name",
         "version",
         "status_badge",
         "created",
@@ -249,10 +251,22 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     def status_badge(self, obj: Run) -> str:
         return format_html('<span class="durable-status durable-status-{}">{}</span>', obj.status, obj.status)
 
+    @admin.display(description="workflow", ordering="workflow")
+    def workflow_name(self, obj: Run) -> str:
+        # A narrow list breaks a long name after its dots and underscores, not inside a word.
+        parts = re.split(r"(?<=[._])", obj.workflow)
+        return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in parts))
+
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: Run) -> str:
         # To the second in the list, so a row fits a laptop's width; the run page has the rest.
-        return f"{timezone.localtime(obj.created_at):%Y-%m-%d %H:%M:%S}"
+        # The date and the time each stay whole: a narrow list breaks between them.
+        local = timezone.localtime(obj.created_at)
+        return format_html(
+            '<span class="durable-nowrap">{}</span> <span class="durable-nowrap">{}</span>',
+            f"{local:%Y-%m-%d}",
+            f"{local:%H:%M:%S}",
+        )
 
     @admin.display(description="safety-net check at")
     def safety_net(self, obj: Run) -> str:
