@@ -12,11 +12,13 @@ import re
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -37,6 +39,8 @@ from .templatetags.durable_console import duration_text
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
+#: Runs named on the page that asks before "Cancel selected runs"; the rest are only counted.
+CONFIRM_SHOWN = 20
 
 #: Checkpoint kinds and statuses, fixed so the filters need no DISTINCT scan
 #: over what can be the largest table in the project.
@@ -385,7 +389,10 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         )
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> TemplateResponse | None:
+        if request.POST.get("post") != "yes":
+            # Asks first, as Django's "Delete selected" does: a cancel cannot be taken back.
+            return self._confirm_cancel(request, queryset)
         cancelled, finished, skipped = 0, 0, []
         # Stored as the run's error message: who cancelled it stays visible on the run.
         reason = f"cancelled in the admin by {request.user.get_username() or 'an anonymous user'}"
@@ -409,6 +416,25 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         self._tell(
             request, messages.ERROR, skipped, "Could not cancel %d run: %s", "Could not cancel %d runs: %s"
         )
+        return None
+
+    def _confirm_cancel(self, request: HttpRequest, queryset: QuerySet[Run]) -> TemplateResponse:
+        shown = list(queryset.only("id", "workflow", "status").order_by("-created_at")[: CONFIRM_SHOWN + 1])
+        across = request.POST.get("select_across") == "1"
+        count = queryset.count() if across or len(shown) > CONFIRM_SHOWN else len(shown)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Cancel selected runs?",
+            "opts": Run._meta,
+            "count": count,
+            "shown": shown[:CONFIRM_SHOWN],
+            "more": max(count - CONFIRM_SHOWN, 0),
+            "selected": [] if across else request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": "1" if across else "0",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "back_url": f"{reverse('admin:durable_run_changelist')}?{request.GET.urlencode()}".rstrip("?"),
+        }
+        return TemplateResponse(request, "admin/durable/run/cancel_selected_confirm.html", context)
 
     def _tell(self, request: HttpRequest, level: int, what: int | list[str], one: str, many: str) -> None:
         """Report a count, or the reasons runs were skipped, unless there is nothing to report."""

@@ -239,6 +239,31 @@ def test_a_waiting_run_reads_one_time_and_once_cancelled_waits_for_nothing(
     assert page.all("#waiting-for") == []
 
 
+def test_cancel_selected_runs_asks_first(page: Page, engine: Any, operator: User) -> None:
+    run_id = durable.start(flows.approval_flow, {"order": 8}).id
+    engine.run_until_idle()
+    page.log_in("operator", PASSWORD)
+
+    page.open(reverse("admin:durable_run_changelist"))
+    page.find(f"input.action-select[value='{run_id}']").click()
+    page.find("select[name=action] option[value=cancel_runs]").click()
+    page.click("button[name=index]")
+    asked = page.text("#content")
+    page.shot("asked-to-confirm")
+    page.click("#keep-running")
+    back = page.driver.current_url
+    kept = durable.get_run(run_id).status
+    page.find(f"input.action-select[value='{run_id}']").click()
+    page.find("select[name=action] option[value=cancel_runs]").click()
+    page.click("button[name=index]")
+    page.click("input[name=confirm]")
+    said = page.text(".messagelist")
+
+    assert "Cancel 1 run?" in asked and run_id in asked
+    assert back.endswith("/admin/durable/run/") and kept == "suspended"
+    assert "Cancelled 1 run." in said and durable.get_run(run_id).status == "cancelled"
+
+
 def test_pause_a_schedule_from_the_schedule_list(page: Page, engine: Any, operator: User) -> None:
     durable.schedule("nightly-report", flows.charge_flow, cron="0 3 * * *", input=1)
     page.log_in("operator", PASSWORD)
