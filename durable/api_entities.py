@@ -24,7 +24,7 @@ def signal_entity(name: str, key: str, op: str, arg: Any = None, *, op_id: str |
         op_id = uuid.uuid4().hex
     else:
         guards.text(op_id, "op_id", max_length=column_length("EntityOp", "op_id"))
-    payload = guards.json_value(
+    payload = guards.plain_json(
         arg, f"the argument of entity {name!r} op {op!r}", max_bytes=conf.get().MAX_PAYLOAD_BYTES
     )
     entities.send(name, key, op, payload, op_id)

@@ -8,6 +8,7 @@ from . import clock, conf, guards
 from .api import RunHandle, column_length
 from .definitions import Schedule, Workflow
 from .errors import InvalidInput
+from .values import decode
 
 
 def schedule(
@@ -63,7 +64,10 @@ def trigger_schedule(key: str) -> RunHandle:
     row = _rows(key).get(key=key)
     return RunHandle(
         runs.start(
-            row.workflow, row.input, run_id=schedules.run_id(key, clock.now()), namespace=row.namespace
+            row.workflow,
+            decode(row.input),
+            run_id=schedules.run_id(key, clock.now()),
+            namespace=row.namespace,
         )
     )
 

@@ -232,11 +232,16 @@ def _finish_async_steps(**_: Any) -> None:
 @signals.worker_process_shutdown.connect
 @signals.worker_shutdown.connect
 def _hand_back_leases(**_: Any) -> None:
-    """Release the leases of turns this process still runs, so another worker continues at once."""
-    from .engine import leases
+    """Release the leases of turns this process still runs, so another worker continues at once,
+    and take the worker off the health page."""
+    from .engine import leases, presence
     from .metrics import shared
 
     leases.leave()
+    try:
+        presence.leave()
+    except Exception:  # noqa: BLE001 - its row then ages out as a killed worker's does
+        log.warning("durable: could not take this worker off the health page", exc_info=True)
     shared.flush()  # the last second's metrics, before the process ends
 
 

@@ -25,6 +25,7 @@ class Schedule:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
         from .guards import json_value
+        from .values import encode
 
         _check_cron(self.cron)
         try:
@@ -35,7 +36,9 @@ class Schedule:
             ) from None
         if self.overlap not in OVERLAPS:
             raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
-        object.__setattr__(self, "input", json_value(self.input, "the schedule's input"))
+        # Tagged like any workflow input, so each tick's run receives the types given here.
+        what = "the schedule's input"
+        object.__setattr__(self, "input", json_value(encode(self.input, what=what), what))
 
 
 def _check_cron(cron: Any) -> None:

@@ -145,6 +145,38 @@ def tags(value: Any, *, max_bytes: int) -> list[str]:
     return list(value)
 
 
+def plain_json(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
+    """``json_value`` for a value stored as plain JSON and handed back to user code (an entity's
+    argument, result and state): a tuple in it is refused, as it would read back as a list."""
+    where = _tuple_at(value)
+    if where is not None:
+        at = f" at {where}" if where else ""
+        raise refuse(
+            f"{field}{at}",
+            "is a tuple; it is stored as plain JSON, where a tuple reads back as a list: pass a list",
+        )
+    return json_value(value, field, max_bytes=max_bytes)
+
+
+def _tuple_at(value: Any) -> str | None:
+    """The path of the first tuple in ``value`` ("" for ``value`` itself), None when it holds
+    none. Walked a level at a time and no deeper than json_value reads, which refuses the rest."""
+    level: list[tuple[str, Any]] = [("", value)]
+    for _ in range(MAX_DEPTH + 1):
+        below: list[tuple[str, Any]] = []
+        for path, node in level:
+            if isinstance(node, tuple):
+                return path
+            if isinstance(node, list):
+                below.extend((f"{path}[{i}]", item) for i, item in enumerate(node))
+            elif isinstance(node, dict):
+                below.extend((f"{path}.{key}" if path else str(key), item) for key, item in node.items())
+        if not below:
+            return None
+        level = below
+    return None
+
+
 def parse_json(text: str, field: str) -> Any:
     """``text`` read as JSON, for a value typed by a person (a command's argument, a form's
     field); ``InvalidInput`` naming ``field`` when it is not JSON, or JSON no call would store:
@@ -189,7 +221,10 @@ def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
         ) from None
     except TypeError as exc:
         raise refuse(
-            field, f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
+            field,
+            f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}; it is "
+            "stored as plain JSON, so convert it first (.model_dump(mode='json') of a pydantic "
+            "model, dataclasses.asdict() of a dataclass, str() of a Decimal, .isoformat() of a datetime)",
         ) from None
     try:
         size = len(encoded.encode("utf-8"))

@@ -175,7 +175,10 @@ def _what_to_pass(value: Any) -> str:
     if dataclasses.is_dataclass(value):
         return f"is a dataclass ({name}); pass dataclasses.asdict() of it, {register}"
     if callable(getattr(value, "model_dump", None)):
-        return f"is a pydantic model ({name}); pass .model_dump(mode='json') of it, {register}"
+        return (
+            f"is a pydantic model ({name}); pass .model_dump(mode='json') of it (a workflow or step "
+            f"declared with input_schema={name} receives a {name} again), {register}"
+        )
     if isinstance(value, tuple):
         return f"is a named tuple ({name}); pass ._asdict() of it or a plain tuple, {register}"
     return (

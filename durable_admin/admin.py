@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 from django.utils.translation import ngettext
 
@@ -27,7 +31,7 @@ import durable
 from durable import conf
 from durable.engine.diagnosis import explain
 from durable.models import Checkpoint, CronSchedule, Event, Run
-from durable.statuses import CheckpointStatus
+from durable.statuses import UNFINISHED, CheckpointStatus
 
 from . import diagnosis, history, payloads, run_list, run_page
 from .run_actions import RunActions, allowed, buttons_for
@@ -35,6 +39,8 @@ from .templatetags.durable_console import duration_text
 
 #: Skip reasons named one by one in an action's message; the rest are only counted.
 MAX_REASONS_SHOWN = 5
+#: Runs named on the page that asks before "Cancel selected runs"; the rest are only counted.
+CONFIRM_SHOWN = 20
 
 #: Checkpoint kinds and statuses, fixed so the filters need no DISTINCT scan
 #: over what can be the largest table in the project.
@@ -181,7 +187,7 @@ class RunChangeList(ChangeList):
 class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     list_display = (
         "id",
-        "workflow",
+        "workflow_name",
         "version",
         "status_badge",
         "created",
@@ -225,7 +231,7 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         ),
         (
             "Timing",
-            {"fields": ("created_time", "updated_time", "started_time", "finished_time", "wake_time")},
+            {"fields": ("created_time", "updated_time", "started_time", "finished_time", "safety_net")},
         ),
         (
             "Engine",
@@ -249,10 +255,36 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
     def status_badge(self, obj: Run) -> str:
         return format_html('<span class="durable-status durable-status-{}">{}</span>', obj.status, obj.status)
 
+    @admin.display(description="workflow", ordering="workflow")
+    def workflow_name(self, obj: Run) -> str:
+        # A narrow list breaks a long name after its dots and underscores, not inside a word.
+        parts = re.split(r"(?<=[._])", obj.workflow)
+        return format_html_join(mark_safe("<wbr>"), "{}", ((part,) for part in parts))
+
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: Run) -> str:
         # To the second in the list, so a row fits a laptop's width; the run page has the rest.
-        return f"{timezone.localtime(obj.created_at):%Y-%m-%d %H:%M:%S}"
+        # The date and the time each stay whole: a narrow list breaks between them.
+        local = timezone.localtime(obj.created_at)
+        return format_html(
+            '<span class="durable-nowrap">{}</span> <span class="durable-nowrap">{}</span>',
+            f"{local:%Y-%m-%d}",
+            f"{local:%H:%M:%S}",
+        )
+
+    @admin.display(description="safety-net check at")
+    def safety_net(self, obj: Run) -> str:
+        # The run's wake_at is when the timer sweep looks at it next: its earliest timer or,
+        # later, a check that nothing was lost. Its timers are under "Waits for"; shown beside
+        # them as "wake at" it read as a second, contradicting time.
+        if obj.status not in UNFINISHED or obj.wake_at is None:
+            return self.get_empty_value_display()
+        local = timezone.localtime(obj.wake_at)
+        return format_html(
+            "{} <small>(the timer sweep looks at the run again then, if nothing woke it before; "
+            "what it waits for is under Now)</small>",
+            f"{local:%Y-%m-%d %H:%M:%S} {local:%Z}",
+        )
 
     @admin.display(description="took")
     def took(self, obj: Run) -> str:
@@ -345,8 +377,8 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
             request,
             messages.SUCCESS,
             retried,
-            "Retried %d run; it is pending again.",
-            "Retried %d runs; they are pending again.",
+            "Retried %d run; it goes on from where it stopped.",
+            "Retried %d runs; they go on from where they stopped.",
         )
         self._tell(
             request,
@@ -357,7 +389,10 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         )
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> TemplateResponse | None:
+        if request.POST.get("post") != "yes":
+            # Asks first, as Django's "Delete selected" does: a cancel cannot be taken back.
+            return self._confirm_cancel(request, queryset)
         cancelled, finished, skipped = 0, 0, []
         # Stored as the run's error message: who cancelled it stays visible on the run.
         reason = f"cancelled in the admin by {request.user.get_username() or 'an anonymous user'}"
@@ -381,6 +416,25 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
         self._tell(
             request, messages.ERROR, skipped, "Could not cancel %d run: %s", "Could not cancel %d runs: %s"
         )
+        return None
+
+    def _confirm_cancel(self, request: HttpRequest, queryset: QuerySet[Run]) -> TemplateResponse:
+        shown = list(queryset.only("id", "workflow", "status").order_by("-created_at")[: CONFIRM_SHOWN + 1])
+        across = request.POST.get("select_across") == "1"
+        count = queryset.count() if across or len(shown) > CONFIRM_SHOWN else len(shown)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Cancel selected runs?",
+            "opts": Run._meta,
+            "count": count,
+            "shown": shown[:CONFIRM_SHOWN],
+            "more": max(count - CONFIRM_SHOWN, 0),
+            "selected": [] if across else request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": "1" if across else "0",
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "back_url": f"{reverse('admin:durable_run_changelist')}?{request.GET.urlencode()}".rstrip("?"),
+        }
+        return TemplateResponse(request, "admin/durable/run/cancel_selected_confirm.html", context)
 
     def _tell(self, request: HttpRequest, level: int, what: int | list[str], one: str, many: str) -> None:
         """Report a count, or the reasons runs were skipped, unless there is nothing to report."""

@@ -41,15 +41,19 @@ def attempt_errors(model_admin: Any, obj: Run) -> str:
     )
     if not rows:
         return "-"
+    rows.reverse()
+    rounds = _rounds(rows)
     return format_html(
-        "<table><tr><th>position</th><th>attempt</th><th>failed at</th><th>error</th></tr>{}</table>",
+        "<table><tr><th>position</th><th>round</th><th>attempt</th><th>failed at</th><th>error</th></tr>"
+        "{}</table>",
         format_html_join(
             "",
-            "<tr><td>#{} {}</td><td>{}</td><td>{}</td><td>{}{}</td></tr>",
+            "<tr><td>#{} {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}{}</td></tr>",
             (
                 (
                     row.seq,
                     row.name,
+                    round_,
                     row.attempt,
                     row.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
                     f"{(row.error or {}).get('type')}: {(row.error or {}).get('message')}",
@@ -57,10 +61,26 @@ def attempt_errors(model_admin: Any, obj: Run) -> str:
                     if row.traceback
                     else "",
                 )
-                for row in reversed(rows)
+                for row, round_ in zip(rows, rounds, strict=True)
             ),
         ),
     )
+
+
+def _rounds(rows: list[AttemptError]) -> list[str]:
+    """Each failed attempt's round, oldest first: a retry of the run starts its positions' attempts
+    at 1 again (the rows keep the attempt as the step saw it), so an attempt number that does not
+    grow at its position marks a retry. "1" is the first round shown, "after retry 1" the next."""
+    last: dict[int, int] = {}
+    retries = 0
+    rounds = []
+    for row in rows:
+        if row.attempt <= last.get(row.seq, 0):
+            retries += 1
+            last.clear()  # a retry starts every position's count again
+        last[row.seq] = row.attempt
+        rounds.append("first" if retries == 0 else f"after retry {retries}")
+    return rounds
 
 
 @admin.register(Presence)

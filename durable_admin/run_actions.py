@@ -128,7 +128,7 @@ class RunActions:
         except durable.DurableError as exc:
             self._done(request, run, f"Not retried: {exc}", messages.ERROR)
         else:
-            self._done(request, run, "Retried: the run is pending again.")
+            self._done(request, run, "Retried: the run goes on from where it stopped.")
         return self._back(run)
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -138,6 +138,18 @@ class RunActions:
         return self._cancel(request, self._run(request, object_id, "compensate"), compensate=True)
 
     def _cancel(self, request: HttpRequest, run: Run, *, compensate: bool) -> HttpResponse:
+        if request.POST.get("confirmed") != "yes":
+            # The button only asks: a cancel cannot be taken back, so it takes a second POST.
+            context = {
+                **self.admin_site.each_context(request),
+                "title": f"Cancel run {run.pk}?",
+                "action": "Cancel with compensation" if compensate else "Cancel",
+                "compensate": compensate,
+                "opts": Run._meta,
+                "original": run,
+                "change_url": reverse("admin:durable_run_change", args=[quote(run.pk)]),
+            }
+            return TemplateResponse(request, "admin/durable/run/cancel_confirm.html", context)
         # Stored as the run's error message: who cancelled it stays visible on the run.
         reason = f"cancelled in the admin by {request.user.get_username() or 'an anonymous user'}"
         try:

@@ -75,6 +75,8 @@ class Position:
     traceback: str = ""
     #: Its bar on the run's time axis (see ``bar``), set once the page's time span is known.
     axis: dict[str, str] = field(default_factory=dict)
+    #: Its run has finished: a position still pending never will be settled, nor waits until.
+    run_ended: bool = False
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -85,11 +87,16 @@ class Position:
 
     @property
     def flow(self) -> str | None:
-        return flow_text(self.row)
+        return None if self.run_ended else flow_text(self.row)
 
     @property
     def waiting(self) -> bool:
-        return self.row.status == CheckpointStatus.PENDING
+        return self.row.status == CheckpointStatus.PENDING and not self.run_ended
+
+    @property
+    def abandoned(self) -> bool:
+        """Pending when its run finished (a wait the run failed or was cancelled in)."""
+        return self.row.status == CheckpointStatus.PENDING and self.run_ended
 
     def bar(self, origin: datetime, span: timedelta) -> dict[str, str]:
         """Where this position sits on the run's time axis, as CSS percentages: its offset, its
@@ -190,6 +197,7 @@ def _positions(run: Run, db: str, rows: list[Checkpoint]) -> list[Position]:
             queue_wait=_between(row.enqueued_at, row.started_at),
             run_time=_between(row.started_at, row.finished_at),
             child=children.get(row.seq),
+            run_ended=run.status not in UNFINISHED,
         )
         for row in rows
     ]

@@ -71,3 +71,20 @@ def failure_handler(ctx: durable.Context, failure: Any) -> str:
 @durable.workflow(name="tests.console_routed", on_error={"*": failure_handler})
 def routed_flow(ctx: durable.Context, cents: int) -> str:
     return ctx.step(charge, cents)
+
+
+@durable.step(name="tests.console_charge_twice", retry=Retry(max_attempts=2, initial="1s"))
+def charge_twice(cents: int) -> str:
+    if OUTAGE["on"]:
+        raise ConnectionError("payment provider is down")
+    return f"charged {cents}"
+
+
+@durable.workflow(name="tests.console_charge_twice_flow")
+def charge_twice_flow(ctx: durable.Context, cents: int) -> str:
+    return ctx.step(charge_twice, cents)
+
+
+@durable.workflow(name="tests.console_deadline")
+def deadline_flow(ctx: durable.Context, order: Any) -> Any:
+    return ctx.wait_for_signal("approve", timeout="1h")

@@ -245,7 +245,7 @@ def _initial(definition: Definition, obj: Any, settings: conf.Settings) -> Any:
         state = obj.initial_state()
     except Exception as exc:  # noqa: BLE001 - reported on the ops of the key until fixed
         raise InvalidInput(f"initial_state() of entity {definition.name!r} raised {exc!r}") from None
-    return guards.json_value(
+    return guards.plain_json(
         state, f"the initial state of entity {definition.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES
     )
 
@@ -272,10 +272,10 @@ def _run(
     try:
         with transaction.atomic(using=settings.DATABASE) if careful else connection.execute_wrapper(noted):
             method = definition.method(obj, op.op)
-            result = guards.json_value(
+            result = guards.plain_json(
                 method(working, op.arg), f"the result of {what}", max_bytes=settings.MAX_PAYLOAD_BYTES
             )
-            working = guards.json_value(
+            working = guards.plain_json(
                 working, f"the state left by {what}", max_bytes=settings.MAX_PAYLOAD_BYTES
             )
     except Exception as exc:  # noqa: BLE001 - the op's failure is its outcome, recorded on its row

@@ -51,6 +51,16 @@ def tick() -> None:
         log.warning("durable: could not note this worker as alive", exc_info=True)
 
 
+def leave() -> None:
+    """A clean shutdown of this worker: delete its row, so no page lists it alive until its last
+    beat ages out. A worker killed outright leaves its row to age out as before."""
+    global _me
+    if _me is None or _me[0] != os.getpid():
+        return  # a pool child's shutdown: its main process is still serving
+    who, _me = _me[1], None
+    Presence.objects.using(conf.get().DATABASE).filter(kind=Presence.WORKER, who=who).delete()
+
+
 def _write() -> None:
     assert _me is not None
     settings = conf.get()

@@ -20,6 +20,7 @@ from .. import clock, conf, guards
 from ..definitions import Schedule, registry
 from ..errors import DurableError
 from ..models import UNFINISHED, CronSchedule, Run
+from ..values import decode
 from . import runs
 
 log = logging.getLogger("durable.engine")
@@ -98,7 +99,7 @@ def _fire(row: CronSchedule, now: datetime) -> bool:
         )
         return False
     try:
-        runs.start(row.workflow, row.input, run_id=new_id, namespace=row.namespace)
+        runs.start(row.workflow, decode(row.input), run_id=new_id, namespace=row.namespace)
     except DurableError as exc:
         # Not registered here, an input its workflow now refuses, a full singleton line: this
         # tick is lost, the next ones are not, and the sweep goes on with the other schedules.

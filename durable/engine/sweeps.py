@@ -13,7 +13,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from .. import clock, conf, dispatch, errors
+from .. import clock, conf, dispatch, errors, wording
 from ..models import Checkpoint, Run, Status
 from ..models.base import commit_without_waiting
 from . import entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
@@ -187,30 +187,39 @@ class Sweep:
     task: str
     run: Callable[[], int]
     interval: str
+    #: What a pass did, its count in place of ``{}``: "recovered {}".
     reports: str
+    #: What the count counts, in the singular: "orphaned run".
+    counts: str
+
+    def report(self, did: int) -> str:
+        return self.reports.format(wording.counted(did, self.counts))
 
 
 #: Every sweep, in the order ``manage.py durable sweep`` and ``durable_env.sweep()`` run them.
 SWEEPS = (
-    Sweep(ORPHANS, sweep_orphans, "ORPHAN_SWEEP_INTERVAL", "recovered {} orphaned run(s)"),
-    Sweep("durable.sweep_timers", sweep_timers, "TIMER_SWEEP_INTERVAL", "woke {} due run(s)"),
+    Sweep(ORPHANS, sweep_orphans, "ORPHAN_SWEEP_INTERVAL", "recovered {}", "orphaned run"),
+    Sweep("durable.sweep_timers", sweep_timers, "TIMER_SWEEP_INTERVAL", "woke {}", "due run"),
     Sweep(
         "durable.sweep_schedules",
         schedules.sweep_schedules,
         "TIMER_SWEEP_INTERVAL",
-        "started {} scheduled run(s)",
+        "started {}",
+        "scheduled run",
     ),
     Sweep(
         "durable.sweep_entities",
         entities.sweep_entities,
         "ENTITY_SWEEP_INTERVAL",
-        "prompted {} entity key(s) with ops pending",
+        "prompted {} with ops pending",
+        "entity key",
     ),
     Sweep(
         "durable.sweep_retention",
         retention.sweep_retention,
         "RETENTION_SWEEP_INTERVAL",
-        "deleted {} finished run(s)",
+        "deleted {}",
+        "finished run",
     ),
 )
 
@@ -227,5 +236,5 @@ def run_noted(task: str) -> int:
         presence.sweep_ran(task, did)
     except Exception:  # noqa: BLE001 - the pass itself is done; only its note is missing
         log.warning("durable: could not note the pass of %s", task, exc_info=True)
-    log.log(logging.INFO if did else logging.DEBUG, "durable: %s %s", task, sweep.reports.format(did))
+    log.log(logging.INFO if did else logging.DEBUG, "durable: %s %s", task, sweep.report(did))
     return did

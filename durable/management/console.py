@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 
 import durable
 
-from .. import clock, conf, guards
+from .. import clock, conf, guards, wording
 from ..durations import parse_duration
 from ..engine import blocked, histories, redispatch, retention, sweeps
 from ..engine import reencode as reencoding
@@ -73,7 +73,7 @@ def add_subcommands(parser: Any, command: Any) -> None:
     purge = sub.add_parser("purge", help="delete finished run trees older than a duration")
     purge.add_argument("--older-than", required=True, help='finished longer ago than this ("30d", "12h")')
     purge.add_argument(
-        "--status", action="append", choices=list(TERMINAL), help="only this status (repeatable)"
+        "--status", action="append", choices=[s.value for s in TERMINAL], help="only this status (repeatable)"
     )
     purge.add_argument("--workflow", action="append", help="only this workflow (repeatable)")
     purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
@@ -209,12 +209,12 @@ def _retry(options: dict[str, Any], out: Any, style: Any) -> None:
 
 def _redispatch(options: dict[str, Any], out: Any, style: Any) -> None:
     sent = redispatch.redispatch(options["run_ids"])
-    out.write(f"{sent} step attempt{'s' if sent != 1 else ''} sent again")
+    out.write(f"{wording.counted(sent, 'step attempt')} sent again")
 
 
 def _sweep(options: dict[str, Any], out: Any, style: Any) -> None:
     # Noted as beat's passes are: the orphan sweep judges lapsed holds by the last one.
-    out.write(", ".join(sweep.reports.format(sweeps.run_noted(sweep.task)) for sweep in sweeps.SWEEPS))
+    out.write(", ".join(sweep.report(sweeps.run_noted(sweep.task)) for sweep in sweeps.SWEEPS))
 
 
 def _purge(options: dict[str, Any], out: Any, style: Any) -> None:
@@ -224,7 +224,7 @@ def _purge(options: dict[str, Any], out: Any, style: Any) -> None:
     )
     if options["dry_run"]:
         count = len(retention.expired(policy, clock.now(), 1_000_000))
-        out.write(f"{count} finished run tree(s) would be deleted (dry run)")
+        out.write(f"{wording.counted(count, 'finished run tree')} would be deleted (dry run)")
         return
     deleted = 0
     while True:
@@ -233,7 +233,7 @@ def _purge(options: dict[str, Any], out: Any, style: Any) -> None:
         deleted += gone
         if len(batch) < retention.BATCH or not gone:
             break
-    out.write(f"deleted {deleted} run(s), children included")
+    out.write(f"deleted {wording.counted(deleted, 'run')}, children included")
 
 
 def _reencode(options: dict[str, Any], out: Any, style: Any) -> None:
@@ -243,11 +243,11 @@ def _reencode(options: dict[str, Any], out: Any, style: Any) -> None:
         raise CommandError("--batch must be at least 1")
 
     def report(counts: reencoding.Counts) -> None:
-        out.write(f"{counts.table}: {counts.read} row(s) read, {verb} {counts.rewritten}")
+        out.write(f"{counts.table}: {wording.counted(counts.read, 'row')} read, {verb} {counts.rewritten}")
 
     found = reencoding.reencode(dry_run=dry_run, batch=options["batch"], report=report)
     total = sum(counts.rewritten for counts in found)
-    out.write(style.SUCCESS(f"{verb} {total} row(s){' (dry run)' if dry_run else ''}"))
+    out.write(style.SUCCESS(f"{verb} {wording.counted(total, 'row')}{' (dry run)' if dry_run else ''}"))
 
 
 def _duration(text: str, what: str) -> Any:
@@ -283,7 +283,7 @@ def _replay(options: dict[str, Any], out: Any, style: Any) -> None:
     replayed = broken = resumes = 0
     for verdict in histories.check_stored(**selection):
         replayed += 1
-        where = f"{verdict.run_id} {verdict.workflow}@{verdict.version} ({verdict.positions} positions)"
+        where = f"{verdict.run_id} {verdict.workflow}@{verdict.version} ({wording.counted(verdict.positions, 'position')})"
         if verdict.ok:
             if verdict.run_id in parked:
                 resumes += 1
@@ -302,7 +302,9 @@ def _replay(options: dict[str, Any], out: Any, style: Any) -> None:
             continue
         kind = type(verdict.error).__name__
         out.write(style.ERROR(f"BREAKS {where}: {kind}: {verdict.error}"))
-    summary = f"replayed {replayed} stored histor{'y' if replayed == 1 else 'ies'}: {broken} would break"
+    summary = (
+        f"replayed {wording.counted(replayed, 'stored history', 'stored histories')}: {broken} would break"
+    )
     if parked:
         summary += f"; {len(parked)} blocked by non-determinism now, {resumes} of them replay on this code"
     if broken:

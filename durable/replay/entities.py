@@ -12,7 +12,7 @@ from typing import Any
 from ..durations import parse_duration
 from ..entities import registry
 from ..errors import InvalidInput, StepFailed, WaitTimeout
-from ..guards import text
+from ..guards import plain_json, text
 from .history import COMPLETED, FAILED, Record
 from .positions import Pending, Positions
 
@@ -56,7 +56,11 @@ class Entities(Positions):
             "entity": name,
             "key": key,
             "op": op,
-            "arg": self._storable(arg, f"the argument of entity {name!r} op {op!r}", typed=False),
+            "arg": plain_json(
+                arg,
+                f"the argument of entity {name!r} op {op!r}",
+                max_bytes=self._limits.max_payload_bytes,
+            ),
             "op_id": entity_op_id(self._facts.id, self._here),
             "call": call,
             "timeout": None if delta is None else delta.total_seconds(),

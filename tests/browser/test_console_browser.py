@@ -19,7 +19,7 @@ import durable
 from durable.models import CronSchedule
 from tests import console_flows as flows
 
-from .conftest import Page
+from .conftest import SCREENSHOTS, Page
 
 #: Queries the live server may make to draw a run page, whatever the width of its fans: 16 for
 #: the console, 3 for what keeps it stuck and its failed attempts (pending positions, workers
@@ -144,7 +144,7 @@ def test_retry_a_failed_run_from_its_page(page: Page, engine: Any, operator: Use
     page.shot("retried-run")
 
     assert "payment provider is down" in error
-    assert "Retried: the run is pending again." in said
+    assert "Retried: the run goes on from where it stopped." in said
     assert durable.get_run(run_id).output == "charged 500"
     assert "completed" in page.text("#now")
 
@@ -189,15 +189,79 @@ def test_cancel_with_compensation_undoes_the_done_steps(page: Page, engine: Any,
 
     page.open(run_url(run_id))
     page.click("button[name=compensate]")
+    asked = page.text("#content")
+    page.shot("asked-to-confirm")
+    engine.run_until_idle()
+    untouched = durable.get_run(run_id).status
+    page.click("input[name=confirm]")
     said = page.text(".messagelist")
     engine.run_until_idle()
     page.open(run_url(run_id))
     page.shot("compensated-run")
 
+    assert "runs the compensations of the steps it finished" in asked and untouched == "suspended"
     assert "Cancel with compensation requested" in said
     assert durable.get_run(run_id).status == "cancelled"
     assert flows.UNDONE == ["reservation-lamp"]
     assert "compensation" in page.text("#timeline")
+
+
+def test_a_waiting_run_reads_one_time_and_once_cancelled_waits_for_nothing(
+    page: Page, engine: Any, operator: User
+) -> None:
+    run_id = durable.start(flows.deadline_flow, 1).id
+    engine.run_until_idle()
+    page.log_in("operator", PASSWORD)
+
+    page.open(run_url(run_id))
+    waits = page.text("#waiting-for")
+    source = page.driver.page_source
+    waiting_row = page.text("#timeline tbody tr")
+    page.shot("waiting-run")
+    page.click("button[name=cancel]")
+    page.shot("asked-to-confirm")
+    page.click("#keep-running")  # no: back to the run, nothing changed
+    kept = durable.get_run(run_id).status
+    page.click("button[name=cancel]")
+    page.click("input[name=confirm]")
+    said = page.text(".messagelist")
+    engine.run_until_idle()
+    page.open(run_url(run_id))
+    ended_row = page.text("#timeline tbody tr")
+    page.shot("cancelled-run")
+
+    assert "signal 'approve' (until" in waits
+    assert "Safety-net check at" in source and "Wake at" not in source
+    assert "until" in waiting_row
+    assert kept == "suspended"
+    assert "Cancelled." in said and durable.get_run(run_id).status == "cancelled"
+    assert "until" not in ended_row and "never settled: the run ended" in ended_row
+    assert page.all("#waiting-for") == []
+
+
+def test_cancel_selected_runs_asks_first(page: Page, engine: Any, operator: User) -> None:
+    run_id = durable.start(flows.approval_flow, {"order": 8}).id
+    engine.run_until_idle()
+    page.log_in("operator", PASSWORD)
+
+    page.open(reverse("admin:durable_run_changelist"))
+    page.find(f"input.action-select[value='{run_id}']").click()
+    page.find("select[name=action] option[value=cancel_runs]").click()
+    page.click("button[name=index]")
+    asked = page.text("#content")
+    page.shot("asked-to-confirm")
+    page.click("#keep-running")
+    back = page.driver.current_url
+    kept = durable.get_run(run_id).status
+    page.find(f"input.action-select[value='{run_id}']").click()
+    page.find("select[name=action] option[value=cancel_runs]").click()
+    page.click("button[name=index]")
+    page.click("input[name=confirm]")
+    said = page.text(".messagelist")
+
+    assert "Cancel 1 run?" in asked and run_id in asked
+    assert back.endswith("/admin/durable/run/") and kept == "suspended"
+    assert "Cancelled 1 run." in said and durable.get_run(run_id).status == "cancelled"
 
 
 def test_pause_a_schedule_from_the_schedule_list(page: Page, engine: Any, operator: User) -> None:
@@ -261,3 +325,35 @@ def test_the_health_page_names_a_queue_no_worker_consumes(page: Page, engine: An
 
     assert "no worker: start one with -Q durable" in health
     assert "Stuck: no worker has consumed queue 'durable' lately" in now
+
+
+def test_the_run_list_shows_every_column_whole_at_1400_px(page: Page, engine: Any, operator: User) -> None:
+    flows.OUTAGE["on"] = True
+    durable.start(flows.charge_flow, 500, tags=["vip"])
+    engine.run_until_idle()
+    flows.OUTAGE["on"] = False
+    durable.start(flows.approval_flow, {"order": 7}, run_id="a-run-id-as-long-as-a-uuid-4f1c2b7e9d3a")
+    engine.run_until_idle()
+    page.log_in("operator", PASSWORD)
+
+    # As a first visit sees it: the admin's app list open beside the table.
+    page.driver.execute_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'true')")
+    page.driver.set_window_size(1400, 1000)
+    try:
+        page.open(reverse("admin:durable_run_changelist"))
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.driver.save_screenshot(str(SCREENSHOTS / f"{page.name}--run-list-1400.png"))
+        clipped = page.driver.execute_script(
+            """
+            const box = document.querySelector('#changelist .results');
+            const cells = [...document.querySelectorAll('#result_list th, #result_list td')];
+            const cut = cells.filter(cell => cell.scrollWidth > cell.clientWidth + 1
+                || cell.getBoundingClientRect().right > box.getBoundingClientRect().right + 0.5);
+            return [...(box.scrollWidth > box.clientWidth ? ['the list scrolls sideways'] : []),
+                    ...cut.map(cell => cell.className + ': ' + cell.textContent.trim())];
+            """
+        )
+    finally:
+        page.driver.set_window_size(1600, 1000)
+
+    assert clipped == []

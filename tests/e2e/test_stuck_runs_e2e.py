@@ -110,6 +110,24 @@ def test_a_worker_without_the_runs_queue_warns_at_start_and_the_run_says_why_it_
     assert "does not consume" not in durable_worker.primary.logs()
 
 
+def test_a_worker_stopped_cleanly_is_off_the_health_page_at_once(
+    durable_worker: Any, admin_client: Client
+) -> None:
+    durable_worker.primary.start()
+    wait_for(_worker_noted, 30, what="the worker to note itself")
+    run_id = durable.start(echo_flow, "hello").id
+    assert durable.result(run_id, timeout=60) == "hello"
+
+    durable_worker.primary.stop()  # SIGTERM: a warm shutdown, as systemctl stop or Ctrl-C
+
+    # Deleted by the worker as it left, not aged out: an aged-out row stays in the table a day.
+    assert not _worker_noted()
+    health = admin_client.get(reverse(HEALTH)).content.decode()
+    assert "<td>alive</td>" not in health
+    waiting = durable.start(echo_flow, "again").id
+    assert "no_worker" in _stuck(waiting)
+
+
 def test_a_due_timer_with_no_beat_running_names_beat_and_goes_on_once_beat_starts(
     durable_worker: Any, admin_client: Client
 ) -> None:

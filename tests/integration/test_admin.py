@@ -94,9 +94,11 @@ def change_url(run_id: str) -> str:
     return reverse("admin:durable_run_change", args=[quote(run_id)])
 
 
-def act(client: Client, action: str, run_ids: list[str]) -> list[str]:
-    """Post a changelist action on ``run_ids``; return the messages the admin shows."""
-    response = client.post(reverse(CHANGELIST), {"action": action, "_selected_action": run_ids}, follow=True)
+def act(client: Client, action: str, run_ids: list[str], *, confirmed: bool = False) -> list[str]:
+    """Post a changelist action on ``run_ids`` (answered yes to its confirmation page when
+    ``confirmed``); return the messages the admin shows."""
+    data = {"action": action, "_selected_action": run_ids, **({"post": "yes"} if confirmed else {})}
+    response = client.post(reverse(CHANGELIST), data, follow=True)
     assert response.status_code == 200
     return [str(message) for message in response.context["messages"]]
 
@@ -237,7 +239,7 @@ def test_retry_action_runs_a_failed_run_again(admin_client: Client, durable_env:
     shown = act(admin_client, "retry_runs", [failed, completed])
 
     assert durable.get_run(failed).status == "pending"
-    assert "Retried 1 run; it is pending again." in shown
+    assert "Retried 1 run; it goes on from where it stopped." in shown
     assert any(m.startswith("Skipped 1 run that cannot be retried:") and "completed" in m for m in shown)
     durable_env.run_until_idle()
     run = durable.get_run(failed)
@@ -252,7 +254,14 @@ def test_cancel_action_cancels_a_suspended_run_and_reports_finished_ones(
     completed = run_to_idle(durable_env, "tests.admin_add", 1)
     assert durable.get_run(waiting).status == "suspended"
 
-    shown = act(admin_client, "cancel_runs", [waiting, completed])
+    asked = admin_client.post(
+        reverse(CHANGELIST), {"action": "cancel_runs", "_selected_action": [waiting, completed]}
+    )
+    html = asked.content.decode()
+    assert "Cancel 2 runs?" in html and waiting in html and completed in html
+    assert durable.get_run(waiting).status == "suspended"  # asking changed nothing
+
+    shown = act(admin_client, "cancel_runs", [waiting, completed], confirmed=True)
 
     run = durable.get_run(waiting)
     assert run.status == "cancelled"
@@ -453,3 +462,19 @@ def test_entity_ops_are_filtered_by_namespace(admin_client: Client, durable_env:
     assert ops.status_code == 200
     assert [op.arg for op in ops.context["cl"].result_list] == [1]
     assert "By namespace" in ops.content.decode()  # offered in the filters, not only by URL
+
+
+def test_cancel_selected_asks_first_for_every_run_the_filter_selects(
+    admin_client: Client, durable_env: Any
+) -> None:
+    waiting = [run_to_idle(durable_env, "tests.admin_wait", 0) for _ in range(3)]
+    url = reverse(CHANGELIST) + "?status__exact=suspended"
+    selection = {"action": "cancel_runs", "select_across": "1", "_selected_action": waiting[:1]}
+
+    asked = admin_client.post(url, selection).content.decode()
+    assert "Cancel 3 runs?" in asked and 'name="select_across" value="1"' in asked
+    assert 'href="/admin/durable/run/?status__exact=suspended" class="cancel-link"' in asked
+    assert {durable.get_run(run_id).status for run_id in waiting} == {"suspended"}
+
+    admin_client.post(url, {**selection, "post": "yes"})
+    assert {durable.get_run(run_id).status for run_id in waiting} == {"cancelled"}

@@ -222,10 +222,13 @@ def test_retry_button_reruns_a_failed_run_and_writes_history(admin_client: Clien
     response = admin_client.post(action_url(run_id, "retry"), follow=True)
     durable_env.run_until_idle()
 
-    assert "Retried: the run is pending again." in [str(m) for m in response.context["messages"]]
+    assert "Retried: the run goes on from where it stopped." in [str(m) for m in response.context["messages"]]
     assert durable.get_run(run_id).output == "charged 5"
     (entry,) = LogEntry.objects.all()
-    assert (entry.object_id, entry.get_change_message()) == (run_id, "Retried: the run is pending again.")
+    assert (entry.object_id, entry.get_change_message()) == (
+        run_id,
+        "Retried: the run goes on from where it stopped.",
+    )
 
 
 def test_retry_button_on_a_completed_run_says_why_not(admin_client: Client, durable_env: Any) -> None:
@@ -242,7 +245,7 @@ def test_cancel_with_compensation_undoes_the_done_steps(admin_client: Client, du
     run_id = durable.start(flows.saga_flow, "lamp").id
     durable_env.run_until_idle()
 
-    admin_client.post(action_url(run_id, "compensate"))
+    admin_client.post(action_url(run_id, "compensate"), {"confirmed": "yes"})
     durable_env.run_until_idle()
 
     run = durable.get_run(run_id)
@@ -428,3 +431,73 @@ def test_a_failed_run_shows_the_traceback_of_its_failed_attempt_in_the_timeline_
     )
     assert "ConnectionError: payment provider is down" in section(page, "run-error")
     assert "ConnectionError: payment provider is down" in section(page, "timeline").split("traceback", 1)[1]
+
+
+@pytest.mark.parametrize("button", ["cancel", "compensate"])
+def test_cancel_asks_first_and_acts_only_once_confirmed(
+    admin_client: Client, durable_env: Any, button: str
+) -> None:
+    run_id = durable.start(flows.saga_flow, "lamp").id
+    durable_env.run_until_idle()
+
+    asked = admin_client.post(action_url(run_id, button))
+    durable_env.run_until_idle()
+    still = durable.get_run(run_id).status
+    logged = LogEntry.objects.exists()
+    done = admin_client.post(action_url(run_id, button), {"confirmed": "yes"}, follow=True)
+    durable_env.run_until_idle()
+
+    html = asked.content.decode()
+    assert asked.status_code == 200 and still == "suspended"
+    assert 'name="confirmed" value="yes"' in html and 'id="keep-running"' in html
+    assert ("compensations" in html) == (button == "compensate")
+    assert not logged
+    assert done.redirect_chain and durable.get_run(run_id).status == "cancelled"
+    undone = ["reservation-lamp"] if button == "compensate" else []
+    assert undone == flows.UNDONE
+
+
+def test_a_finished_run_shows_no_position_as_pending_until(admin_client: Client, durable_env: Any) -> None:
+    run_id = durable.start(flows.deadline_flow, 1).id
+    durable_env.run_until_idle()
+    waiting = section(page_of(admin_client, run_id), "timeline")
+    durable.cancel(run_id)
+    durable_env.run_until_idle()
+
+    ended = section(page_of(admin_client, run_id), "timeline")
+
+    assert "<small>until " in waiting
+    assert Checkpoint.objects.get(run_id=run_id, kind="signal").status == "pending"
+    assert "until" not in ended and "never settled: the run ended" in ended
+
+
+def test_a_waiting_runs_sweep_time_is_a_safety_net_not_a_second_timer(
+    admin_client: Client, durable_env: Any
+) -> None:
+    run_id = durable.start(flows.deadline_flow, 1).id
+    durable_env.run_until_idle()
+
+    html = page_of(admin_client, run_id)
+
+    assert "Wake at" not in html and "wake at" not in html
+    assert "Safety-net check at" in html and "what it waits for is under Now" in html
+    assert "(until " in section(html, "waiting-for")
+    durable.signal(run_id, "approve", 1)
+    durable_env.run_until_idle()
+    assert "what it waits for is under Now" not in page_of(admin_client, run_id)
+
+
+def test_failed_attempts_are_numbered_per_retry_round(admin_client: Client, durable_env: Any) -> None:
+    flows.OUTAGE["on"] = True
+    run_id = durable.start(flows.charge_twice_flow, 5).id
+    durable_env.run_until_idle()
+    durable_env.advance_time("2s")
+    durable_env.run_until_idle()
+    assert durable.get_run(run_id).status == "failed"
+    durable.retry(run_id)
+    durable_env.run_until_idle()
+
+    failures = section(page_of(admin_client, run_id), "fieldset-0-1-heading")
+
+    rows = re.findall(r"<tr><td>#0 tests.console_charge_twice</td><td>([^<]*)</td><td>(\d+)</td>", failures)
+    assert rows == [("first", "1"), ("first", "2"), ("after retry 1", "1")]

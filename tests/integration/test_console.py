@@ -15,6 +15,7 @@ from django.core.management.base import CommandError
 import durable
 from durable import Retry
 from durable.models import Checkpoint, Run
+from durable.statuses import RunStatus
 from durable.testing import replay_history
 
 pytestmark = pytest.mark.django_db
@@ -118,9 +119,55 @@ def test_json_too_deep_or_too_long_is_refused_naming_the_argument(durable_env, a
     assert not Run.objects.get(id="order-1").signals.exists()
 
 
-def test_list_refuses_a_status_that_does_not_exist(durable_env):
-    with pytest.raises(CommandError, match="bogus"):
-        manage("list", "--status", "bogus")
+def test_list_refuses_a_status_that_does_not_exist_naming_those_that_do(durable_env):
+    said = _refused("list", "--status", "bogus")
+    assert "'bogus'" in said
+    assert all(f"'{status}'" in said for status in RunStatus)
+
+
+def test_purge_refuses_a_status_that_is_not_finished_naming_the_finished_ones(durable_env):
+    said = _refused("purge", "--older-than", "1d", "--status", "running")
+    assert "'running'" in said
+    assert "'completed', 'failed', 'cancelled', 'dead'" in said
+    assert "RunStatus" not in said
+
+
+@pytest.mark.parametrize(
+    ("args", "valid"),
+    [
+        (("list", "--status", "bogus"), "'pending', 'running', 'suspended', 'completed'"),
+        (
+            ("purge", "--older-than", "1d", "--status", "pending"),
+            "'completed', 'failed', 'cancelled', 'dead'",
+        ),
+    ],
+    ids=["list", "purge"],
+)
+def test_an_unknown_status_exits_non_zero_in_a_real_process(args, valid):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "durable", *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "invalid choice" in done.stderr and valid in done.stderr
+    assert done.stdout == ""
+
+
+def test_counts_are_said_in_the_singular_for_one(durable_env):
+    failed = durable.start(fails)
+    durable_env.run_until_idle()
+    replayed = manage("replay", "--all")
+    assert f"ok     {failed.id} tests.console.fails@1 (1 position)" in replayed
+    assert "replayed 1 stored history: 0 would break" in replayed
+    swept = manage("sweep")
+    assert "recovered 0 orphaned runs, woke 0 due runs" in swept
+    durable_env.advance_time("2d")
+    assert "1 finished run tree would be deleted (dry run)" in manage(
+        "purge", "--older-than", "1d", "--dry-run"
+    )
+    assert "deleted 1 run, children included" in manage("purge", "--older-than", "1d")
 
 
 def test_an_api_error_becomes_a_command_error(durable_env):
@@ -160,9 +207,9 @@ def test_purge_deletes_finished_trees_older_than_asked(durable_env):
     recent = durable.start(fails)
     waiting = durable.start(fulfil, {"id": 2, "cents": 1})
     durable_env.run_until_idle()
-    assert "1 finished run tree(s) would be deleted" in manage("purge", "--older-than", "1d", "--dry-run")
+    assert "1 finished run tree would be deleted" in manage("purge", "--older-than", "1d", "--dry-run")
     assert Run.objects.count() == 3
-    assert "deleted 1 run(s)" in manage("purge", "--older-than", "1d")
+    assert "deleted 1 run," in manage("purge", "--older-than", "1d")
     assert set(Run.objects.values_list("id", flat=True)) == {recent.id, waiting.id}
     assert not Run.objects.filter(id=old.id).exists()
     with pytest.raises(CommandError, match="older-than"):

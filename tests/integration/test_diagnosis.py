@@ -257,3 +257,30 @@ def test_a_slow_health_query_is_cut_off_and_leaves_the_request_unbounded(
         assert diagnosis._time_boxed("default", slow) is diagnosis.TIMED_OUT
         assert diagnosis._time_boxed("default", timeout) == "50ms"
         assert timeout() == before
+
+
+def test_a_worker_that_shuts_down_cleanly_is_gone_at_once(durable_env: Any) -> None:
+    from celery import signals
+
+    run = durable.start(echo_flow, 1)
+    presence.announce("celery@shop", ["durable"])
+    assert not [r for r in explain(Run.objects.get(id=run.id)) if r.stuck]
+
+    signals.worker_shutdown.send(sender=None)  # what a warm shutdown (TERM, Ctrl-C) sends
+
+    assert not Presence.objects.filter(kind=Presence.WORKER).exists()
+    assert "no_worker" in _codes(run.id)  # not "alive" for the next 45 s
+    presence.leave()  # once only: a second shutdown signal finds nothing to delete
+    presence.tick()  # and the keeper thread, if it still runs, does not write the row again
+    assert not Presence.objects.filter(kind=Presence.WORKER).exists()
+
+
+def test_a_pool_childs_shutdown_leaves_its_workers_row(durable_env: Any) -> None:
+    presence.announce("celery@shop", ["durable"])
+    main, presence._me = presence._me, ("pid of another process", *presence._me[1:])  # type: ignore[index,assignment]
+    try:
+        presence.leave()
+        assert Presence.objects.filter(kind=Presence.WORKER).count() == 1
+    finally:
+        presence._me = main
+        presence.leave()

@@ -42,6 +42,12 @@ class Account:
     def bad_result(self, state, _):
         return {1, 2}
 
+    def pair_result(self, state, _):
+        return (state["balance"], len(state["log"]))
+
+    def pair_in_state(self, state, _):
+        state["last"] = (1, 2)
+
     def transfer(self, state, arg):
         # An op may send ops to other entities: stored in its transaction, sent after commit.
         state["balance"] -= arg["amount"]
@@ -83,6 +89,11 @@ def call_with_timeout(ctx, key):
         return ctx.call_entity("tests.account", key, "deposit", 1, timeout="1m")
     except durable.WaitTimeout as exc:
         return f"timed out: {exc}"
+
+
+@durable.workflow(name="tests.entities_sends_a_tuple")
+def sends_a_tuple(ctx, key):
+    ctx.signal_entity("tests.account", key, "deposit", (1, 2))
 
 
 @durable.workflow(name="tests.entities_unknown_op")
@@ -150,6 +161,41 @@ def test_an_op_that_raises_leaves_the_state_as_it_was_and_records_its_error(dura
     assert failed.status == OpStatus.FAILED
     assert failed.error["code"] == "insufficient_funds"
     assert failed.error["message"] == "insufficient funds"
+
+
+@pytest.mark.parametrize(
+    ("op", "said"),
+    [
+        ("pair_result", "the result of entity 'tests.account' op 'pair_result' is a tuple"),
+        ("pair_in_state", "the state left by entity 'tests.account' op 'pair_in_state' at last is a tuple"),
+    ],
+)
+def test_an_op_that_leaves_a_tuple_fails_as_it_would_read_back_as_a_list(durable_env, op, said):
+    durable.signal_entity("tests.account", "a", "deposit", 5)
+    durable.signal_entity("tests.account", "a", op)
+    durable_env.run_until_idle()
+    failed = EntityOp.objects.get(op=op)
+    assert failed.status == OpStatus.FAILED
+    assert said in failed.error["message"] and "pass a list" in failed.error["message"]
+    assert durable.entity_state("tests.account", "a") == {"balance": 5, "log": [5]}
+
+
+def test_a_tuple_argument_is_refused_from_outside_and_from_a_workflow(durable_env):
+    with pytest.raises(durable.InvalidInput, match=r"op 'deposit' at \[1\] is a tuple; .* pass a list"):
+        durable.signal_entity("tests.account", "a", "deposit", [1, (2, 3)])
+    run = durable.start(sends_a_tuple, "b")
+    durable_env.run_until_idle()
+    with pytest.raises(durable.RunFailed, match="op 'deposit' is a tuple"):
+        durable.result(run.id)
+    assert EntityOp.objects.count() == 0
+
+
+def test_a_value_with_no_json_form_is_refused_saying_how_to_convert_it(durable_env):
+    from decimal import Decimal
+
+    with pytest.raises(durable.InvalidInput, match=r"convert it first \(\.model_dump\(mode='json'\)"):
+        durable.signal_entity("tests.account", "a", "deposit", Decimal("1.5"))
+    assert EntityOp.objects.count() == 0
 
 
 @pytest.mark.parametrize("op", ["corrupt", "bad_result"])

@@ -115,7 +115,8 @@ def test_a_schedule_declared_on_the_workflow_follows_the_code(at_noon, nightly, 
         ({"cron": "every day"}, "cron expression"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "IANA name"),
         ({"cron": "* * * * *", "overlap": "queue"}, "overlap must be one of"),
-        ({"cron": "* * * * *", "input": {1, 2}}, "JSON"),
+        ({"cron": "* * * * *", "input": {"total": float("nan")}}, "at total is the float nan"),
+        ({"cron": "* * * * *", "input": object()}, "is an instance of object, which has no JSON form"),
     ],
 )
 def test_bad_schedules_are_refused_before_anything_is_stored(durable_env, kwargs, says):
@@ -194,3 +195,24 @@ def test_a_declared_schedule_that_cannot_be_saved_does_not_stop_the_sweep(at_noo
     at_noon.advance_time("5m")
     assert _runs() == ["schedule:report:2026-12-01T12:05:00+00:00"]
     assert not CronSchedule.objects.filter(key="tests.sched_nightly").exists()
+
+
+@durable.workflow(name="tests.sched_typed")
+def typed_report(ctx, given):
+    return {"given": given, "types": [type(part).__name__ for part in given]}
+
+
+def test_a_schedules_input_reaches_each_run_with_its_types(at_noon):
+    from decimal import Decimal
+
+    given = ((2026, 12), Decimal("1.50"), {"mon", "tue"})
+    durable.schedule("typed", typed_report, cron="*/5 * * * *", input=given)
+    at_noon.advance_time("5m")
+    at_noon.run_until_idle()
+    ticked = durable.trigger_schedule("typed")
+    at_noon.run_until_idle()
+    ran = Run.objects.filter(id__startswith="schedule:typed:").order_by("id")
+    assert ran.count() == 2
+    for run in ran:
+        assert durable.result(run.id) == {"given": given, "types": ["tuple", "Decimal", "set"]}
+    assert ticked.id in {run.id for run in ran}

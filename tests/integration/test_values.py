@@ -11,6 +11,7 @@ from decimal import Decimal
 from io import StringIO
 from zoneinfo import ZoneInfo
 
+import pydantic
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
@@ -340,3 +341,28 @@ def test_a_class_a_steps_annotation_names_comes_back_as_itself_with_no_registrat
     expected = Invoice(Decimal("5.00"), ("a", "b"))
     assert len(seen) == 2 and all(value == expected and type(value) is Invoice for _, value in seen)
     assert durable.result(run.id) == expected
+
+
+class Order(pydantic.BaseModel):
+    # At import: a model built under a test's frozen clock would keep freezegun's date class.
+    id: int
+
+
+def test_a_pydantic_input_is_refused_saying_model_dump_or_input_schema(durable_env):
+    with pytest.raises(durable.InvalidInput) as refused:
+        durable.start(through_steps, {"order": Order(id=1)})
+    said = str(refused.value)
+    assert "at order is a pydantic model (Order); pass .model_dump(mode='json') of it" in said
+    assert "input_schema=Order" in said and "durable.register_type(Order)" in said
+    assert not Run.objects.exists()
+
+
+def test_a_tuple_input_comes_back_a_tuple_not_a_list(durable_env):
+    run = durable.start(through_steps, {"pair": (1, (2, 3)), "list": [1, 2]})
+    durable_env.run_until_idle()
+    durable_env.advance_time("1m")
+    durable_env.run_until_idle()
+    expected = {"pair": (1, (2, 3)), "list": [1, 2]}
+    assert durable.result(run.id) == {"dispatched": expected, "local": expected}
+    assert type(durable.result(run.id)["local"]["pair"]) is tuple
+    assert called == [expected, expected]
