@@ -69,6 +69,10 @@ class Settings:
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     #: How often beat runs the timer sweep; bounds how late a due timer fires.
     TIMER_SWEEP_INTERVAL: timedelta = timedelta(seconds=1)
+    #: A timer a run waits on (a sleep, a retry's backoff, a wait's timeout) due within this also
+    #: goes out as a Celery countdown on the run's advance, so it fires on time without waiting
+    #: for beat (the sweep stays its safety net); "0s": none, every timer waits for the sweep.
+    TIMER_HINT_WITHIN: timedelta = timedelta(minutes=1)
     #: How often beat looks for turns whose lease expired.
     ORPHAN_SWEEP_INTERVAL: timedelta = timedelta(seconds=5)
     #: A dispatched step not picked up by a worker within this is sent again (sooner when a

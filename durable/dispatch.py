@@ -219,18 +219,14 @@ def turn_heartbeat(run_id: str, turn: str, reply_to: str) -> None:
     _publish(Message(TURN_HEARTBEAT, (), reply_to, {"kwargs": {"run_id": run_id, "turn": turn}}))
 
 
-#: A timer due within this long also gets a countdown message (it waits in a worker's memory,
-#: so only briefly); a later one is left to the timer sweep, whose second matters less.
-HINT_WITHIN = timedelta(minutes=1)
-
-
 def advance_at(run_id: str, queue: str, due: datetime) -> None:
-    """A hint, for a timer due within ``HINT_WITHIN``: a turn of ``run_id`` when it falls due,
-    without waiting for the timer sweep's next pass (or for beat at all). A countdown lives in
-    worker memory: the run's ``wake_at`` stays the real timer, and the sweep its safety net."""
+    """A hint, for a timer due within ``TIMER_HINT_WITHIN``: a turn of ``run_id`` when it falls
+    due, without waiting for the timer sweep's next pass (or for beat at all). A countdown lives
+    in worker memory, so only a near one is sent: the run's ``wake_at`` stays the real timer, and
+    the sweep its safety net."""
     # A little late rather than early: a turn before the timer is due only waits again.
     seconds = (due - clock.now()).total_seconds() + 0.05
-    if 0 < seconds <= HINT_WITHIN.total_seconds():
+    if 0 < seconds <= conf.get().TIMER_HINT_WITHIN.total_seconds():
         send_after_commit(Message(ADVANCE, (run_id,), _claims(queue), {"countdown": round(seconds, 3)}))
 
 

@@ -171,19 +171,28 @@ def test_a_worker_s_metrics_after_real_runs_through_its_sdk_and_the_prometheus_v
         "METRICS_DIR": str(tmp_path / "prometheus"),
     }
 
+    kinds = {instrument.name: instrument.kind for instrument in INSTRUMENTS}
+
+    def sample_of(name: str) -> str:
+        return name.replace(".", "_") + (
+            "_total" if kinds[name] == COUNTER else "" if kinds[name] == "gauge" else "_count"
+        )
+
     def scraped_all():
         response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
         assert response.status_code == 200
         found = prometheus_samples(response.content.decode())
-        return found if value(found, "durable_runs_completed_total", **ship_run) else None
-
-    scraped = wait_for(scraped_all, timeout=10, what="the worker's file of metrics")
-    assert len(list((tmp_path / "prometheus").glob("durable-*.json"))) >= 2  # the pool's, and this one's
-    kinds = {instrument.name: instrument.kind for instrument in INSTRUMENTS}
-    for name, (attributes, least) in expected.items():
-        sample = name.replace(".", "_") + (
-            "_total" if kinds[name] == COUNTER else "" if kinds[name] == "gauge" else "_count"
+        # Each pool process writes its own file about once a second: wait for all of them.
+        everything = all(
+            value(found, sample_of(name), **attributes) >= least
+            for name, (attributes, least) in expected.items()
         )
+        return found if everything else None
+
+    scraped = wait_for(scraped_all, timeout=10, what="the worker's files of metrics")
+    assert len(list((tmp_path / "prometheus").glob("durable-*.json"))) >= 2  # the pool's, and this one's
+    for name, (attributes, least) in expected.items():
+        sample = sample_of(name)
         assert any(attributes.items() <= a.items() for a, _ in scraped.get(sample, [])), (
             sample,
             scraped.get(sample),

@@ -21,7 +21,11 @@ QUEUES = [f"durable.{tenant}" for tenant in TENANTS]
 @pytest.fixture
 def durable_worker_options():
     # The primary worker (which would consume every queue) stays down: only the tenants' run.
-    return {"start": False, "env": {"DURABLE_TIMER_SWEEP_INTERVAL": "200ms"}}
+    # No countdowns: a tenant's timers fire only when its own beat sweeps them.
+    return {
+        "start": False,
+        "env": {"DURABLE_TIMER_SWEEP_INTERVAL": "200ms", "DURABLE_TIMER_HINT_WITHIN": "0s"},
+    }
 
 
 @durable.step(local=True)

@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 #: Set in the workers' environment only: what the test process registers and they do not.
 WORKER_SIDE = "DURABLE_E2E_STUCK_WORKER"
 TOKENS = Path(tempfile.gettempdir()) / "durable-e2e-stuck-tokens"
-#: Short heartbeats, so a worker's presence and absence show within seconds.
-SETTINGS = {"PRESENCE_INTERVAL": "1s", "TIMER_SWEEP_INTERVAL": "1s"}
+#: Short heartbeats, so a worker's presence and absence show within seconds; no countdowns, so
+#: a due timer waits for beat.
+SETTINGS = {"PRESENCE_INTERVAL": "1s", "TIMER_SWEEP_INTERVAL": "1s", "TIMER_HINT_WITHIN": "0s"}
 HEALTH = "admin:durable_presence_changelist"
 
 

@@ -38,8 +38,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 GATE_ENV = "WAKE_BATCHES_GATE"
 # Only these differ from the defaults, here and (as DURABLE_<KEY>) in the worker and beat: a
-# dead turn's lease and a swept run's safety-net wake both come due within seconds.
-SETTINGS = {"LEASE": "3s", "RECONCILE_INTERVAL": "3s"}
+# dead turn's lease and a swept run's safety-net wake both come due within seconds, and timers
+# send no countdowns (the naps are woken by the sweep's batch messages under test).
+SETTINGS = {"LEASE": "3s", "RECONCILE_INTERVAL": "3s", "TIMER_HINT_WITHIN": "0s"}
 RUNS = 40  # 16 batch messages of two or three runs
 
 

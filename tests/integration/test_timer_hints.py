@@ -1,10 +1,11 @@
 """Which waits send a countdown hint (``dispatch.advance_at``): a timer that ends a wait of the
-body and falls due within ``HINT_WITHIN``, never a step attempt's deadline (a check that
+body and falls due within ``TIMER_HINT_WITHIN``, never a step attempt's deadline (a check that
 normally never fires: one more message per step for nothing)."""
 
 from __future__ import annotations
 
 import pytest
+from django.test import override_settings
 
 import durable
 from durable.dispatch import ADVANCE
@@ -48,3 +49,10 @@ def test_a_short_sleep_sends_one_held_until_due_and_a_long_one_none(durable_env)
     assert durable.get_run(short.id).status == "suspended"  # the countdown is still held
     durable_env.advance_time("2s")
     assert durable.result(short.id) == "rested"
+
+
+@override_settings(DURABLE={"TIMER_HINT_WITHIN": "0s"})
+def test_timer_hints_can_be_turned_off(durable_env):
+    durable.start(nap_flow, "2s")
+    durable_env.run_until_idle()
+    assert held(durable_env) == []
