@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from datetime import datetime, timedelta
 
@@ -29,6 +30,11 @@ def registered_workflows() -> list[str]:
     )
 
 
+#: Held by the keeper thread's beat and by leave(), so a beat in flight cannot land after the
+#: row's deletion.
+_writing = threading.Lock()
+
+
 def announce(node: str, queues: list[str]) -> None:
     """Note this worker process as alive, serving ``queues``; the keeper thread keeps it so."""
     global _me, _last_beat
@@ -45,10 +51,13 @@ def tick() -> None:
     if time.monotonic() - _last_beat < conf.get().PRESENCE_INTERVAL.total_seconds():
         return
     _last_beat = time.monotonic()
-    try:
-        _write()
-    except Exception:  # noqa: BLE001 - a missed beat only makes the worker look late
-        log.warning("durable: could not note this worker as alive", exc_info=True)
+    with _writing:  # never after leave() deleted the row: a beat then would bring it back
+        if _me is None:
+            return
+        try:
+            _write()
+        except Exception:  # noqa: BLE001 - a missed beat only makes the worker look late
+            log.warning("durable: could not note this worker as alive", exc_info=True)
 
 
 def leave() -> None:
@@ -57,8 +66,9 @@ def leave() -> None:
     global _me
     if _me is None or _me[0] != os.getpid():
         return  # a pool child's shutdown: its main process is still serving
-    who, _me = _me[1], None
-    Presence.objects.using(conf.get().DATABASE).filter(kind=Presence.WORKER, who=who).delete()
+    with _writing:
+        who, _me = _me[1], None
+        Presence.objects.using(conf.get().DATABASE).filter(kind=Presence.WORKER, who=who).delete()
 
 
 def _write() -> None:
