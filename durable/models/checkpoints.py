@@ -419,15 +419,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             return cursor.rowcount == 1
 
     def fan_closed(self, run_id: str, fan: int, left: int | None = None) -> bool:
-        """No member of the fan is still pending (asked after a member's result committed).
-
-        ``left``, what ``Fan.objects.leave`` said of the member's shard in that commit, answers
-        when the fan keeps a count (durable/models/fans.py). Else the members are asked, which
-        reads past the index entry of every member settled since the last vacuum."""
+        """No member of the fan is still pending (asked after a member's result committed), by
+        its count (``left``: what ``Fan.objects.leave`` said of the member's shard; see
+        models/fans.py), else by asking the members, which reads past every settled one's entry."""
         if left is not None and left > 0:
             return False
-        closed = Fan.objects.using(self.db).closed(run_id, fan) if left == 0 else None
-        if closed is not None:
+        if (closed := Fan.objects.using(self.db).closed(run_id, fan) if left == 0 else None) is not None:
             return closed
         return not self.filter(run_id=run_id, status=CheckpointStatus.PENDING, fan=fan).exists()
 
