@@ -190,10 +190,13 @@ def test_a_dead_attempt_is_known_within_its_heartbeat_timeout_plus_the_grace(dur
     silent = (step.finished_at - last_beat).total_seconds()
     print(f"judged dead {silent:.2f}s after its last persisted beat, {noticed:.2f}s after the kill")
     # heartbeat_timeout 2 s + the grace (0.25 s for it, never over 1 s); the embedded file broker
-    # adds its polling (a second) to the timer sweep's message, Redis nothing worth counting.
+    # adds its polling (a second) to the timer sweep's message, Redis nothing worth counting; a
+    # machine busier than its cores (CI runs ten suites on two) delays beat, the sweep and the
+    # worker by up to a second or two more. Without the judge it would be the LEASE: 30 s.
     slack = 0.0 if settings.CELERY_BROKER_URL.startswith("redis") else 1.0
-    assert silent <= 3.0 + slack
-    assert noticed <= 3.5 + slack  # plus the time the test takes to see the run end
+    slack += min(2.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    assert silent <= 3.0 + slack, (silent, slack)
+    assert noticed <= 3.5 + slack, (noticed, slack)  # plus the time the test takes to see the end
 
 
 @durable.step(name="tests.e2e_cancel.elsewhere", queue="e2e-cancel-elsewhere")
