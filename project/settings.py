@@ -13,6 +13,16 @@ from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DURABLE_VAR_DIR", BASE_DIR / "var"))
+# The README's test command runs the suite in several processes side by side (pytest-xdist's
+# gw0, gw1, ...): each has a var/ folder of its own (SQLite file, embedded broker), and below a
+# Redis database of its own, so processes share no file, row or message (pytest-django suffixes
+# PostgreSQL's test database). Written back to the environment, which the worker subprocesses a
+# test starts inherit: they take these as they are.
+TEST_PROCESS = os.environ.get("PYTEST_XDIST_WORKER", "")
+TEST_PROCESS_SETTLED = TEST_PROCESS and os.environ.get("DURABLE_TEST_PROCESS") == TEST_PROCESS
+if TEST_PROCESS and not TEST_PROCESS_SETTLED:
+    VAR_DIR = VAR_DIR / TEST_PROCESS
+    os.environ["DURABLE_VAR_DIR"] = str(VAR_DIR)
 
 
 def env_flag(name: str, default: bool) -> bool:
@@ -164,6 +174,33 @@ STORAGES = {
 
 # Celery: JSON only, results in the database through django-celery-results.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+
+
+def broker_of_test_process(url: str, process: str) -> str:
+    """The broker URL test process ``process`` (gw<K>) uses: Redis database N + K for database N."""
+    index = int(process.removeprefix("gw"))
+    parsed = urlparse(url)
+    if parsed.scheme in ("redis", "rediss"):
+        db = int(parsed.path.lstrip("/") or 0) + index
+        if db > 15:
+            raise ImproperlyConfigured(
+                f"CELERY_BROKER_URL={url!r} with test process {process}: Redis database {db} does not "
+                "exist; use a lower database number or fewer processes (pytest -n)"
+            )
+        return parsed._replace(path=f"/{db}").geturl()
+    if parsed.scheme in ("amqp", "amqps", "pyamqp") and index > 0:
+        raise ImproperlyConfigured(
+            "CELERY_BROKER_URL is RabbitMQ: test processes side by side would share its vhost's "
+            "queues; run its tests in one process (pytest -n 0), as CI's rabbitmq suite does"
+        )
+    return url
+
+
+if TEST_PROCESS and not TEST_PROCESS_SETTLED:
+    _own_broker = broker_of_test_process(CELERY_BROKER_URL, TEST_PROCESS)
+    if _own_broker != CELERY_BROKER_URL:  # only then: Celery prefers the variable to its conf
+        CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"] = _own_broker
+    os.environ["DURABLE_TEST_PROCESS"] = TEST_PROCESS
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's filesystem transport, with messages written atomically (see the module).
     CELERY_BROKER_TRANSPORT = "durable.filesystem_broker:Transport"

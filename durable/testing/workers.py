@@ -138,8 +138,10 @@ class WorkerHandle:
             os.kill(victim, signal.SIGKILL)
         return victim
 
-    def stop(self) -> None:
-        self.process.stop()
+    def stop(self, timeout: float = 20) -> None:
+        """A warm shutdown (SIGTERM to its process group); killed if it has not ended in ``timeout``
+        seconds."""
+        self.process.stop(timeout)
 
     def signal(self, sig: int, *, group: bool = False) -> None:
         """Send ``sig`` to the worker's main process (a warm shutdown for SIGTERM, a cold one for
