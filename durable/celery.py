@@ -229,6 +229,14 @@ def _finish_async_steps(**_: Any) -> None:
     asyncattempts.drain(conf.get().LEASE.total_seconds())
 
 
+@signals.worker_shutting_down.connect
+def _leaving(**_: Any) -> None:
+    # Sent from the main process's signal handler: the keeper thread does the work.
+    from .engine import presence
+
+    presence.leaving()
+
+
 @signals.worker_process_shutdown.connect
 @signals.worker_shutdown.connect
 def _hand_back_leases(**_: Any) -> None:

@@ -22,6 +22,8 @@ FORGET_AFTER = timedelta(days=1)
 #: This worker as announced: (pid of the announcing process, node name, queues); None elsewhere.
 _me: tuple[int, str, list[str]] | None = None
 _last_beat = 0.0
+#: Set by leaving(): the keeper thread deletes the row at its next pass.
+_leaving = False
 
 
 def registered_workflows() -> list[str]:
@@ -44,10 +46,17 @@ def announce(node: str, queues: list[str]) -> None:
 
 
 def tick() -> None:
-    """Called often by the keeper thread: renew this worker's row once per PRESENCE_INTERVAL."""
+    """Called often by the keeper thread: renew this worker's row once per PRESENCE_INTERVAL, or
+    delete it once the worker began leaving."""
     global _last_beat
     if _me is None or _me[0] != os.getpid():
         return  # not a worker's main process (a pool child, a web process)
+    if _leaving:
+        try:
+            leave()
+        except Exception:  # noqa: BLE001 - tried again at shutdown's end, else it ages out
+            log.warning("durable: could not take this worker off the health page", exc_info=True)
+        return
     if time.monotonic() - _last_beat < conf.get().PRESENCE_INTERVAL.total_seconds():
         return
     _last_beat = time.monotonic()
@@ -60,6 +69,14 @@ def tick() -> None:
             log.warning("durable: could not note this worker as alive", exc_info=True)
 
 
+def leaving() -> None:
+    """The worker began its shutdown (called from Celery's signal handler, so it only notes it):
+    its row goes at the keeper's next pass, half a second at most, not after the pool stopped,
+    which a prefork pool whose children were signalled too can take until it is killed."""
+    global _leaving
+    _leaving = True
+
+
 def leave() -> None:
     """A clean shutdown of this worker: delete its row, so no page lists it alive until its last
     beat ages out. A worker killed outright leaves its row to age out as before."""
@@ -67,8 +84,10 @@ def leave() -> None:
     if _me is None or _me[0] != os.getpid():
         return  # a pool child's shutdown: its main process is still serving
     with _writing:
-        who, _me = _me[1], None
-        Presence.objects.using(conf.get().DATABASE).filter(kind=Presence.WORKER, who=who).delete()
+        if _me is None:
+            return  # the keeper's pass took it off already
+        Presence.objects.using(conf.get().DATABASE).filter(kind=Presence.WORKER, who=_me[1]).delete()
+        _me = None
 
 
 def _write() -> None:

@@ -113,6 +113,19 @@ async def async_gather(ctx, n):
     return [*values, await ctx.step(add, sum(values))]
 
 
+# One slot for the fan's two members: the second waits durably for the first's, whichever way
+# the first attempt ends (a kill included: its slot is freed when its hold lapses).
+@durable.step(name="tests.crash.limited", concurrency=1)
+def limited(i):
+    effect()
+    return i
+
+
+@durable.workflow(name="tests.crash.limited_fan")
+def limited_fan(ctx, n):
+    return ctx.all([ctx.defer(limited, i) for i in range(n)])
+
+
 def in_place(env):
     env.transport.served_queues = {"durable"}
 
@@ -138,6 +151,9 @@ SCENARIOS = [
         "a retry after its backoff",
         lambda: durable.start(backoff, 1).id,
         [("worker", deliver), ("worker", advance("1s"))],
+    ),
+    Scenario(
+        "a fan of 2 under a concurrency of 1", lambda: durable.start(limited_fan, 2).id, [("worker", deliver)]
     ),
     Scenario(
         "an async gather of 3 and a sleep",
