@@ -17,6 +17,8 @@ and .md. Its own database ``durable_async`` (``BENCH_ASYNC_DB``) and Redis db 9
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import sys
@@ -56,14 +58,20 @@ def worker(name: str, settings: dict[str, str], pool: str = "prefork", concurren
     return made
 
 
-def durable_once(n: int) -> dict[str, float]:
+def durable_once(n: int, *, atomic: bool = False) -> dict[str, float]:
+    """``atomic``: the loop of starts inside one ``transaction.atomic()`` (a view under
+    ATOMIC_REQUESTS, a task that starts them all or none): the first turns leave after its commit,
+    shared out over messages of up to 50 runs."""
+    from django.db import transaction
+
     import durable
     from durable.models import Run
 
     env.truncate()
     t0 = time.perf_counter()
-    for i in range(n):
-        durable.start("bench.async_one", i)
+    with transaction.atomic() if atomic else contextlib.nullcontext():
+        for i in range(n):
+            durable.start("bench.async_one", i)
     started = time.perf_counter() - t0
     done = Run.objects.filter(status="completed")
     wait_until(lambda: done.count() == n, timeout=600, poll=0.02, what=f"{n} runs")
@@ -95,7 +103,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=env.RESULTS)
-    parser.add_argument("--only", default="durable,durable_default_bound,gevent")
+    parser.add_argument("--only", default="durable,durable_atomic,durable_default_bound,gevent")
     args = parser.parse_args()
     configure()
     began = time.perf_counter()
@@ -104,9 +112,20 @@ def main() -> int:
     env.setup()
     import bench.async_workloads  # noqa: F401
 
-    samples: dict[str, list[dict[str, float]]] = {"durable": [], "durable_default_bound": [], "gevent": []}
+    samples: dict[str, list[dict[str, float]]] = {
+        "durable": [],
+        "durable_atomic": [],
+        "durable_default_bound": [],
+        "gevent": [],
+    }
     variants = {
         "durable": ({"DURABLE_ASYNC_STEPS_PER_PROCESS": str(args.n)}, "prefork", 2, durable_once),
+        "durable_atomic": (
+            {"DURABLE_ASYNC_STEPS_PER_PROCESS": str(args.n)},
+            "prefork",
+            2,
+            functools.partial(durable_once, atomic=True),
+        ),
         "durable_default_bound": ({}, "prefork", 2, durable_once),
         "gevent": ({}, "gevent", args.n, gevent_once),
     }
@@ -130,8 +149,10 @@ def main() -> int:
         for name, runs in samples.items()
         if runs
     }
-    durable_wall = figures.get("durable", {}).get("wall", {}).get("median")
     gevent_wall = figures.get("gevent", {}).get("wall", {}).get("median")
+    walls = {
+        name: figures[name]["wall"]["median"] for name in ("durable", "durable_atomic") if name in figures
+    }
     data = {
         "meta": {
             "command": "bench/async_steps.py " + " ".join(sys.argv[1:]),
@@ -142,11 +163,12 @@ def main() -> int:
         },
         "results": {
             "seconds": figures,
-            "ratio_durable_to_gevent": round(durable_wall / gevent_wall, 2)
-            if durable_wall and gevent_wall
-            else None,
+            # The goal holds for each way of starting: a loop of starts, and the loop in one transaction.
+            "ratio_to_gevent": {
+                name: round(wall / gevent_wall, 2) if gevent_wall else None for name, wall in walls.items()
+            },
             "goal_s": GOAL,
-            "met": durable_wall is not None and durable_wall <= GOAL,
+            "met": {name: wall <= GOAL for name, wall in walls.items()},
         },
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,6 +184,7 @@ def markdown(data: dict[str, Any]) -> str:
     n = meta["params"]["n"]
     labels = {
         "durable": f"durable, `async def` step, prefork -c 2, ASYNC_STEPS_PER_PROCESS={n}",
+        "durable_atomic": "durable, same, the loop of starts in one `transaction.atomic()`",
         "durable_default_bound": "durable, same, default ASYNC_STEPS_PER_PROCESS=100",
         "gevent": f"Celery plain tasks, gevent pool -c {n}, `time.sleep` patched",
     }
@@ -176,11 +199,13 @@ def markdown(data: dict[str, Any]) -> str:
         if name in seconds:
             wall, starting = seconds[name]["wall"]["median"], seconds[name]["starting"]["median"]
             lines.append(f"| {label} | {wall:.2f} s | {starting:.2f} s |")
-    lines += [
-        "",
-        f"durable / gevent: {results['ratio_durable_to_gevent']}x · goal durable <= {results['goal_s']:g} s: "
-        f"{'met' if results['met'] else 'missed'}",
-    ]
+    lines.append("")
+    ways = {"durable": "durable, a loop of starts", "durable_atomic": "durable, the loop in one transaction"}
+    for name, met in results["met"].items():
+        lines.append(
+            f"- {ways[name]}: {results['ratio_to_gevent'][name]}x gevent · goal <= {results['goal_s']:g} s: "
+            f"{'met' if met else 'missed'}"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -7,26 +7,33 @@ from .api import (
     RunHandle,
     cancel,
     complete_step,
+    debounce,
     delete_run,
+    fork,
     get_run,
     heartbeat_step,
     publish_event,
+    read_stream,
     result,
     retry,
     signal,
     signal_with_start,
     start,
+    write_stream,
 )
 from .api_async import (
     acancel,
+    adebounce,
     aget_run,
     aquery,
+    aread_stream,
     aresult,
     aretry,
     asignal,
     asignal_with_start,
     astart,
     aupdate,
+    awrite_stream,
 )
 from .api_entities import entity_state, signal_entity
 from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
@@ -39,6 +46,7 @@ from .errors import (
     ChildFailed,
     CompleteLater,
     DurableError,
+    ErrorCode,
     GatherError,
     InvalidInput,
     NonDeterminismError,
@@ -56,12 +64,12 @@ from .errors import (
     WorkflowNotRegistered,
 )
 from .inputs import DeadLetter, Failure
-from .limits import Concurrency
+from .limits import Concurrency, Lane
 from .metrics.view import metrics_view
 from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
-from .replay.updates import Update
+from .replay.updates import Signal, Update
 from .values import register_converter, register_type
 
 __all__ = [
@@ -74,9 +82,11 @@ __all__ = [
     "DeadLetter",
     "Deferred",
     "DurableError",
+    "ErrorCode",
     "Failure",
     "GatherError",
     "InvalidInput",
+    "Lane",
     "NonDeterminismError",
     "Outcome",
     "QueueFull",
@@ -87,6 +97,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "Schedule",
+    "Signal",
     "Singleton",
     "Step",
     "StepCancelled",
@@ -100,19 +111,24 @@ __all__ = [
     "Workflow",
     "WorkflowNotRegistered",
     "acancel",
+    "adebounce",
     "aget_run",
     "aquery",
+    "aread_stream",
     "aresult",
     "aretry",
     "asignal",
     "asignal_with_start",
     "astart",
     "aupdate",
+    "awrite_stream",
     "cancel",
     "complete_step",
+    "debounce",
     "delete_run",
     "entity",
     "entity_state",
+    "fork",
     "get_run",
     "heartbeat",
     "heartbeat_step",
@@ -120,6 +136,7 @@ __all__ = [
     "pause_schedule",
     "publish_event",
     "query",
+    "read_stream",
     "register_converter",
     "register_type",
     "result",
@@ -135,4 +152,5 @@ __all__ = [
     "trigger_schedule",
     "update",
     "workflow",
+    "write_stream",
 ]

@@ -18,8 +18,11 @@ from .durations import parse_duration
 from .errors import DurableError, InvalidInput, RunCancelled, RunFailed, WaitTimeout, cancelled_error
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from .models import Run
 
+from .replay.streams import checked_key
 from .statuses import TERMINAL, RunStatus
 from .values import decode, encode
 
@@ -35,7 +38,7 @@ class RunHandle:
         self.id = run_id
 
     def status(self) -> str:
-        return get_run(self.id).status
+        return str(get_run(self.id).status)
 
     def result(self, timeout: Any = None) -> Any:
         return result(self.id, timeout=timeout)
@@ -49,7 +52,7 @@ class RunHandle:
     async def astatus(self) -> str:
         from .api_async import aget_run
 
-        return (await aget_run(self.id)).status
+        return str((await aget_run(self.id)).status)
 
     async def aresult(self, timeout: Any = None) -> Any:
         from .api_async import aresult
@@ -107,9 +110,15 @@ def start(
     tags: Any = (),
     delay: Any = None,
     search_attributes: dict[str, Any] | None = None,
+    lane: Any = None,
+    priority: int = 0,
 ) -> RunHandle:
     """Create a run (or return the existing one with this ``run_id``); its first turn is sent on
     commit. ``search_attributes`` are its first ones, checked by ``search_attributes_schema``.
+
+    ``lane``: a ``durable.Lane`` the run waits in when its workflow declares no line of its own
+    (``lane=``, ``singleton=``, ``concurrency=``). ``priority``: its place among the runs waiting
+    in its line, higher first (then start order); a run that waits for nothing starts at once.
 
     Without ``run_id`` the run gets a time-ordered id (a version 7 UUID in 32 hex digits): a run
     started later sorts later, which keeps the rows of runs started together together. The id
@@ -128,6 +137,8 @@ def start(
             tags=tags,
             delay=delay,
             search_attributes=search_attributes,
+            lane=lane,
+            priority=priority,
         )
     )
 
@@ -136,7 +147,7 @@ def get_run(run_id: str) -> Run:
     """Return the run row, or raise RunNotFound."""
     from .engine import runs
 
-    return runs.get_run(_run_id(run_id))
+    return runs.read_run(_run_id(run_id))
 
 
 def signal(run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
@@ -230,6 +241,59 @@ def retry(run_id: str) -> RunHandle:
     return RunHandle(run_id)
 
 
+def debounce(
+    workflow: Workflow | str, input: Any = None, *, key: str, period: Any, max_wait: Any = None
+) -> RunHandle:
+    """Start one run of ``workflow`` per burst of calls for ``key``: it starts once ``period``
+    passed without another call (``max_wait`` after the burst's first call at the latest), with
+    the input of the last call. Every call of a burst returns the same run; a call after that run
+    started begins the next burst. The run waits pending until then (the admin shows it, with the
+    key); it starts within TIMER_SWEEP_INTERVAL of its time. Not yet for workflows with a line
+    of their own (``singleton=``, ``concurrency=``, ``lane=``)."""
+    from .engine import debounce
+
+    return RunHandle(debounce.debounce(workflow, input, key=key, period=period, max_wait=max_wait))
+
+
+def write_stream(key: str, value: Any) -> None:
+    """Inside a step: append ``value`` to the stream ``key`` of the step's run, for
+    ``read_stream``. Each write is stored once per attempt, in order (a retried step's attempt
+    writes its values again); refused once the body closed the stream. In an ``async def``
+    step, ``await durable.awrite_stream(...)``."""
+    from .engine import streams
+
+    checked = checked_key(key, "durable.write_stream()")
+    streams.write_from_step(checked, _payload(value, f"the value written to stream {checked!r}"))
+
+
+def read_stream(run_id: str, key: str, *, timeout: Any = None) -> Iterator[Any]:
+    """The values of the run's stream ``key`` in the order written, from the first, waiting for
+    more until the body closes the stream or the run ends; ``WaitTimeout`` when no value came for
+    ``timeout``. A generator: a sync view can stream it (``StreamingHttpResponse``)."""
+    from .engine import runs, streams
+
+    checked = checked_key(key, "durable.read_stream()")
+    runs.get_run(_run_id(run_id))  # RunNotFound now, not at the first value
+    limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
+    return streams.read(run_id, checked, limit)
+
+
+def fork(origin: str, /, *, at: int, version: str | None = None, **new: Any) -> RunHandle:
+    """Start a new run of ``origin``'s workflow and input whose history before position ``at`` is
+    a copy of ``origin``'s: its body replays those positions and runs on from ``at``.
+
+    Called as API.md writes it, ``fork(run_id, at=7, run_id="fix-1", version=None)``: the first
+    argument (positional only) is the run forked; ``run_id=`` the fork's own id (a fork with that
+    id already is returned as it is). ``version``: the workflow version to run it on (default the
+    origin's). Positions before ``at`` must be settled."""
+    from .engine import forks
+
+    unknown = sorted(set(new) - {"run_id"})
+    if unknown:
+        raise TypeError(f"fork() got an unexpected keyword argument {unknown[0]!r}")
+    return RunHandle(forks.fork(_run_id(origin), at, run_id=new.get("run_id"), version=version))
+
+
 def result(run_id: str, timeout: Any = None) -> Any:
     """Wait for the run to finish; return its output or raise RunFailed / RunCancelled / WaitTimeout."""
     wait = result_wait(run_id, timeout)
@@ -267,7 +331,10 @@ def result_notices() -> Any:
     fallback (a lost notice costs one NOTIFIED_POLL at most)."""
     from . import dispatch, waiting
 
-    return waiting.listener(conf.get().DATABASE) if dispatch.transport.may_wait else None
+    settings = conf.get()
+    if not dispatch.transport.may_wait:
+        return None
+    return waiting.listener(settings.DATABASE, settings.LISTEN_DATABASE)
 
 
 class ResultWait:

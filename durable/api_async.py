@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
 from . import api, api_updates
 from .definitions import Workflow
+from .durations import parse_duration
 
 if TYPE_CHECKING:
     from .models import Run
@@ -34,6 +36,8 @@ async def astart(
     tags: Any = (),
     delay: Any = None,
     search_attributes: dict[str, Any] | None = None,
+    lane: Any = None,
+    priority: int = 0,
 ) -> api.RunHandle:
     """Create a run, as ``durable.start`` does."""
     return await sync_to_async(api.start)(
@@ -45,7 +49,16 @@ async def astart(
         tags=tags,
         delay=delay,
         search_attributes=search_attributes,
+        lane=lane,
+        priority=priority,
     )
+
+
+async def adebounce(
+    workflow: Workflow | str, input: Any = None, *, key: str, period: Any, max_wait: Any = None
+) -> api.RunHandle:
+    """Gather a call into its key's burst, as ``durable.debounce`` does."""
+    return await sync_to_async(api.debounce)(workflow, input, key=key, period=period, max_wait=max_wait)
 
 
 async def asignal(run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
@@ -129,3 +142,28 @@ async def _until(awaited: api_updates.Awaited) -> Any:
         api_updates.give_up_if_late(awaited, started)
         await asyncio.sleep(pause)
         pause = api.next_poll(pause)
+
+
+async def awrite_stream(key: str, value: Any) -> None:
+    """Inside an ``async def`` step: append to the run's stream, as ``durable.write_stream``."""
+    await sync_to_async(api.write_stream, thread_sensitive=False)(key, value)
+
+
+async def aread_stream(run_id: str, key: str, *, timeout: Any = None) -> AsyncIterator[Any]:
+    """The values of a run's stream, as ``durable.read_stream`` yields them, without blocking the
+    event loop: for an async view's server-sent events."""
+    from .engine import streams
+
+    # Checked as the sync twin checks them (RunNotFound, a bad key or timeout), then followed.
+    await sync_to_async(api.read_stream)(run_id, key, timeout=timeout)
+    limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
+    follower = streams.Follower(run_id, key, limit)
+    look = sync_to_async(follower.look)
+    while True:
+        batch, over = await look()
+        for value in batch:
+            yield value
+        if over:
+            return
+        if not batch:
+            await asyncio.sleep(follower.wait())

@@ -40,7 +40,7 @@ def schedule(
 
 def pause_schedule(key: str) -> bool:
     """Stop ticking; False if it was already paused."""
-    return _rows(key).pause(key, clock.now())
+    return bool(_rows(key).pause(key, clock.now()))
 
 
 def resume_schedule(key: str) -> bool:
@@ -54,7 +54,7 @@ def resume_schedule(key: str) -> bool:
         raise InvalidInput(
             f"schedule {key!r} has cron {row.cron!r}, which never fires; redefine it with durable.schedule()"
         ) from None
-    return _rows(key).resume(key, next_at, clock.now())
+    return bool(_rows(key).resume(key, next_at, clock.now()))
 
 
 def trigger_schedule(key: str) -> RunHandle:

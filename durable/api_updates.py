@@ -87,7 +87,11 @@ def send_update(
         return NOT_YET
 
     def late(harness: bool) -> WaitTimeout:
-        where = "a wait took it, no ctx.reply yet" if seen["taken"] else "no ctx.wait_for_update took it yet"
+        where = (
+            "a wait took it, no ctx.reply yet"
+            if seen["taken"]
+            else "no ctx.wait_for_update or ctx.wait_for_message took it yet"
+        )
         return _late(
             f"update {name!r} ({update_id}) of run {run_id!r} has no reply ({where}); the run is "
             f"{seen['status']}",

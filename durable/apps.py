@@ -46,4 +46,6 @@ def _use_test_database() -> None:
 
         from . import conf
 
-        connections[conf.get().DATABASE].settings_dict["NAME"] = name
+        settings = conf.get()
+        for alias in {settings.DATABASE, settings.LISTEN_DATABASE or settings.DATABASE}:
+            connections[alias].settings_dict["NAME"] = name

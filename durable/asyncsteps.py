@@ -278,7 +278,7 @@ class Attempt:
         if task.cancelled():
             self.future.set_exception(asyncio.CancelledError())
         elif task.exception() is not None:
-            self.future.set_exception(task.exception())  # type: ignore[arg-type]
+            self.future.set_exception(task.exception())
         else:
             self.future.set_result(task.result())
         self._calls.put(_WAKE)

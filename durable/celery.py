@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import signals
 
-from . import clock, conf, dispatch, routing, shutdown, tracing
+from . import clock, conf, dispatch, redis_restarts, routing, shutdown, tracing
 from .replay import stepscope
 
 log = logging.getLogger("durable.celery")
@@ -82,6 +82,7 @@ def _add_sweeps(sender: Any = None, **_: Any) -> None:
 def _booted(**_: Any) -> None:
     global booted_at
     booted_at = clock.now()
+    redis_restarts.guard()
 
 
 @signals.celeryd_after_setup.connect

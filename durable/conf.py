@@ -66,6 +66,15 @@ class Settings:
     INSTANCE_ID: str = ""
     NAMESPACE: str | None = None
     DATABASE: str = "default"
+    #: The alias of the connection that listens for the notices of runs' ends (``result()``):
+    #: None for ``DATABASE``; behind a pooler in transaction mode, one that reaches the same
+    #: PostgreSQL database directly (LISTEN needs a session of its own).
+    LISTEN_DATABASE: str | None = None
+    #: The alias of a streaming replica of ``DATABASE`` that callers' reads go to (``get_run``,
+    #: ``result`` polling, ``query``, the admin's lists, the CLI): None reads the primary.
+    READ_DATABASE: str | None = None
+    #: A replica whose replay lags the primary by more than this is not read: the primary is.
+    READ_DATABASE_MAX_LAG: timedelta = timedelta(seconds=5)
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     #: How often beat runs the timer sweep; bounds how late a due timer fires.
     TIMER_SWEEP_INTERVAL: timedelta = timedelta(seconds=1)
@@ -167,6 +176,11 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("INSTANCE_ID", "NAMESPACE", "DEAD_LETTER_WORKFLOW"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             found.append((key, f"must be a string or None, got {raw[key]!r}"))
+    for key in ("LISTEN_DATABASE", "READ_DATABASE"):
+        alias = raw.get(key)
+        if alias is not None and (not isinstance(alias, str) or alias not in django_settings.DATABASES):
+            found.append((key, f"must be None or a key of DATABASES, got {alias!r}"))
+    found.extend(_replica_problems(raw))
     if isinstance(raw.get("NAMESPACE"), str) and not routing.NAMESPACE.match(raw["NAMESPACE"]):
         found.append(
             (
@@ -200,6 +214,26 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
     found.extend(_offload_problems(raw))
     found.extend(_token_problems(raw))
     return found
+
+
+def _replica_problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """A replica is read only while its lag is known, and only PostgreSQL says its lag."""
+    replica = raw.get("READ_DATABASE")
+    if not isinstance(replica, str) or replica not in django_settings.DATABASES:
+        return []
+    primary = raw.get("DATABASE", "default")
+    engines = {
+        alias: django_settings.DATABASES.get(alias, {}).get("ENGINE", "") for alias in (primary, replica)
+    }
+    if any("postgresql" not in engine for engine in engines.values()):
+        return [
+            (
+                "READ_DATABASE",
+                f"a replica is read only on PostgreSQL (where its lag can be asked); {replica!r} and "
+                f"{primary!r} use {engines[replica]!r} and {engines[primary]!r}",
+            )
+        ]
+    return []
 
 
 #: The shortest METRICS_TOKEN accepted: one a scraper could guess is no protection.

@@ -19,8 +19,8 @@ from . import guards
 from .annotated import shaped, signature
 from .cron import Schedule, schedule_option
 from .durations import optional_duration
-from .errors import DurableError, InvalidInput, WorkflowNotRegistered
-from .limits import Concurrency, Rate, concurrency_option
+from .errors import DurableError, ErrorCode, InvalidInput, WorkflowNotRegistered
+from .limits import Concurrency, Lane, Rate, Singleton, claim_lane, concurrency_option, lane_option
 from .retries import Retry
 from .values import decode, register_annotations
 
@@ -76,6 +76,8 @@ class Step:
     concurrency: Concurrency | None = None
     #: At most ``rate.count`` starts per ``rate.period`` across the fleet (``rate_limit="100/m"``).
     rate_limit: Rate | None = None
+    #: The shared lane whose limits these are (its gates named after it, not the step).
+    lane: Lane | None = None
     input_schema: Any = None
     output_schema: Any = None
     compensate: Callable[..., Any] | None = None
@@ -86,7 +88,7 @@ class Step:
     remote: bool = False
 
     def __post_init__(self) -> None:
-        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         workflow = _in_body.get()
@@ -95,7 +97,7 @@ class Step:
             raise DurableError(
                 f"step {self.name!r} was called directly inside workflow {workflow!r}, so it would run "
                 f"again on every replay: use ctx.step({self.fn.__name__}, ...)",
-                code="step_called_directly",
+                code=ErrorCode.STEP_CALLED_DIRECTLY,
             )
         return self.fn(*args, **kwargs)
 
@@ -133,11 +135,13 @@ class Workflow:
     validators: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     #: ``concurrency=`` as declared; enforced through ``singleton`` (the same line of runs).
     concurrency: Concurrency | None = None
+    #: The lane its runs wait in (its key scoped by the lane, not the workflow; see ``singletons``).
+    lane: Lane | None = None
     #: Its turns run on a worker of ``queue`` that may have no database (see ``durable.remote``).
     remote: bool = False
 
     def __post_init__(self) -> None:
-        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -198,50 +202,6 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<durable.Workflow {self.name}@{self.version}>"
-
-
-@dataclass(frozen=True)
-class Singleton:
-    """At most ``limit`` runs per key in flight; later ones wait ``pending``, in start order, and
-    ``start()`` raises ``QueueFull`` once ``limit + max_queue_depth`` are unfinished. ``key`` is a
-    callable of the input or a ``str.format`` template over it (``"{customer_id}"``)."""
-
-    key: Any
-    limit: int = 1
-    max_queue_depth: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (callable(self.key) or (isinstance(self.key, str) and self.key)):
-            raise InvalidInput(
-                f'Singleton(key=...) is a callable of the input or a template like "{{customer_id}}", got {self.key!r}'
-            )
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise InvalidInput(
-                f"Singleton(limit=...) must be a whole number of at least 1, got {self.limit!r}"
-            )
-        depth = self.max_queue_depth
-        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
-            raise InvalidInput(
-                f"Singleton(max_queue_depth=...) must be None or a whole number, got {depth!r}"
-            )
-
-    def key_for(self, input: Any) -> str:
-        """The key of a run with this input; a key that cannot be made is bad input."""
-        input = decode(input)  # made from the input as the body receives it, not as stored
-        try:
-            if callable(self.key):
-                key = self.key(input)
-            elif isinstance(input, dict):
-                key = self.key.format_map(input)
-            else:
-                key = self.key.format(input)
-        except Exception as exc:  # noqa: BLE001 - whatever the template or the callable raised
-            raise InvalidInput(
-                f"the singleton key {self.key!r} could not be made from the input: {exc!r}"
-            ) from None
-        if not isinstance(key, str) or not key:
-            raise InvalidInput(f"the singleton key must be a non-empty string, got {guards.shown(key)}")
-        return key
 
 
 def _search_schema_option(schema: Any) -> dict[str, Any] | None:
@@ -356,7 +316,7 @@ def plain_task_refused(name: str) -> DurableError:
         "nothing of durable, so its arguments and result would cross the broker unencoded. Make it "
         "a @durable.step(remote=True) served by durable.remote.serve() (or by a worker that opens "
         "and seals payloads, like examples/remote_worker), or leave CODEC off",
-        code="plain_task_under_codec",
+        code=ErrorCode.PLAIN_TASK_UNDER_CODEC,
     )
 
 
@@ -438,6 +398,7 @@ def step(
     input_schema: Any = None,
     output_schema: Any = None,
     remote: bool = False,
+    lane: Lane | None = None,
 ) -> Any:
     """Declare a step; works with or without parentheses."""
 
@@ -455,25 +416,22 @@ def step(
                 rate_limit,
                 input_schema,
                 output_schema,
-            )
-        if (
-            local
-            and not inspect.iscoroutinefunction(func)
-            and (timeout is not None or heartbeat_timeout is not None)
-        ):
-            # A local step runs inside the turn, where nothing could stop it at the timeout (an
-            # async one is cancelled on its loop, the turn's thread only waits for it).
-            raise InvalidInput(
-                f"step {name or _default_name(func)!r}: a local=True step runs inside the turn, "
-                "where no timeout= or heartbeat_timeout= can stop it; drop the option (the "
-                "turn's TURN_TIME_LIMIT bounds it) or make it a dispatched step (local=False) or an async def"
+                lane,
             )
         limit = concurrency_option(concurrency, f"step {func.__name__!r} concurrency=")
         rate = Rate.parse(rate_limit, f"step {func.__name__!r} rate_limit=")
+        shared = lane_option(lane, f"step {func.__name__!r} lane=")
+        if shared is not None and (limit is not None or rate is not None):
+            raise InvalidInput(
+                f"step {func.__name__!r} takes lane= or its own concurrency= / rate_limit=, not both: "
+                "put the limits in the Lane"
+            )
+        if shared is not None:
+            limit, rate = shared.slots, shared.rate_limit
         if local and (limit is not None or rate is not None):
             raise InvalidInput(
                 f"step {func.__name__!r} is local=True, which runs inside the workflow's turn, so "
-                "concurrency= and rate_limit= cannot hold it back: drop local=True or the limit"
+                "concurrency=, rate_limit= and lane= cannot hold it back: drop local=True or the limit"
             )
         _schema_option(input_schema, "input_schema", func)
         _schema_option(output_schema, "output_schema", func)
@@ -484,7 +442,7 @@ def step(
             )
         guards.step_function(func)
         register_annotations(func)  # the classes its arguments and result come back as
-        return registry.add_step(
+        added = registry.add_step(
             Step(
                 fn=func,
                 name=name or _default_name(func),
@@ -495,11 +453,14 @@ def step(
                 heartbeat_timeout=_duration_option(heartbeat_timeout, "step heartbeat_timeout"),
                 concurrency=limit,
                 rate_limit=rate,
+                lane=shared,
                 input_schema=input_schema,
                 output_schema=output_schema,
                 remote=remote,
             )
         )
+        claim_lane(shared, "steps")
+        return added
 
     return wrap(fn) if fn is not None else wrap
 
@@ -519,7 +480,7 @@ def _remote_options(name: str, local: bool, queue: str | None, *unenforced: Any)
     given = [
         option
         for option, value in zip(
-            ("concurrency", "rate_limit", "input_schema", "output_schema"), unenforced, strict=True
+            ("concurrency", "rate_limit", "input_schema", "output_schema", "lane"), unenforced, strict=True
         )
         if value is not None
     ]
@@ -547,6 +508,7 @@ def workflow(
     schedule: Any = None,
     concurrency: Any = None,
     remote: bool = False,
+    lane: Lane | None = None,
 ) -> Any:
     """Declare a workflow; works with or without parentheses."""
     if not isinstance(version, str) or not _VERSION.match(version):
@@ -562,7 +524,7 @@ def workflow(
     def wrap(func: Callable[..., Any]) -> Workflow:
         guards.not_async_generator(func, "workflow")
         register_annotations(func)  # the classes its input and output come back as
-        return registry.add_workflow(
+        added = registry.add_workflow(
             Workflow(
                 fn=func,
                 name=name or _default_name(func),
@@ -579,8 +541,11 @@ def workflow(
                 schedule=declared,
                 concurrency=quota,
                 remote=remote,
+                lane=shared,
             )
         )
+        claim_lane(shared, "runs")
+        return added
 
     declared = schedule_option(schedule)
     if singleton is not None and not isinstance(singleton, Singleton):
@@ -594,5 +559,10 @@ def workflow(
             )
         # The same line as a singleton's: runs wait pending and are admitted in start order.
         singleton = Singleton(key=quota.key if quota.key is not None else "*", limit=quota.limit)
+    shared = lane_option(lane, "workflow lane=", member="runs")
+    if shared is not None and singleton is not None:
+        raise InvalidInput(
+            "a workflow takes one of singleton=, concurrency= and lane=: put the limit in the Lane"
+        )
     search_schema = _search_schema_option(search_attributes_schema)
     return wrap(fn) if fn is not None else wrap

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import transaction
+from django.db import connections, transaction
 
 from . import clock, codecs, conf, routing, tracing
 from .definitions import registry
@@ -192,8 +193,39 @@ def _remote_queues() -> set[str]:
 
 
 def advance(run_id: str, queue: str) -> None:
-    """Ask a worker on ``queue`` to run the next turn of ``run_id``."""
-    send_after_commit(Message(ADVANCE, (run_id,), _claims(queue)))
+    """Ask a worker on ``queue`` to run the next turn of ``run_id``, after the commit. Wakes asked
+    for back to back in one transaction (a loop of ``durable.start`` in ``atomic()``, say) leave
+    together after it, shared out as ``advance_many`` shares a sweep's."""
+    db = conf.get().DATABASE
+    message = traced(Message(ADVANCE, (run_id,), _claims(queue)))
+    if message.options:  # a traced wake leaves on its own, with its trace
+        transaction.on_commit(lambda: _publish(message), using=db)
+        return
+    connection = connections[db]
+    hooks = getattr(connection, "run_on_commit", None) if connection.in_atomic_block else None
+    if hooks:
+        savepoints, last, _ = hooks[-1]
+        # Only under the same savepoints: a rolled-back savepoint drops its hooks, and with
+        # them its wakes, as it drops its runs.
+        if isinstance(last, _Wakes) and savepoints == set(connection.savepoint_ids):
+            last.messages.append(message)
+            return
+    transaction.on_commit(_Wakes([message]), using=db)
+
+
+class _Wakes:
+    """The on-commit hook of wakes asked for one after another in a transaction."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+
+    def __call__(self) -> None:
+        if len(self.messages) == 1:
+            _publish(self.messages[0])
+        else:
+            _publish_many(_wake_messages((message.queue, message.args[0]) for message in self.messages))
 
 
 REMOTE_TURN = "durable.remote_turn"
@@ -247,16 +279,21 @@ def advance_many(runs: Iterable[tuple[str, str]]) -> None:
     max(⌈n / WAKE_BATCH⌉, min(n, WAKE_SPREAD)) messages: a share of one run leaves as
     ``durable.advance``, a larger one as ``durable.advance_batch``."""
     remote = _remote_queues()  # once for the batch
+    messages = _wake_messages((_claims(queue, remote), run_id) for run_id, queue in runs)
+    if messages:
+        transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
+
+
+def _wake_messages(claims: Iterable[tuple[str, str]]) -> list[Message]:
+    """The messages asking for the turns of ``(claiming queue, run_id)``, in ``shares`` per queue."""
     by_queue: dict[str, list[str]] = {}
-    for run_id, queue in runs:
-        by_queue.setdefault(_claims(queue, remote), []).append(run_id)
-    messages = [
+    for queue, run_id in claims:
+        by_queue.setdefault(queue, []).append(run_id)
+    return [
         Message(ADVANCE, (share[0],), queue) if len(share) == 1 else Message(ADVANCE_BATCH, (share,), queue)
         for queue, run_ids in by_queue.items()
         for share in shares(run_ids)
     ]
-    if messages:
-        transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
 
 
 def shares(run_ids: list[str]) -> list[list[str]]:
@@ -376,9 +413,9 @@ def heartbeat_from(attempt: dict[str, Any], progress: Any) -> None:
     its progress sealed under the codec, if one is set."""
     report = {key: attempt.get(key) for key in ("run_id", "seq", "attempt", "token")}
     progress = None if progress is None else codecs.sealed(progress, conf.codec())
-    _publish(
-        Message(HEARTBEAT, (), attempt.get("reply_to") or "", {"kwargs": {**report, "progress": progress}})
-    )
+    # When sent: the progress kept is the last beat's sent, whatever order they are taken in.
+    beat = {**report, "progress": progress, "sent_at": time.time()}
+    _publish(Message(HEARTBEAT, (), attempt.get("reply_to") or "", {"kwargs": beat}))
 
 
 def step_result_from(attempt: dict[str, Any], error: dict[str, Any]) -> None:

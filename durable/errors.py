@@ -40,7 +40,9 @@ Control flow: never an error of the run, and never caught by a body's ``except E
         ├── _Stale                     durable.engine.writes: a guarded write matched no row
         ├── NotAhead                   durable.replay.stopping: a turn replayed before its write
         │                              reached what only a turn holding the run may do
-        └── _EndOfHistory              durable.replay.check: a replay check walked the whole history
+        ├── _EndOfHistory              durable.replay.check: a replay check walked the whole history
+        └── ProcessDied                durable.testing.crashes: durable_env.crash() killed the
+                                       test's process at a step attempt
 
     BaseException
     └── CompleteLater                  durable.errors: raised by a step that another system
@@ -60,7 +62,62 @@ attempt that overran its timeout or went silent is stored as ``StepTimeout``
 from __future__ import annotations
 
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any
+
+
+class ErrorCode(StrEnum):
+    """Every code durable puts on an error it raises (``DurableError.code``) or records (the
+    ``"code"`` of a run's, an attempt's or a reply's error). Each member is its string: a code
+    read back from the database, or compared with ``"timeout"``, is equal to ``ErrorCode.TIMEOUT``.
+    An ``ApplicationError`` carries whatever code the application gives it."""
+
+    #: A step attempt's process died before its result was recorded.
+    WORKER_LOST = "worker_lost"
+    #: A step ran past its ``timeout`` or gave no heartbeat within ``heartbeat_timeout``.
+    TIMEOUT = "timeout"
+    #: The body asked for other than its history holds (the run is parked, or failed).
+    NON_DETERMINISM = "non_determinism"
+    #: An async body awaited something replay cannot repeat (``asyncio.sleep``, a socket...).
+    NONDETERMINISTIC_AWAIT = "nondeterministic_await"
+    #: A primitive was called from a thread other than the body's.
+    WRONG_THREAD = "wrong_thread"
+    #: No workflow or step is registered under that name (and version).
+    NOT_REGISTERED = "not_registered"
+    #: Input refused before anything was stored.
+    INVALID_INPUT = "invalid_input"
+    #: A step's or body's result that cannot be stored as it is.
+    INVALID_OUTPUT = "invalid_output"
+    #: A result the database refused (a NUL character, say).
+    UNSTORABLE_RESULT = "unstorable_result"
+    #: A singleton key has ``max_queue_depth`` unfinished runs already.
+    QUEUE_FULL = "queue_full"
+    #: An update's validator refused its payload.
+    UPDATE_REJECTED = "update_rejected"
+    #: The run was cancelled (or, for a step attempt, stopped by an interrupting cancel).
+    CANCELLED = "cancelled"
+    #: No run has that id.
+    NOT_FOUND = "not_found"
+    #: The run has finished already.
+    FINISHED = "finished"
+    #: A stored payload no configured codec can decode.
+    PAYLOAD_UNDECODABLE = "payload_undecodable"
+    #: A payload's offloaded object is gone from ``OFFLOAD_STORAGE``.
+    PAYLOAD_MISSING = "payload_missing"
+    #: The run's turns crashed or lost their lease ``MAX_RECOVERY_ATTEMPTS`` times in a row.
+    MAX_RECOVERY_ATTEMPTS = "max_recovery_attempts"
+    #: A step attempt was sent ``STEP_REDISPATCH_LIMIT`` times and no worker took it.
+    REDISPATCH_LIMIT = "redispatch_limit"
+    #: A result reported for an attempt that was settled already.
+    ALREADY_SETTLED = "already_settled"
+    #: A Celery task run as a step failed.
+    TASK_FAILED = "task_failed"
+    #: A compensation of a saga failed.
+    COMPENSATION_FAILED = "compensation_failed"
+    #: A step function was called directly instead of through ``ctx.step``.
+    STEP_CALLED_DIRECTLY = "step_called_directly"
+    #: A plain Celery task used as a step while a codec seals payloads.
+    PLAIN_TASK_UNDER_CODEC = "plain_task_under_codec"
 
 
 class DurableError(Exception):
@@ -142,7 +199,7 @@ class StepFailed(_CausedFailure):
 class WorkerLost(DurableError):
     """A step attempt ended without a result: the process running it died."""
 
-    default_code = "worker_lost"
+    default_code = ErrorCode.WORKER_LOST
 
 
 class ChildFailed(_CausedFailure):
@@ -162,19 +219,19 @@ class GatherError(_CausedFailure):
 class WaitTimeout(DurableError, TimeoutError):
     """The wait timed out."""
 
-    default_code = "timeout"
+    default_code = ErrorCode.TIMEOUT
 
 
 class StepTimeout(DurableError, TimeoutError):
     """The step ran past its timeout, or gave no heartbeat within its heartbeat_timeout."""
 
-    default_code = "timeout"
+    default_code = ErrorCode.TIMEOUT
 
 
 class NonDeterminismError(DurableError):
     """The workflow asked for something other than its history holds."""
 
-    default_code = "non_determinism"
+    default_code = ErrorCode.NON_DETERMINISM
 
 
 #: Why a body asks for other than its history holds, and what to do: said by the error, the
@@ -202,63 +259,63 @@ def non_determinism_message(seq: int, recorded: tuple[str, str], requested: tupl
 class WorkflowNotRegistered(DurableError):
     """No workflow is registered under that name."""
 
-    default_code = "not_registered"
+    default_code = ErrorCode.NOT_REGISTERED
 
 
 class InvalidInput(DurableError):
     """The input is not acceptable."""
 
-    default_code = "invalid_input"
+    default_code = ErrorCode.INVALID_INPUT
 
 
 class QueueFull(DurableError):
     """The singleton key has too many unfinished runs."""
 
-    default_code = "queue_full"
+    default_code = ErrorCode.QUEUE_FULL
 
 
 class UpdateRejected(DurableError):
     """The update's validator refused the payload."""
 
-    default_code = "update_rejected"
+    default_code = ErrorCode.UPDATE_REJECTED
 
 
 class Cancelled(DurableError):
     """The run was cancelled: clean up in except/finally (steps may run there), then re-raise."""
 
-    default_code = "cancelled"
+    default_code = ErrorCode.CANCELLED
 
 
 class StepCancelled(DurableError):
     """The run of this step was cancelled: stop the work and let the exception escape."""
 
-    default_code = "cancelled"
+    default_code = ErrorCode.CANCELLED
 
 
 class RunNotFound(DurableError):
     """No run has that id."""
 
-    default_code = "not_found"
+    default_code = ErrorCode.NOT_FOUND
 
 
 class RunFinished(DurableError):
     """The run has already finished."""
 
-    default_code = "finished"
+    default_code = ErrorCode.FINISHED
 
 
 class PayloadUndecodable(DurableError):
     """A stored payload cannot be decoded: set DURABLE["CODEC"] and CODEC_KEYS as they were when
     it was written (an old key goes after the first)."""
 
-    default_code = "payload_undecodable"
+    default_code = ErrorCode.PAYLOAD_UNDECODABLE
 
 
 class PayloadMissing(DurableError):
     """A payload written to DURABLE["OFFLOAD_STORAGE"] is not there: point OFFLOAD_STORAGE at the
     storage it was written to, or restore the object from a backup."""
 
-    default_code = "payload_missing"
+    default_code = ErrorCode.PAYLOAD_MISSING
 
 
 class RunFailed(_CausedFailure):
@@ -268,7 +325,7 @@ class RunFailed(_CausedFailure):
 class RunCancelled(_CausedFailure):
     """The run was cancelled."""
 
-    default_code = "cancelled"
+    default_code = ErrorCode.CANCELLED
 
 
 class _ControlFlow(BaseException):
@@ -348,13 +405,18 @@ def _message_of(exc: BaseException) -> str:
 
 def cancelled_error(reason: str | None = None) -> dict[str, Any]:
     """The error stored on a run cancelled for ``reason`` (and, naming it, on its children)."""
-    return {"message": reason or "cancelled", "type": "Cancelled", "code": "cancelled", "details": None}
+    return {
+        "message": reason or "cancelled",
+        "type": "Cancelled",
+        "code": ErrorCode.CANCELLED,
+        "details": None,
+    }
 
 
 def step_timeout_error(message: str) -> dict[str, Any]:
     """The error of a step attempt that overran its timeout or gave no sign of life in time
     (retryable, as any failed attempt, under the step's retry policy)."""
-    return {"message": message, "type": "StepTimeout", "code": "timeout", "details": None}
+    return {"message": message, "type": "StepTimeout", "code": ErrorCode.TIMEOUT, "details": None}
 
 
 def turn_time_limit_exhausted(attempts: int, limit: timedelta) -> dict[str, Any]:
@@ -365,7 +427,7 @@ def turn_time_limit_exhausted(attempts: int, limit: timedelta) -> dict[str, Any]
             "ctx.sleep, ...) or end within the limit; move long work into a step"
         ),
         "type": "RecoveryExhausted",
-        "code": "max_recovery_attempts",
+        "code": ErrorCode.MAX_RECOVERY_ATTEMPTS,
         "details": {
             "recovery_attempts": attempts,
             "cause": "turn_time_limit",
@@ -378,6 +440,6 @@ def recovery_exhausted(attempts: int) -> dict[str, Any]:
     return {
         "message": f"the run's turns crashed or lost their lease {attempts} times in a row",
         "type": "RecoveryExhausted",
-        "code": "max_recovery_attempts",
+        "code": ErrorCode.MAX_RECOVERY_ATTEMPTS,
         "details": {"recovery_attempts": attempts},
     }

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import clock, codecs, conf, dispatch
 from .definitions import Step, Workflow, registry
-from .errors import InvalidInput, PayloadUndecodable, WorkflowNotRegistered
+from .errors import ErrorCode, InvalidInput, PayloadUndecodable, WorkflowNotRegistered
 from .replay import wire
 from .replay.attempt import run_attempt
 from .replay.core import replay
@@ -72,7 +72,7 @@ def _runner(step: Step) -> Any:
                 {
                     "message": f"{step.name} is a remote step: durable sends it, with a durable_attempt header",
                     "type": "InvalidInput",
-                    "code": "invalid_input",
+                    "code": ErrorCode.INVALID_INPUT,
                     "details": None,
                     "non_retryable": True,
                 }

@@ -26,6 +26,12 @@ UNFINISHED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
 TERMINAL = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD)
 
 
+#: Kinds of the positions that wait for signals and updates sent to the run.
+MESSAGE_WAITS = ("signal", "any_signal", "update", "message")
+#: Those that receive updates as updates, which ``ctx.reply`` answers.
+UPDATE_WAITS = ("update", "message")
+
+
 class CheckpointStatus(StrEnum):
     """Where a recorded position is: waiting for its result, or settled one way or the other."""
 

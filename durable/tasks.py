@@ -111,9 +111,16 @@ def step_failed(
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)
-def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
+def heartbeat(
+    run_id: str,
+    seq: int,
+    attempt: int,
+    progress: Any = None,
+    token: str | None = None,
+    sent_at: float | None = None,
+) -> bool:
     """A step's heartbeat sent as a message, for workers that only speak Celery."""
-    return reported.heartbeat(run_id, seq, attempt, progress, token)
+    return reported.heartbeat(run_id, seq, attempt, progress, token, sent_at)
 
 
 @shared_task(name="durable.remote_turn", **_RELIABLE)

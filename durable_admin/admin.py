@@ -28,7 +28,7 @@ from django.utils.text import Truncator
 from django.utils.translation import ngettext
 
 import durable
-from durable import conf
+from durable import conf, reads
 from durable.engine.diagnosis import explain
 from durable.models import Checkpoint, Event, Run
 from durable.statuses import UNFINISHED, CheckpointStatus
@@ -50,12 +50,15 @@ CHECKPOINT_KINDS = (
     "signal",
     "any_signal",
     "update",
+    "message",
     "reply",
     "event",
     "child",
     "entity",
     "value",
     "expose",
+    "stream",
+    "close_stream",
     "patch",
     "compensation",
     "cancel",
@@ -144,7 +147,15 @@ class DurableRows:
     locked_until_time = timestamp_display("locked_until")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(conf.get().DATABASE)  # type: ignore[misc]
+        # A list may be read from a replica (DURABLE["READ_DATABASE"]): its actions act by id,
+        # through the API. A row's own page reads the primary, where a steer just wrote.
+        alias = reads.database() if self._listing(request) else conf.get().DATABASE
+        return super().get_queryset(request).using(alias)  # type: ignore[misc]
+
+    def _listing(self, request: HttpRequest) -> bool:
+        opts = self.opts  # type: ignore[attr-defined]
+        match = getattr(request, "resolver_match", None)
+        return match is not None and match.url_name == f"{opts.app_label}_{opts.model_name}_changelist"
 
     def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         with payloads.viewed_by(request):
@@ -312,6 +323,9 @@ class RunAdmin(RunActions, DurableRows, admin.ModelAdmin):
             context.update(
                 run_page.context(request, obj),
                 buttons=buttons_for(request, obj),
+                fork_url=reverse("admin:durable_run_fork", args=[quote(obj.pk)])
+                if allowed(request, "fork")
+                else "",
                 stuck=[reason.message for reason in explain(obj) if reason.stuck],
             )
         return super().render_change_form(request, context, add, change, form_url, obj)

@@ -22,6 +22,7 @@ from durable.engine.sweeps import SWEEPS
 from durable.models import AttemptError, Checkpoint, Presence, Run
 from durable.statuses import CheckpointStatus, RunStatus
 
+from .lanes import lane_figures
 from .run_list import COUNT_LIMIT
 
 log = logging.getLogger("durable.admin")
@@ -166,6 +167,7 @@ def health() -> dict[str, Any]:
         "oldest_pending_step": oldest if oldest is not TIMED_OUT else None,
         "oldest_pending_age": (now - oldest) if oldest and oldest is not TIMED_OUT else None,
         "oldest_timed_out": oldest is TIMED_OUT,
+        "lanes": lane_figures(db, now),
     }
 
 

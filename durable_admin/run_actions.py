@@ -1,5 +1,6 @@
 """The run page's buttons: retry, cancel (with compensation or not), resume now, send a signal or
-an update. Each is a POST behind its own permission, and each goes through durable's public API.
+an update, fork from a position. Each is a POST behind its own permission, and each goes through
+durable's public API.
 
 A user without the permission sees no button, and a POST forged to the URL is refused with 403
 before anything is read or written.
@@ -27,7 +28,7 @@ from durable.definitions import registry
 from durable.engine import redispatch
 from durable.errors import InvalidInput
 from durable.models import RETRYABLE, Checkpoint, Run
-from durable.statuses import UNFINISHED, CheckpointStatus
+from durable.statuses import MESSAGE_WAITS, TERMINAL, UNFINISHED, CheckpointStatus
 
 #: Each button: the permission it needs (``durable.<codename>``) and the run statuses it applies to.
 BUTTONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -36,6 +37,7 @@ BUTTONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "compensate": ("cancel_run", UNFINISHED),
     "resume": ("resume_run", UNFINISHED),
     "send": ("signal_run", UNFINISHED),
+    "fork": ("fork_run", (*UNFINISHED, *TERMINAL)),
 }
 
 
@@ -87,6 +89,24 @@ class SendForm(forms.Form):
             raise forms.ValidationError(f"{said[:1].upper()}{said[1:]}: fix it or leave it empty.") from None
 
 
+class ForkForm(forms.Form):
+    """Where the fork runs on from, and its id."""
+
+    at = forms.TypedChoiceField(
+        coerce=int,
+        label="Run on from",
+        help_text="The positions before it are copied (their steps do not run again); only positions "
+        "with every one before them settled are offered.",
+    )
+    run_id = forms.CharField(
+        max_length=255, required=False, label="Fork's run id", help_text="Optional: empty gives a new id."
+    )
+
+    def __init__(self, *args: Any, positions: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["at"].choices = positions
+
+
 class RunActions:
     """Mixed into RunAdmin: the URLs and views of the run page's buttons."""
 
@@ -106,6 +126,7 @@ class RunActions:
             ),
             path("<path:object_id>/resume/", wrap(require_POST(self.resume_view)), name="durable_run_resume"),
             path("<path:object_id>/send/", wrap(self.send_view), name="durable_run_send"),
+            path("<path:object_id>/fork/", wrap(self.fork_view), name="durable_run_fork"),
         ]
 
     def _run(self, request: HttpRequest, object_id: str, button: str) -> Run:
@@ -206,6 +227,51 @@ class RunActions:
         }
         return TemplateResponse(request, "admin/durable/run/send.html", context)
 
+    def fork_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        run = self._run(request, object_id, "fork")
+        positions, suggested = _forkable(run)
+        wanted = request.GET.get("at")
+        initial = {"at": int(wanted) if wanted and wanted.isdigit() else suggested}
+        form = ForkForm(request.POST or None, initial=initial, positions=positions)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                forked = durable.fork(run.pk, at=data["at"], run_id=data["run_id"] or None)
+            except durable.DurableError as exc:
+                form.add_error("run_id" if "run id" in str(exc) or "run_id" in str(exc) else None, str(exc))
+            else:
+                self._done(request, run, f"Forked at position {data['at']}: run {forked.id}.")
+                return HttpResponseRedirect(reverse("admin:durable_run_change", args=[quote(forked.id)]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Fork run {run.pk}",
+            "opts": Run._meta,
+            "original": run,
+            "form": form,
+            "change_url": reverse("admin:durable_run_change", args=[quote(run.pk)]),
+        }
+        return TemplateResponse(request, "admin/durable/run/fork.html", context)
+
+
+def _forkable(run: Run) -> tuple[list[tuple[int, str]], int]:
+    """The positions a fork may run on from (each with every one before it settled), labelled,
+    and the one to suggest: the first failed position, else the last offered."""
+    rows = Checkpoint.objects.using(conf.get().DATABASE).filter(run=run).order_by("seq")
+    choices: list[tuple[int, str]] = []
+    failed: int | None = None
+    # Read whole (a fork names a position of these anyway), not by a server-side cursor, which
+    # does not survive a pooler in transaction mode.
+    for seq, kind, name, status in rows.values_list("seq", "kind", "name", "status"):
+        choices.append((seq, f"{seq}: {kind} {name} ({status})"))
+        if status == CheckpointStatus.FAILED and failed is None:
+            failed = seq
+        if status == CheckpointStatus.PENDING:
+            break  # a fork past it would run it again
+    else:
+        end = choices[-1][0] + 1 if choices else 0
+        choices.append((end, f"{end}: after the last position"))
+    return choices, failed if failed is not None else choices[-1][0]
+
 
 def _send(run: Run, data: dict[str, Any]) -> str:
     payload, key = data["payload"], data["idempotency_key"] or None
@@ -220,7 +286,7 @@ def _send(run: Run, data: dict[str, Any]) -> str:
 def _awaited_names(run: Run) -> list[str]:
     """Names of the signals and updates the run waits for now."""
     rows = Checkpoint.objects.using(conf.get().DATABASE).filter(
-        run=run, status=CheckpointStatus.PENDING, kind__in=("signal", "any_signal", "update")
+        run=run, status=CheckpointStatus.PENDING, kind__in=MESSAGE_WAITS
     )
     names: list[str] = []
     for name in rows.values_list("name", flat=True)[:20]:

@@ -73,7 +73,7 @@ class BlockedFilter(admin.SimpleListFilter):
         return [(self.NON_DETERMINISM, "blocked by non-determinism")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.blocked() if self.value() == self.NON_DETERMINISM else queryset  # type: ignore[attr-defined]
+        return queryset.blocked() if self.value() == self.NON_DETERMINISM else queryset
 
 
 class WorkflowFilter(_ChoicesFilter):

@@ -19,7 +19,7 @@ from django.utils.http import urlencode
 
 from durable import clock, conf, guards
 from durable.definitions import registry
-from durable.models import AttemptError, Checkpoint, Run, Signal
+from durable.models import AttemptError, Checkpoint, Run, Signal, StreamHead, StreamValue
 from durable.statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
 
 #: Members of a fan shown per page (``?fan=<seq>&page=N``).
@@ -30,6 +30,8 @@ NARROW_FAN = 5
 TIMELINE_PAGE = 100
 #: Child runs, buffered signals and updates named on the page; the rest are a link away.
 RELATIVES_SHOWN = 20
+#: Streams of a run shown on its page, and the last values shown of each.
+STREAMS_SHOWN, STREAM_VALUES_SHOWN = 10, 20
 
 #: Kinds of position a run waits on while they are pending, and how to say so.
 WAITS = {
@@ -38,6 +40,7 @@ WAITS = {
     "signal": "signal {name!r}",
     "any_signal": "any of the signals {name}",
     "update": "update {name!r}",
+    "message": "a signal or update of {name}",
     "event": "event {name!r}",
     "child": "child run {name}",
     "entity": "entity operation {name}",
@@ -50,14 +53,16 @@ def flow_text(row: Checkpoint) -> str | None:
     if row.flow is None or row.status != CheckpointStatus.PENDING:
         return None
     step = registry.steps.get(row.name)
+    lane = step.lane if step is not None else None
+    of_lane = f" of lane {lane.name!r}" if lane is not None else ""
     if row.flow == FlowState.RATE:
         rate = step.rate_limit if step is not None else None
         until = row.wake_at.isoformat(timespec="seconds") if row.wake_at else "?"
-        return f"waiting for a rate token (rate_limit {rate or '?'}) until {until}"
+        return f"waiting for a rate token (rate_limit {rate or '?'}{of_lane}) until {until}"
     limit = step.concurrency.limit if step is not None and step.concurrency is not None else "?"
-    prefix = f"c:{row.name}:"
+    prefix = f"c:lane:{lane.name}:" if lane is not None else f"c:{row.name}:"
     key = (row.flow_key or "")[len(prefix) :] if (row.flow_key or "").startswith(prefix) else ""
-    what = f"concurrency {limit}" + (f", key {key!r}" if key else "")
+    what = f"concurrency {limit}{of_lane}" + (f", key {key!r}" if key else "")
     if row.flow == FlowState.WAITING:
         return f"waiting for a slot ({what}), place {row.flow_seq} in line"
     return f"holds a slot ({what})"
@@ -77,6 +82,8 @@ class Position:
     axis: dict[str, str] = field(default_factory=dict)
     #: Its run has finished: a position still pending never will be settled, nor waits until.
     run_ended: bool = False
+    #: Every position before it is settled: a fork may run on from it.
+    forkable: bool = False
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -233,13 +240,39 @@ def waits_of(run: Run, db: str, fans: dict[int, Fan]) -> list[str]:
             what += f" (until {row.wake_at.isoformat(timespec='seconds')})"
         waits.append(f"position {row.seq}: {what}")
     if not waits and run.status == RunStatus.PENDING:
-        if not run.admitted:
+        if not run.admitted and run.debounce_key is not None:
+            start = run.wake_at.isoformat(timespec="seconds") if run.wake_at else "?"
+            waits.append(
+                f"its debounce key {run.debounce_key!r} to stay quiet: starts at {start} with the "
+                "input shown, unless another call for the key comes first (which replaces it)"
+            )
+        elif not run.admitted and (run.singleton_key or "").startswith("lane:"):
+            waits.append(
+                f"a slot of lane {run.singleton_key.split(':')[1]!r} (key {run.singleton_key}, priority "
+                f"{run.priority}, place {run.singleton_seq} in start order)"
+            )
+        elif not run.admitted:
             waits.append(
                 f"a slot of its singleton key {run.singleton_key} (place {run.singleton_seq} in line)"
             )
         else:
             waits.append(f"a worker consuming queue {run.queue!r} to take its next turn")
     return waits
+
+
+def streams_of(run: Run, db: str) -> list[dict[str, Any]]:
+    """The run's streams (STREAMS_SHOWN at most), each with its last STREAM_VALUES_SHOWN values:
+    two queries whatever their lengths, one when the run has none."""
+    heads = list(StreamHead.objects.using(db).filter(run=run).order_by("key")[:STREAMS_SHOWN])
+    if not heads:
+        return []
+    latest = Q()
+    for head in heads:
+        latest |= Q(key=head.key, position__gte=head.next_position - STREAM_VALUES_SHOWN)
+    values: dict[str, list[StreamValue]] = {head.key: [] for head in heads}
+    for value in StreamValue.objects.using(db).filter(latest, run=run).order_by("key", "position"):
+        values[value.key].append(value)
+    return [{"head": head, "values": values[head.key]} for head in heads]
 
 
 def buffered_signals(run: Run, db: str) -> list[Signal]:
@@ -274,6 +307,8 @@ def relatives(run: Run, db: str) -> dict[str, Any]:
         links.append(Link("parent", run.parent_id))
     if run.continued_from_id:
         links.append(Link("continued from", run.continued_from_id))
+    if run.forked_from_id:
+        links.append(Link(f"forked at position {run.forked_at} from", run.forked_from_id))
     for prefix, label in (
         (guards.DLQ_PREFIX, "dead letter of"),
         (guards.ON_ERROR_PREFIX, "handles failure of"),
@@ -281,12 +316,14 @@ def relatives(run: Run, db: str) -> dict[str, Any]:
         if run.id.startswith(prefix):
             links.append(Link(label, run.id[len(prefix) :]))
     handlers = [f"{guards.DLQ_PREFIX}{run.id}", f"{guards.ON_ERROR_PREFIX}{run.id}"]
-    later = runs.filter(Q(continued_from=run) | Q(id__in=handlers)).values_list(
-        "id", "status", "continued_from"
+    later = runs.filter(Q(continued_from=run) | Q(id__in=handlers) | Q(forked_from_id=run.id)).values_list(
+        "id", "status", "continued_from", "forked_at"
     )
-    for run_id, status, continued_from in later:
+    for run_id, status, continued_from, forked_at in later:
         if continued_from == run.id:
             label = "continued by"
+        elif forked_at is not None:
+            label = f"fork at position {forked_at}"
         else:
             label = "dead letter run" if run_id.startswith(guards.DLQ_PREFIX) else "on_error run"
         links.append(Link(label, run_id, status))
@@ -335,6 +372,10 @@ def context(request: HttpRequest, run: Run) -> dict[str, Any]:
     for position in shown:
         position.axis = position.bar(origin, span)
     _attach_tracebacks(run, db, shown)
+    pending = Checkpoint.objects.using(db).filter(run=run, status=CheckpointStatus.PENDING)
+    first_pending = pending.order_by("seq").values_list("seq", flat=True).first()
+    for position in shown:
+        position.forkable = first_pending is None or position.row.seq <= first_pending
     return {
         "positions": positions,
         "timeline_from": start,
@@ -348,6 +389,7 @@ def context(request: HttpRequest, run: Run) -> dict[str, Any]:
         "waits": waits_of(run, db, fans),
         "buffered_signals": buffered_signals(run, db),
         "recent_signals": recent_signals(run, db),
+        "streams": streams_of(run, db),
         "relatives": relatives(run, db),
         "run_error": run.error if isinstance(run.error, dict) else None,
         "run_failure": _last_failure(run, db) if run.status == RunStatus.FAILED else None,

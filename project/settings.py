@@ -152,6 +152,14 @@ DATABASES = {
     if os.environ.get("DATABASE_URL")
     else sqlite_database(VAR_DIR / "db.sqlite3")
 }
+if os.environ.get("DATABASE_LISTEN_URL"):
+    # Behind a pooler in transaction mode (DATABASE_URL names PgBouncer), the same database
+    # reached directly: the one connection per process that LISTENs for runs' ends needs a
+    # session of its own (DURABLE["LISTEN_DATABASE"], set below). Its tests use default's.
+    DATABASES["listen"] = {
+        **database_from_url(os.environ["DATABASE_LISTEN_URL"]),
+        "TEST": {"MIRROR": "default"},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -283,6 +291,8 @@ DURABLE = {
     for key, cast in _DURABLE_FROM_ENV.items()
     if os.environ.get(f"DURABLE_{key}")
 }
+if "listen" in DATABASES:
+    DURABLE["LISTEN_DATABASE"] = "listen"
 
 LOGGING = {
     "version": 1,

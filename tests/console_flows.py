@@ -88,3 +88,17 @@ def charge_twice_flow(ctx: durable.Context, cents: int) -> str:
 @durable.workflow(name="tests.console_deadline")
 def deadline_flow(ctx: durable.Context, order: Any) -> Any:
     return ctx.wait_for_signal("approve", timeout="1h")
+
+
+#: A lane of one slot that two workflows' steps share (the health page's "Lanes").
+RENDERING = durable.Lane("tests.console_rendering", concurrency=1)
+
+
+@durable.step(name="tests.console_render", lane=RENDERING)
+def render(page: int) -> str:
+    raise durable.CompleteLater()  # holds the lane's slot until completed from outside
+
+
+@durable.workflow(name="tests.console_render_flow")
+def render_flow(ctx: durable.Context, page: int) -> str:
+    return ctx.step(render, page)

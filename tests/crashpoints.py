@@ -34,13 +34,14 @@ from typing import Any
 
 from django.apps import apps
 from django.db import connections, transaction
+from django.db.models import F, Q
 
 import durable
 from durable import conf
 from durable.definitions import registry
-from durable.engine import histories, leases, sweeps
+from durable.engine import histories
 from durable.models import TERMINAL, Checkpoint, Fan, Run
-from durable.testing import DurableEnv, replay_history
+from durable.testing import DurableEnv, crashes, replay_history
 
 #: What happens at the target point: the process dies there, or (receipts only) the message
 #: received there is lost, delivered twice, or delivered after every message pending behind it.
@@ -90,48 +91,63 @@ class Outcome:
     output: Any
     error_code: str | None
     positions: list[tuple[int, int, str, str]]
+    #: What outlives the run: each entity's state and op count, each update's reply.
+    kept: list[Any]
     post_mortem: list[str]
-    killed_at: str | None
+    #: The faults that struck, in order ("kill at <point>", "drop at receipt of <message>").
+    struck: list[str]
+
+    @property
+    def killed_at(self) -> str | None:
+        return self.struck[0] if self.struck else None
+
+
+#: A run's faults in order: each (fault, k) strikes at the k-th point of its kind (every point for
+#: a kill, a message receipt for the others) counted from where the fault before it struck.
+Schedule = list[tuple[str, int]]
 
 
 class Explorer:
-    def __init__(self, env: DurableEnv, scenario: Scenario, fault: str = KILL) -> None:
-        self.env, self.scenario, self.fault = env, scenario, fault
+    def __init__(self, env: DurableEnv, scenario: Scenario) -> None:
+        self.env, self.scenario = env, scenario
         self.db = conf.get().DATABASE
         self.connection = connections[self.db]
         self.armed = False
         self.dead = False
-        self.target: int | None = None
+        self.schedule: Schedule = []
         self.count = 0
         self.points: list[str] = []
         self.post_mortem: list[str] = []
-        self.killed_at: str | None = None
+        self.struck: list[str] = []
         self._install()
 
     # --- the points ---------------------------------------------------------------------------
 
-    def point(self, what: str, receipt: bool = False) -> bool:
-        """Count a point; at the target, kill the process there (or, for a message fault, say
-        so: the receipt applies it)."""
+    def point(self, what: str, receipt: bool = False) -> str | None:
+        """Count a point; at the next fault's, kill the process there (or, for a message fault,
+        return it: the receipt applies it). A run without faults counts every point."""
         if self.dead:
             # Code the dead process would never have run: refused, and noted with its caller.
             engine = [f for f in traceback.extract_stack() if "/durable/" in f.filename]
             where = f"{engine[-1].filename.rpartition('/durable/')[2]}:{engine[-1].name}" if engine else "?"
             self.post_mortem.append(f"{what[:60]} from {where}")
             raise Killed(f"post mortem: {what}")
-        if not self.armed or (self.fault != KILL and not receipt):
-            return False
+        fault, k = self.schedule[0] if self.schedule else (KILL, 0)
+        if not self.armed or (fault != KILL and not receipt):
+            return None
         self.count += 1
         self.points.append(what)
-        if self.count != self.target:
-            return False
-        if self.fault == KILL:
+        if self.count != k:
+            return None
+        self.schedule.pop(0)
+        self.count = 0
+        self.struck.append(f"{fault} at {what}")
+        if fault == KILL:
             self.kill(what)
-        self.armed, self.killed_at = False, f"{self.fault} at {what}"
-        return True
+        return fault
 
     def kill(self, what: str) -> None:
-        self.dead, self.armed, self.killed_at = True, False, what
+        self.dead, self.armed = True, False
         raw = self.connection.connection
         if raw is not None:
             raw.rollback()  # a dead connection's transaction is rolled back by the server
@@ -147,14 +163,7 @@ class Explorer:
 
         self._wrapper = connection.execute_wrapper(statement)
         self._wrapper.__enter__()
-        commit = connection.commit
-
-        def committed() -> None:
-            self.point("before commit")
-            commit()
-            self.point("after commit")
-
-        connection.commit = committed
+        wrap_commit(connection, self.point)
         capture = env.capture
 
         def publish(message: Any) -> None:
@@ -169,11 +178,12 @@ class Explorer:
             if not env.pending():
                 return None
             message = env.messages[0]
-            if self.point(f"receipt of {message.task}{message.args}", receipt=True):
-                if self.fault == DROP:  # lost by the broker before any worker saw it
+            fault = self.point(f"receipt of {message.task}{message.args}", receipt=True)
+            if fault is not None:
+                if fault == DROP:  # lost by the broker before any worker saw it
                     env.messages.pop(0)
                     return message
-                if self.fault == REORDER:  # overtaken by the rest of the queue
+                if fault == REORDER:  # overtaken by the rest of the queue
                     env.messages.append(env.messages.pop(0))
                     return message
                 # DOUBLE: delivered again once handled (a redelivery, a publisher's retry)
@@ -197,13 +207,7 @@ class Explorer:
 
     def forget(self) -> None:
         """A fresh process: nothing of the dead one's memory."""
-        leases.active.clear()
-        leases.lost.clear()
-        leases._renewed.clear()
-        leases.attempts.clear()
-        leases._watched.clear()
-        leases._holder = None
-        sweeps.reset_passes()
+        crashes.forget()
 
     def reset(self) -> None:
         # DELETE, not TRUNCATE (slow on PostgreSQL for a few rows), in one transaction: the
@@ -222,14 +226,14 @@ class Explorer:
         self.dead = False
         self.forget()
 
-    def run(self, target: int | None) -> tuple[str, Outcome]:
+    def run(self, schedule: Schedule) -> tuple[str, Outcome]:
         self.reset()
-        self.target, self.count, self.points, self.post_mortem = target, 0, [], []
-        self.dead, self.killed_at = False, None
+        self.schedule, self.count, self.points, self.post_mortem = list(schedule), 0, [], []
+        self.dead, self.struck = False, []
         self.scenario.prepare(self.env)
         run_id = self.scenario.start()
         for kind, action in self.scenario.actions:
-            self.armed = kind != "client" and self.killed_at is None
+            self.armed = kind != "client" and (bool(self.schedule) or not schedule)
             try:
                 action(self.env, run_id)
             except Killed:
@@ -251,6 +255,8 @@ class Explorer:
             runs = self.tree(run_id)
             if (
                 not self.env.pending()
+                # A run a sweep starts (a schedule's tick) exists once a pass after the restart ran.
+                and Run.objects.filter(id=run_id).exists()
                 and not Run.objects.filter(id__in=runs).exclude(status__in=TERMINAL).exists()
                 and not Run.objects.filter(id__in=runs).exclude(locked_by=None).exists()
                 and not Checkpoint.objects.filter(run__in=runs).exclude(held_by=None).exists()
@@ -265,6 +271,10 @@ class Explorer:
 
     def outcome(self, run_id: str) -> Outcome:
         run = Run.objects.get(id=run_id)
+        # A run that continued as new ends naming its successor, a fresh id each run: the last
+        # of the chain says how it ended.
+        while (successor := Run.objects.filter(continued_from_id=run.id).first()) is not None:
+            run = successor
         # Children get fresh ids each run: a run is named by its place in the tree.
         tree = {tree_id: i for i, tree_id in enumerate(self.tree(run_id))}
         # An async body's ``resumed`` positions record which answers an idle point handed out:
@@ -277,20 +287,42 @@ class Explorer:
             positions.append((tree[c.run_id], numbered[c.run_id], c.kind, c.name))
             numbered[c.run_id] += 1
         positions.sort()
+        from durable.models import Entity, Signal
+
+        kept: list[Any] = [
+            (e.name, e.key, e.state, e.applied) for e in Entity.objects.order_by("name", "key")
+        ]
+        updates = Signal.objects.filter(run__in=tree, is_update=True).order_by("created_at", "id")
+        kept += [(tree[s.run_id], s.name, s.reply) for s in updates]
+        # What bodies wrote to their streams: once per position, whatever the crash (a step's
+        # writes are once per attempt, and a kill may cost an attempt: left out).
+        from durable.models import StreamHead, StreamValue
+
+        written = StreamValue.objects.filter(run__in=tree, attempt=0).order_by("run_id", "key", "position")
+        kept += [(tree[v.run_id], v.key, v.position, v.value) for v in written]
+        kept += [
+            (tree[h.run_id], h.key, h.closed)
+            for h in StreamHead.objects.filter(run__in=tree).order_by("run_id", "key")
+        ]
         return Outcome(
             list(self.points),
             run.status,
             run.output,
             (run.error or {}).get("code"),
             positions,
+            kept,
             list(self.post_mortem),
-            self.killed_at,
+            list(self.struck),
         )
 
     def tree(self, run_id: str) -> list[str]:
+        """The run, its children and its successors (continue-as-new), theirs too."""
         ids, frontier = [run_id], [run_id]
         while frontier:
-            frontier = list(Run.objects.filter(parent_id__in=frontier).values_list("id", flat=True))
+            next_of = Q(parent_id__in=frontier) | Q(continued_from_id__in=frontier)
+            # By position in the parent (ids differ from run to run: they derive from the parent's).
+            ordered = Run.objects.filter(next_of).order_by(F("parent_seq").asc(nulls_first=True), "id")
+            frontier = list(ordered.values_list("id", flat=True))
             ids += frontier
         return ids
 
@@ -309,40 +341,32 @@ class Explorer:
             )
         if got.positions != baseline.positions:
             found.append(f"positions {got.positions} differ from the fault-free {baseline.positions}")
+        if got.kept != baseline.kept:
+            found.append(
+                f"entities, replies and streams {got.kept} differ from the fault-free {baseline.kept}"
+            )
         runs = self.tree(run_id)
         again = 0
         for c in Checkpoint.objects.filter(run__in=runs, kind="step"):
-            ran = {a: n for (r, s, a), n in EFFECTS.items() if (r, s) == (c.run_id, c.seq)}
-            twice = {a: n for a, n in ran.items() if n > 1}
-            if twice and registry.step(c.name).local:
-                # A local step's attempt is not held: killed after its body and before its
-                # record, it runs again as the same attempt (docs/guarantees.md, "At least once").
-                again += sum(n - 1 for n in twice.values())
-            elif twice:
-                found.append(f"{c}: attempt(s) {twice} ran more than once")
-            beyond = [a for a in ran if a > c.attempt]
-            if beyond:
-                found.append(f"{c}: ran attempt(s) {beyond} beyond the recorded attempt {c.attempt}")
-            if c.status == "completed" and c.attempt not in ran:
-                found.append(f"{c}: result of attempt {c.attempt} recorded, which never ran")
+            problems, extra = step_problems(
+                c, {a: n for (r, s, a), n in EFFECTS.items() if (r, s) == (c.run_id, c.seq)}
+            )
+            found += problems
+            again += extra
         for run in Run.objects.filter(id__in=runs):
-            if run.status not in TERMINAL:
-                found.append(f"run {run.id} still {run.status}")
-            if run.locked_by is not None:
-                found.append(f"run {run.id} still leased by {run.locked_by}")
-            try:
-                replay_history(histories.export(run))
-            except Exception as exc:  # noqa: BLE001 - reported as the violation it is
-                found.append(f"run {run.id}'s history fails replay: {exc!r}")
-        if again > (got.killed_at is not None):
-            found.append(f"local steps ran {again} extra time(s) for {got.killed_at is not None:d} kill(s)")
+            found += run_problems(run)
+        kills = sum(1 for fault in got.struck if fault.startswith(f"{KILL} at"))
+        if again > kills:
+            found.append(f"local steps ran {again} extra time(s) for {kills} kill(s)")
         leftovers = Checkpoint.objects.filter(run__in=runs).exclude(held_by=None)
         found += [f"{c}: still held by {c.held_by}" for c in leftovers]
         found += [
             f"{c}: still {c.flow} a flow slot"
             for c in Checkpoint.objects.filter(run__in=runs, flow__in=("held", "waiting"))
         ]
-        found += [f"{c}: still pending" for c in Checkpoint.objects.filter(run__in=runs, status="pending")]
+        # A run cancelled outright stops where it stood: its waits stay as they were.
+        pending = Checkpoint.objects.filter(run__in=runs, status="pending").exclude(run__status="cancelled")
+        found += [f"{c}: still pending" for c in pending]
         for fan in Fan.objects.filter(run__in=runs):
             members = Checkpoint.objects.filter(run_id=fan.run_id, fan=fan.first, status="pending")
             if fan.pending != members.count():
@@ -358,27 +382,74 @@ class Explorer:
         return found
 
 
+def step_problems(position: Checkpoint, ran: dict[int, int]) -> tuple[list[str], int]:
+    """What breaks the invariants at a step position whose attempts' bodies ran ``ran`` times
+    (attempt -> count), and how many extra runs of an attempt it had as a local step (allowed,
+    one per death: its attempt is not held, so a death after its body and before its record runs
+    it again as the same attempt; docs/guarantees.md, "At least once")."""
+    found, again = [], 0
+    twice = {a: n for a, n in ran.items() if n > 1}
+    if twice and registry.step(position.name).local:
+        again = sum(n - 1 for n in twice.values())
+    elif twice:
+        found.append(f"{position}: attempt(s) {twice} ran more than once")
+    beyond = [a for a in ran if a > position.attempt]
+    if beyond:
+        found.append(f"{position}: ran attempt(s) {beyond} beyond the recorded attempt {position.attempt}")
+    if position.status == "completed" and position.attempt not in ran:
+        found.append(f"{position}: result of attempt {position.attempt} recorded, which never ran")
+    return found, again
+
+
+def run_problems(run: Run) -> list[str]:
+    """What breaks the invariants on a run of the tree: not ended, still leased, or a history
+    that fails replay."""
+    found = []
+    if run.status not in TERMINAL:
+        found.append(f"run {run.id} still {run.status}")
+    if run.locked_by is not None:
+        found.append(f"run {run.id} still leased by {run.locked_by}")
+    try:
+        replay_history(histories.export(run))
+    except Exception as exc:  # noqa: BLE001 - reported as the violation it is
+        found.append(f"run {run.id}'s history fails replay: {exc!r}")
+    return found
+
+
+def wrap_commit(connection: Any, point: Callable[[str], Any]) -> None:
+    """``connection.commit`` passing the points before and after the commit."""
+    commit = connection.commit
+
+    def committed() -> None:
+        point("before commit")
+        commit()
+        point("after commit")
+
+    connection.commit = committed
+
+
 def explore(
-    env: DurableEnv, scenario: Scenario, only: list[int] | None = None, fault: str = KILL
+    env: DurableEnv,
+    scenario: Scenario,
+    only: list[int] | None = None,
+    fault: str = KILL,
+    choose: Callable[[int], list[int]] | None = None,
 ) -> dict[str, Any]:
     """Run ``scenario`` fault-free, then killed at each of its crash points (``fault=KILL``), or
     with each message it receives lost (``DROP``), delivered twice (``DOUBLE``) or after the
-    messages queued behind it (``REORDER``); return a report. Raises AssertionError naming the
-    scenario, k, the point and the invariants broken."""
-    explorer = Explorer(env, scenario, fault)
+    messages queued behind it (``REORDER``); return a report. ``only`` (the points' numbers) or
+    ``choose`` (given how many there are) narrows that to some of them. Raises AssertionError
+    naming the scenario, k, the point and the invariants broken."""
+    explorer = Explorer(env, scenario)
     started = os.times().elapsed
     try:
-        explorer.fault = KILL  # counting every point of the fault-free run
-        run_id, baseline = explorer.run(None)
-        explorer.fault = fault
-        problems = explorer.violations(run_id, baseline, baseline)
-        assert not problems, f"{scenario.name} fault-free: {problems}"
-        assert baseline.status in TERMINAL
+        run_id, baseline = _fault_free(explorer)
         failures: list[str] = []
         post_mortem: Counter[str] = Counter()
         targets = [p for p in baseline.points if fault == KILL or p.startswith("receipt of")]
-        for k in only or range(1, len(targets) + 1):
-            run_id, got = explorer.run(k)
+        chosen = only or (choose(len(targets)) if choose is not None else range(1, len(targets) + 1))
+        for k in chosen:
+            run_id, got = explorer.run([(fault, k)])
             post_mortem.update(got.post_mortem)
             assert got.killed_at is not None, f"{scenario.name}: point {k} never came (not deterministic?)"
             problems = explorer.violations(run_id, baseline, got)
@@ -392,3 +463,35 @@ def explore(
         }
     finally:
         explorer.uninstall()
+
+
+def explore_schedule(env: DurableEnv, scenario: Scenario, faults: list[tuple[str, float]]) -> dict[str, Any]:
+    """Run ``scenario`` fault-free, then once with ``faults`` one after another: each (fault,
+    where) strikes at that fraction of the fault-free run's points of its kind, counted from
+    where the fault before it struck (so a later one may find the run over before its point
+    comes: the report says which struck). Raises AssertionError naming the faults and the
+    invariants broken."""
+    explorer = Explorer(env, scenario)
+    try:
+        run_id, baseline = _fault_free(explorer)
+        receipts = sum(1 for p in baseline.points if p.startswith("receipt of"))
+        schedule = [
+            (fault, 1 + int(where * (len(baseline.points) if fault == KILL else receipts)))
+            for fault, where in faults
+        ]
+        run_id, got = explorer.run(schedule)
+        assert got.struck, f"{scenario.name}: the first fault {schedule[0]} never came (not deterministic?)"
+        problems = explorer.violations(run_id, baseline, got)
+        assert not problems, f"{scenario.name} with {got.struck}: " + "; ".join(problems)
+        return {"schedule": schedule, "struck": got.struck, "post_mortem": got.post_mortem}
+    finally:
+        explorer.uninstall()
+
+
+def _fault_free(explorer: Explorer) -> tuple[str, Outcome]:
+    """The scenario's run without faults, every point counted: what the faulted runs must match."""
+    run_id, baseline = explorer.run([])
+    problems = explorer.violations(run_id, baseline, baseline)
+    assert not problems, f"{explorer.scenario.name} fault-free: {problems}"
+    assert baseline.status in TERMINAL
+    return run_id, baseline

@@ -31,7 +31,7 @@ from ..replay.core import replay
 from ..replay.history import COMPLETED, Decision
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
-from ..statuses import Decided
+from ..statuses import UNFINISHED, CheckpointStatus, Decided
 from . import attempts, events, flow, handover, histories, lifecycle, observe, remote_turns, turn, writes
 
 
@@ -64,6 +64,20 @@ def take(
             run_id, seq, attempt, token, holder, now, until, namespace
         ), None
     return rows.take(db, run_id, seq, attempt, token, holder, now, until, histories.RECORD_FIELDS, namespace)
+
+
+def held(
+    run_id: str, seq: int, attempt: int, holder: str, settings: conf.Settings
+) -> tuple[Checkpoint | None, Ahead | None]:
+    """The attempt a turn took for ``holder`` (still pending, held so) and, as ``take`` reads it
+    when ``wanted``, its run."""
+    db = settings.DATABASE
+    if not wanted(settings):
+        pending = Checkpoint.objects.using(db).filter(
+            run_id=run_id, seq=seq, attempt=attempt, status=CheckpointStatus.PENDING, held_by=holder
+        )
+        return pending.filter(run__status__in=UNFINISHED).first(), None
+    return rows.held(db, run_id, seq, attempt, holder, histories.RECORD_FIELDS)
 
 
 def record(
@@ -128,6 +142,7 @@ def _replayed(
         find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
         exposed=dict(run.exposed or {}),
         logs=[],
+        read_at=row.started_at,  # the take read the positions, no later than it started the attempt
     )
     try:
         outcome = replay(
@@ -206,10 +221,15 @@ def _write(
         logging.getLogger(line.name).handle(line)
     if ends:
         ended = run.ended_as(Status.COMPLETED, output=outcome.output, finished_at=run_fields["finished_at"])
-        lifecycle.finished(ended, may_hold_slots=flow.may_hold_slots(state.records.values()))
+        lifecycle.finished(
+            ended,
+            may_hold_slots=flow.may_hold_slots(state.records.values()),
+            may_have_children=lifecycle.started_children(state),
+        )
     else:
         observe.run_suspended(run, outcome.wake_at)
     writes.send(run.id, state, settings, written, namespace=run.namespace)
+    writes.hand_off(state)  # a slot the replay freed (none, as a rule: that turn writes more)
     if not ends and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return COMPLETED

@@ -26,9 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import transaction
 
 from .. import asyncsteps, conf
+from .. import connections as database
 from ..definitions import Step
 from ..errors import StepTimeout
 from ..models import Checkpoint, Run
@@ -50,6 +51,15 @@ detached = False
 #: Threads per process that write outcomes, and that run the loop's sync calls (heartbeats).
 WRITERS = 4
 CALLERS = 2
+
+_writer = threading.local()
+
+
+def writing() -> bool:
+    """Whether this thread writes an async attempt's outcome: the run's next turn may be
+    replayed ahead here, but starts no step itself (an async one would wait for a slot on the
+    thread that frees slots)."""
+    return getattr(_writer, "active", False)
 
 
 @dataclass(eq=False)
@@ -116,8 +126,9 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def _with_connection(fn: Callable[[], Any]) -> Any:
-    # A writer thread keeps its connection between jobs: drop it if broken or past CONN_MAX_AGE.
-    connections[conf.get().DATABASE].close_if_unusable_or_obsolete()
+    # A writer thread keeps its connection between jobs: drop it if broken or past CONN_MAX_AGE,
+    # checked as at a task's start (a kept connection with nothing to read needs no ping).
+    database.check_after_long_call()
     return fn()
 
 
@@ -142,6 +153,8 @@ def launch(
     began: float,
     read: Ahead | None,
     holder: str,
+    *,
+    inline: bool = True,
 ) -> str:
     """Start the attempt on the loop and return once it runs (after a slot freed, at the bound);
     its outcome is written when it ends, and the attempt let go then."""
@@ -160,11 +173,13 @@ def launch(
                 return  # given up at its hard limit, then ended after all: written once
             entry.ended = True
         attempt = entry.attempt
+        _writer.active = True
         try:
             _with_connection(lambda: _write(attempt))
         except Exception:  # noqa: BLE001 - the hold lapses: the attempt counts as lost, run again
             log.exception("durable: could not record async attempt %s#%s %s", *key)
         finally:
+            _writer.active = False
             with process.lock:
                 process.in_flight.discard(entry)
             leases.let_go_attempt(key)
@@ -177,7 +192,9 @@ def launch(
         if output is LATER:
             steps.await_completion(row, holder, beats)
         else:
-            steps.record(row, step, output, error, retryable, beats, began, inline=False, read=read)
+            # A replay ahead at most on this thread: a whole turn (its local steps, say) would
+            # hold a writer that other attempts' outcomes wait for.
+            steps.record(row, step, output, error, retryable, beats, began, read=read, ahead_only=True)
 
     started = begin_async(
         step,
@@ -192,7 +209,7 @@ def launch(
     if not isinstance(started, asyncsteps.Attempt):  # it could not start: its outcome is known
         try:
             output, error, retryable = started
-            return steps.record(row, step, output, error, retryable, beats, began, read=read)
+            return steps.record(row, step, output, error, retryable, beats, began, inline=inline, read=read)
         finally:
             leases.let_go_attempt(key)
             process.slots.release()
@@ -201,6 +218,15 @@ def launch(
         process.in_flight.add(entry)
     started.future.add_done_callback(lambda _: process.writers.submit(finish))
     return "started"
+
+
+def launch_held(run_id: str, seq: int, attempt: int, token: str | None, holder: str) -> None:
+    """Start, once the write that took it commits, an attempt a turn took for this process."""
+    from . import steps
+
+    assert token is not None  # every attempt sent or taken carries one
+    start = functools.partial(steps.run_held, run_id, seq, attempt, token, holder)
+    transaction.on_commit(start, using=conf.get().DATABASE)
 
 
 def drain(timeout: float) -> None:

@@ -18,7 +18,8 @@ from ..models import Checkpoint, Run
 from ..replay.attempt import Result, beat_grace, run_attempt
 from ..replay.history import Record, check_size, roundtrip
 from ..replay.stepscope import StepInfo
-from . import asyncattempts, leases, timelimits
+from ..statuses import FlowState
+from . import asyncattempts, flow, leases, timelimits
 
 log = logging.getLogger("durable.engine")
 
@@ -28,38 +29,17 @@ def serves(queue: str) -> bool:
     return dispatch.transport.serves(queue)
 
 
-class InPlace:
-    """Runs a dispatched step inside the turn that reached it, under the turn's lease.
-
-    Offered only on a worker that consumes the step's queue (never under the test harness, whose
-    messages stay visible), when EAGER_STEPS is on and no Celery time limit would cut the turn.
-    A step's own time limits are enforced here as on a worker of its queue (``timelimits``); at
-    the hard one the attempt is recorded as timed out and the run handed back before the process
-    ends, so another worker goes on at once.
-    """
+class Limited:
+    """Runs an attempt inside the turn that reached it, under the turn's lease and the step's own
+    time limits, enforced here as on a worker of its queue (``timelimits``); at the hard one the
+    attempt is recorded as timed out and the run handed back before the process ends, so another
+    worker goes on at once. As such it runs a ``local=True`` step that has a time limit."""
 
     def __init__(self, run_id: str, owner: str, queue: str, settings: conf.Settings) -> None:
         self.run_id = run_id
         self.owner = owner
         self.queue = queue
         self.settings = settings
-
-    @classmethod
-    def offered(cls, run_id: str, owner: str, queue: str, settings: conf.Settings) -> InPlace | None:
-        if (
-            not settings.EAGER_STEPS
-            or not dispatch.transport.served_queues
-            or dispatch.time_limit() is not None
-        ):
-            return None
-        return cls(run_id, owner, queue, settings)
-
-    def accepts(self, queue: str, step: Step) -> bool:
-        if asyncattempts.detached and asyncsteps.is_async(step.fn):
-            # Sent instead: a worker runs many async attempts at once on its loop, where one run
-            # here would hold this process for its whole wait.
-            return False
-        return queue in (dispatch.transport.served_queues or ())
 
     def __call__(self, rec: Record, step: Step) -> Result:
         beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings, step.heartbeat_timeout)
@@ -86,9 +66,47 @@ class InPlace:
                     done = checkpoints.fail(run_id, seq, attempt, error, now)
                 if done and Run.objects.using(db).release(run_id, self.owner, now, now):
                     dispatch.advance(run_id, self.queue)
+                if done and rec.flow == FlowState.HELD and rec.flow_key:
+                    flow.hand_off(rec.flow_key)  # after the run's row, as gates always come
             return done
 
         return record
+
+
+class InPlace(Limited):
+    """Runs a dispatched step inside the turn that reached it, under the turn's lease.
+
+    Offered only on a worker that consumes the step's queue (never under the test harness, whose
+    messages stay visible), when EAGER_STEPS is on and no Celery time limit would cut the turn.
+    """
+
+    @classmethod
+    def offered(cls, run_id: str, owner: str, queue: str, settings: conf.Settings) -> InPlace | None:
+        if (
+            not settings.EAGER_STEPS
+            or asyncattempts.writing()
+            or not dispatch.transport.served_queues
+            or dispatch.time_limit() is not None
+        ):
+            return None
+        return cls(run_id, owner, queue, settings)
+
+    def accepts(self, queue: str, step: Step) -> bool:
+        if asyncattempts.detached and asyncsteps.is_async(step.fn):
+            # Sent instead: a worker runs many async attempts at once on its loop, where one run
+            # here would hold this process for its whole wait.
+            return False
+        return queue in (dispatch.transport.served_queues or ())
+
+    def holder(self, queue: str, step: Step) -> str | None:
+        if (
+            asyncattempts.detached
+            and asyncsteps.is_async(step.fn)
+            and queue in (dispatch.transport.served_queues or ())
+        ):
+            # Started on this process's loop once the turn commits: no message, no take of its own.
+            return leases.process_holder()
+        return None
 
 
 def execute(

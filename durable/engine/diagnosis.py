@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from .. import clock, conf, routing
 from ..models import Checkpoint, Presence, Run
 from ..models.flow import in_flight, in_line
-from ..statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
+from ..statuses import MESSAGE_WAITS, UNFINISHED, CheckpointStatus, FlowState, RunStatus
 from . import blocked
 
 #: Pending positions described one by one; a wider fan is summed up.
@@ -67,6 +67,12 @@ def explain(run: Run, now: datetime | None = None) -> list[Reason]:
 
 
 def _turn(run: Run, now: datetime) -> Reason:
+    if run.status == RunStatus.PENDING and run.debounce_key is not None and not run.admitted:
+        return Reason(
+            "turn",
+            f"gathers debounce calls for key {run.debounce_key!r}: starts at {_at(run.wake_at)} "
+            "unless another call comes first",
+        )
     if run.status == RunStatus.PENDING:
         return Reason("turn", f"waits for a worker of queue {run.queue!r} to run its first turn")
     if run.status == RunStatus.RUNNING and run.locked_until and run.locked_until >= now:
@@ -83,7 +89,7 @@ def _position(row: Checkpoint, now: datetime, db: str) -> list[Reason]:
         return [_step(row, what, now, db)]
     if row.kind == "sleep":
         return [Reason("timer", f"{what}: timer until {_at(row.wake_at)}")]
-    if row.kind in ("signal", "any_signal", "update"):
+    if row.kind in MESSAGE_WAITS:
         until = f" (until {_at(row.wake_at)})" if row.wake_at else ""
         return [Reason("signal", f"{what}: waits for a signal or update{until}")]
     if row.kind == "child":

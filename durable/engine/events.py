@@ -28,16 +28,29 @@ def publish(name: str, payload: Any) -> None:
         transaction.on_commit(lambda: wake_waiters(name, payload), using=settings.DATABASE)
 
 
+#: Waits read per statement when an event wakes its waiters.
+WAITS_PER_READ = 500
+
+
 def wake_waiters(name: str, payload: Any) -> int:
     """Wake the runs with a pending wait for ``name`` whose match this payload fits."""
     settings = conf.get()
     waits = Checkpoint.objects.using(settings.DATABASE).filter(kind="event", name=name, status=PENDING)
-    woken = 0
-    for run_id, wait in waits.values_list("run_id", "input").iterator():
-        if fits(payload, check_match((wait or {}).get("match"))):
-            lifecycle.wake(run_id)
-            woken += 1
-    return woken
+    woken, after = 0, 0
+    while True:
+        # Read a batch at a time by id, not through a server-side cursor (``iterator()``): one
+        # does not survive a pooler in transaction mode, where each FETCH may reach another
+        # server session than the DECLARE did.
+        batch = list(
+            waits.filter(id__gt=after).order_by("id").values_list("id", "run_id", "input")[:WAITS_PER_READ]
+        )
+        for _, run_id, wait in batch:
+            if fits(payload, check_match((wait or {}).get("match"))):
+                lifecycle.wake(run_id)
+                woken += 1
+        if len(batch) < WAITS_PER_READ:
+            return woken
+        after = batch[-1][0]
 
 
 def fits(payload: Any, match: dict[str, Any] | None) -> bool:

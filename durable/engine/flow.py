@@ -14,13 +14,14 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from .. import clock, conf, dispatch
 from ..definitions import Step, registry
 from ..errors import InvalidInput
+from ..limits import Rate
 from ..models import (
     HELD,
     RATE,
@@ -33,7 +34,10 @@ from ..models import (
     in_flight,
     in_line,
 )
+from ..models import flow as lines
 from ..replay.history import PENDING, Record
+from ..replay.turnstate import TurnState
+from ..statuses import CheckpointStatus
 
 log = logging.getLogger("durable.engine")
 
@@ -66,15 +70,28 @@ def any_limited() -> bool:
 
 
 def slot_key(step: Step, payload: Any) -> str:
-    """The gate key of the slot an attempt with ``payload`` needs (InvalidInput if none)."""
+    """The gate key of the slot an attempt with ``payload`` needs (InvalidInput if none): the
+    step's own, or its lane's, which every step of the lane shares."""
     assert step.concurrency is not None
+    key = step.concurrency.key_for(step.fn, *_arguments(payload))
+    return _fit(f"c:{_owner(step)}:{key}")
+
+
+def rate_key(step: Step, payload: Any) -> str:
+    """The gate key of the rate an attempt with ``payload`` counts in: the step's, or its lane's
+    (per the lane's key, when it has one)."""
+    if step.lane is None or step.lane.per_key is None:
+        return _fit(f"r:{_owner(step)}")
+    return _fit(f"r:{_owner(step)}:{step.lane.key_for(step.fn, *_arguments(payload))}")
+
+
+def _owner(step: Step) -> str:
+    return step.name if step.lane is None else f"lane:{step.lane.name}"
+
+
+def _arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
     args = payload or {}
-    key = step.concurrency.key_for(step.fn, list(args.get("args", [])), dict(args.get("kwargs", {})))
-    return _fit(f"c:{step.name}:{key}")
-
-
-def rate_key(step: Step) -> str:
-    return _fit(f"r:{step.name}")
+    return list(args.get("args", [])), dict(args.get("kwargs", {}))
 
 
 def _fit(key: str) -> str:
@@ -82,12 +99,33 @@ def _fit(key: str) -> str:
     return key if len(key) <= 255 else f"{key[:200]}#{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-def admit_start(row: Checkpoint, step: Step, now: datetime) -> Waits | Refused | None:
-    """Called in the transaction that started ``row``: None if it may run now, else why not
-    (its start is then undone, and it waits)."""
-    db = conf.get().DATABASE
-    checkpoints = Checkpoint.objects.using(db)
-    args = (row.run_id, row.seq, row.attempt)
+class _Attempt(Protocol):
+    """An attempt about to start: a Checkpoint row a worker took, or a turn's Record."""
+
+    seq: int
+    attempt: int
+    input: Any
+    flow: str | None
+    flow_key: str | None
+
+
+def admit_start(
+    run_id: str,
+    row: _Attempt,
+    step: Step,
+    now: datetime,
+    *,
+    sent_at: datetime | None = None,
+    idle: set[str] | None = None,
+) -> Waits | Refused | None:
+    """Called in the transaction that started ``row``: None if it may run now (``row.flow``
+    and ``row.flow_key`` then say which slot it holds), else why not (its start is then undone,
+    and it waits). ``sent_at``: a turn started it in place, unsent; it waits as sent then.
+    ``idle`` gains the key of a gate this locked (until the commit) with nobody in its line."""
+    settings = conf.get()
+    db = settings.DATABASE
+    args = (db, run_id, row.seq, row.attempt)
+    sent: dict[str, Any] = {} if sent_at is None else {"enqueued_at": sent_at}
     if step.concurrency is not None and row.flow != HELD:
         try:
             key = slot_key(step, row.input)
@@ -97,21 +135,76 @@ def admit_start(row: Checkpoint, step: Step, now: datetime) -> Waits | Refused |
         gate = gates.lock(key)
         assert gate is not None
         # Behind the attempts already in line, if any (the gate's count is an upper bound).
-        if not checkpoints.hold_slot(row.pk, key, step.concurrency.limit, now, behind=gate.waiting > 0):
-            checkpoints.wait_in_line(*args, key, gates.join_line(gate))
+        if not lines.hold_slot(*args, key, step.concurrency.limit, now, behind=gate.waiting > 0):
+            if sent_at is not None:
+                sent["wake_at"] = sent_at + settings.STEP_REDISPATCH_AFTER
+            lines.wait_in_line(*args, key, gates.join_line(gate), **sent)
             return Waits(key)
         row.flow, row.flow_key = HELD, key
+        if idle is not None and gate.waiting <= 0:
+            idle.add(key)
     if step.rate_limit is not None:
-        until = _rate_token(step)
+        try:
+            counted_in = rate_key(step, row.input)
+        except InvalidInput as exc:
+            return Refused(exc.to_dict())
+        until = _rate_token(step.rate_limit, counted_in)
         if until is not None:
             freed = row.flow_key if row.flow == HELD else None
-            checkpoints.wait_for_rate(*args, rate_key(step), until)
+            lines.wait_for_rate(*args, counted_in, until, **sent)
             if freed:
                 hand_off(freed)  # it waits for its token without the slot it had
             # The caller brings the run's timer forward once this commits: no run row is
             # locked while a gate is (a recorded result locks them the other way round).
-            return Waits(rate_key(step), until)
+            return Waits(counted_in, until)
     return None
+
+
+def started_in_place(records: Iterable[Record]) -> list[tuple[Record, Step]]:
+    """The attempts of limited steps a turn just started in place (written as started, never
+    sent) that hold no slot yet: ``admit_in_place`` gives them theirs."""
+    found = []
+    for rec in records:
+        if (
+            rec.kind == "step"
+            and rec.status == PENDING
+            and rec.started_at is not None
+            and rec.enqueued_at is None
+            and rec.held_by is None
+            and rec.flow is None
+        ):
+            step = registry.steps.get(rec.name)
+            if step is not None and step.limited:
+                found.append((rec, step))
+    return found
+
+
+def admit_in_place(run_id: str, started: list[tuple[Record, Step]], state: TurnState) -> None:
+    """Called in the transaction of the turn's write that started them, after its rows: give
+    each attempt its slot and rate token, as a worker's take would, or make it one sent but
+    unstarted that waits in line or for its token (its record changed to match: the body's
+    primitive then finds it waiting). An attempt whose limit key cannot be made is sent, and
+    the worker that takes it fails it with the reason."""
+    settings = conf.get()
+    now = clock.now()
+    redispatch_at = now + settings.STEP_REDISPATCH_AFTER
+    idle: set[str] = set()
+    for rec, step in started:
+        held_back = admit_start(run_id, rec, step, now, sent_at=now, idle=idle)
+        if held_back is None:
+            continue
+        rec.started_at, rec.enqueued_at = None, now
+        if isinstance(held_back, Refused):
+            lines.send_unstarted(settings.DATABASE, run_id, rec.seq, rec.attempt, now, redispatch_at)
+            rec.wake_at = redispatch_at
+            state.dispatch.append(rec)
+        elif held_back.until is None:
+            rec.flow, rec.flow_key, rec.wake_at = WAITING, held_back.key, redispatch_at
+        else:
+            rec.flow, rec.flow_key, rec.wake_at = RATE, held_back.key, held_back.until
+    # A slot this write frees (the result before, written with it) has nobody to go to in a line
+    # found empty with its gate locked to the commit: no waiter can join it before then.
+    state.freed[:] = [key for key in state.freed if key not in idle]
 
 
 def wake_for_token(run_id: str, until: datetime) -> None:
@@ -125,15 +218,13 @@ def wake_for_token(run_id: str, until: datetime) -> None:
         dispatch.advance_at(run_id, queue or settings.DEFAULT_QUEUE, until)
 
 
-def _rate_token(step: Step) -> datetime | None:
+def _rate_token(rate: Rate, key: str) -> datetime | None:
     """Take a rate token now (None), or say when the next one falls due.
 
     A sliding window of the real starts: never more than ``count`` in any ``period``. The
     attempts already waiting are spread over the tokens ahead of them, so they do not all
     come back at once."""
-    assert step.rate_limit is not None
     db = conf.get().DATABASE
-    rate, key = step.rate_limit, rate_key(step)
     FlowGate.objects.using(db).lock(key)
     # Read once the gate is ours: a start is stamped when it happens, not when it asked.
     now = clock.now()
@@ -153,10 +244,19 @@ def _rate_token(step: Step) -> datetime | None:
 def hand_off(key: str) -> list[int]:
     """Give ``key``'s free slots to its oldest waiting attempts and send each (on commit).
 
-    Call in the transaction that freed a slot, after any run row it locks (gates come last)."""
+    Call in the transaction that freed a slot, after any run row it locks (gates come last), or
+    right after its commit (a process that dies between leaves the waiters to ``repair``)."""
     settings = conf.get()
     db = settings.DATABASE
     gates = FlowGate.objects.using(db)
+    connection = connections[db]
+    if not connection.in_atomic_block and connection.features.has_select_for_update:
+        # After the commit: a locking read on its own waits for a start that counted the slot
+        # as still held to commit its place in line, so it misses no waiter; one statement and
+        # no transaction when nobody waits.
+        gate = gates.lock(key, create=False)
+        if gate is None or gate.waiting <= 0:
+            return []
     with transaction.atomic(using=db, savepoint=False):  # the caller's, when it has one
         gate = gates.lock(key, create=False)
         if gate is None or gate.waiting <= 0:
@@ -174,9 +274,8 @@ def hand_off(key: str) -> list[int]:
         if free <= 0:
             return []
         admitted = []
-        checkpoints = Checkpoint.objects.using(db)
         for row in line.only("id", "run_id", "seq", "attempt", "token", "queue")[:free]:
-            if checkpoints.admit(row.pk, now, now + settings.STEP_REDISPATCH_AFTER):
+            if lines.admit(db, row.pk, now, now + settings.STEP_REDISPATCH_AFTER):
                 dispatch.run_step(
                     row.run_id,
                     row.seq,
@@ -207,7 +306,7 @@ def freed_by_run(run_id: str) -> None:
     db = conf.get().DATABASE
     keys = (
         Checkpoint.objects.using(db)
-        .filter(run_id=run_id, flow=HELD, status="pending")
+        .filter(run_id=run_id, flow=HELD, status=CheckpointStatus.PENDING)
         .order_by()
         .values_list("flow_key", flat=True)
         .distinct()
@@ -226,7 +325,7 @@ def repair() -> int:
     keys = (
         Checkpoint.objects.using(db)
         .filter(
-            flow=WAITING, status="pending", run_id__in=unfinished
+            flow=WAITING, status=CheckpointStatus.PENDING, run_id__in=unfinished
         )  # a cancelled run's waiters wait for no one
         .order_by()
         .values_list("flow_key", flat=True)

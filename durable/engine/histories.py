@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from .. import conf
+from .. import clock, conf
 from ..definitions import registry
 from ..errors import WorkflowNotRegistered
 from ..models import Checkpoint, Run, Signal
@@ -23,9 +23,23 @@ BATCH = 200
 _RUN_FIELDS = ("id", "workflow", "version", "namespace", "input", "status", "updated_at")
 
 
+class Positions(NamedTuple):
+    """A run's positions as a turn read them, and a time taken before the read: what they say
+    of attempts running elsewhere (beats, holds, takes) is known as of then, not later."""
+
+    records: dict[int, Record]
+    read_at: datetime
+
+
 def stored(run_id: str, db: str) -> dict[int, Record]:
     """The replay core's records of ``run_id``'s stored positions, by position."""
     return _records([run_id], db)[run_id]
+
+
+def read(run_id: str, db: str) -> Positions:
+    """``stored``, with when: a turn's read."""
+    at = clock.now()
+    return Positions(stored(run_id, db), at)
 
 
 def unconsumed_signals(run_id: str, db: str) -> list[BufferedSignal]:
@@ -64,6 +78,7 @@ RECORD_FIELDS = (
     "fail_fast",
     "token",
     "held_until",
+    "held_by",
     "flow",
     "flow_key",
     "redispatches",

@@ -16,17 +16,20 @@ from ..errors import DurableError, cancelled_error
 from ..guards import DLQ_PREFIX, ON_ERROR_PREFIX
 from ..inputs import DeadLetter, Failure
 from ..models import TERMINAL, UNFINISHED, Checkpoint, Fan, Run, Status
+from ..replay.composition import ABANDON, INTERRUPT
+from ..replay.turnstate import TurnState
 from ..statuses import CheckpointStatus
 from ..values import decode
 from . import flow, observe
 from .runs import get_run, hand_over
 
 
-def finished(run: Run, *, may_hold_slots: bool = True) -> None:
+def finished(run: Run, *, may_hold_slots: bool = True, may_have_children: bool = True) -> None:
     """Tell the world a run reached a terminal state (call inside that transaction).
 
     ``may_hold_slots=False``: the caller knows no attempt of the run can hold a step's limit
-    slot (no pending limited step), which saves asking."""
+    slot (no pending limited step), which saves asking; ``may_have_children=False``: its history
+    started no child, which saves asking for its unfinished children."""
     observe.run_ended(run)
     if run.singleton_key:
         from . import singletons
@@ -40,8 +43,14 @@ def finished(run: Run, *, may_hold_slots: bool = True) -> None:
         dead_letter(run)
     elif run.status == Status.FAILED:
         route_failure(run)
-    elif run.status == Status.CANCELLED:
-        _cancel_children(run)
+    if may_have_children:
+        _close_children(run)
+
+
+def started_children(state: TurnState) -> bool:
+    """Whether a run's history may have started a child (asked in memory when the turn holds the
+    whole history, so most runs end without a query)."""
+    return not state.whole_history or any(rec.kind == "child" for rec in state.records.values())
 
 
 def cancel(
@@ -74,14 +83,23 @@ def cancel_tree(run_id: str, error: dict[str, Any]) -> bool:
     return True
 
 
-def _cancel_children(run: Run) -> None:
-    # Policy: a cancelled run's unfinished children (started with ctx.child, ctx.defer_child or
-    # ctx.start_child) are cancelled too, depth first, with the reason naming the ancestor.
+def _close_children(run: Run) -> None:
+    """A run that ended, however it ended, leaves no unfinished child it did not let go: each is
+    cancelled (depth first, the reason naming the ancestor), cancelled with ``interrupt=True``
+    (its body gets ``Cancelled`` at its wait and may clean up), or abandoned, as it was started
+    (``ctx.child(on_parent_close=...)``)."""
     runs = Run.objects.using(conf.get().DATABASE)
-    error = dict(run.error or cancelled_error())
-    error["message"] = f"{error.get('message')} (its parent {run.id} was cancelled)"
-    for child_id in runs.filter(parent_id=run.id, status__in=UNFINISHED).values_list("id", flat=True):
-        cancel_tree(child_id, error)
+    children = runs.filter(parent_id=run.id, status__in=UNFINISHED).exclude(on_parent_close=ABANDON)
+    if run.status == Status.CANCELLED:
+        error = dict(run.error or cancelled_error())
+        error["message"] = f"{error.get('message')} (its parent {run.id} was cancelled)"
+    else:
+        error = cancelled_error(f"its parent {run.id} ended {run.status}")
+    for child_id, policy in children.values_list("id", "on_parent_close"):
+        if policy == INTERRUPT:
+            cancel(child_id, error, compensate=False, reason=error["message"], interrupt=True)
+        else:
+            cancel_tree(child_id, error)
 
 
 def _tell_parent(run: Run) -> None:

@@ -49,7 +49,9 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
         turn.die(run, settings)
         return Status.DEAD
     db = settings.DATABASE
-    records = {} if first else histories.stored(run.id, db)  # a first claim: nothing stored yet
+    # A first claim: nothing stored yet. The message says when the positions were read: the
+    # remote worker judges what they tell of running attempts as of then.
+    records, read_at = ({}, clock.now()) if first else histories.read(run.id, db)
     if first:
         observe.run_started(run)
     facts = RunFacts(
@@ -71,7 +73,7 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
         wakes=run.wakes,
         reply_to=routing.queue_in(settings.DEFAULT_QUEUE, run.namespace),
         lease_seconds=settings.LEASE.total_seconds(),
-        now=clock.now(),
+        now=read_at,
         codec=conf.codec(),  # payloads leave sealed, as their rows hold them
     )
     dispatch.remote_turn(message, run.queue or settings.DEFAULT_QUEUE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .. import clock, codecs, conf, dispatch, routing
@@ -18,6 +18,7 @@ from ..definitions import Step, registry
 from ..errors import (
     TRACEBACK,
     DurableError,
+    ErrorCode,
     InvalidInput,
     PayloadUndecodable,
     WorkflowNotRegistered,
@@ -115,7 +116,7 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
         raise DurableError(
             f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled already "
             f"({row.status}, run {row.run.status}); nothing changed",
-            code="already_settled",
+            code=ErrorCode.ALREADY_SETTLED,
         )
     try:
         step: Step | None = registry.step(row.name)
@@ -136,7 +137,7 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
     if recorded == "stale":
         raise DurableError(
             f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled meanwhile; nothing changed",
-            code="already_settled",
+            code=ErrorCode.ALREADY_SETTLED,
         )
 
 
@@ -206,7 +207,7 @@ def step_result(
             output = roundtrip(output, what=f"the result of task {row.name!r}")
             check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the result of task {row.name!r}")
         except InvalidInput as exc:
-            error, retryable = {**exc.to_dict(), "code": "invalid_output"}, False
+            error, retryable = {**exc.to_dict(), "code": ErrorCode.INVALID_OUTPUT}, False
     return record(row, step, output, error, retryable, None)
 
 
@@ -236,7 +237,7 @@ def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], t
                 "message": f"the Celery task failed on a worker without durable installed (task id "
                 f"{task_id}); its exception is in that worker's log and result backend",
                 "type": "TaskFailed",
-                "code": "task_failed",
+                "code": ErrorCode.TASK_FAILED,
                 "details": {"task_id": task_id},
             }
     return step_result(run_id, seq, attempt, error=error, token=token)
@@ -280,13 +281,23 @@ def _error_shape(error: Any) -> dict[str, Any]:
         return {**shaped, "details": None}
 
 
-def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: str | None = None) -> bool:
-    """A beat sent as a message by a worker that only speaks Celery, with the attempt's token.
+def heartbeat(
+    run_id: str,
+    seq: int,
+    attempt: int,
+    progress: Any = None,
+    token: str | None = None,
+    sent_at: Any = None,
+) -> bool:
+    """A beat sent as a message by a worker that only speaks Celery, with the attempt's token
+    and, from senders that say it, when it was sent (seconds since the epoch): two processes
+    may take an attempt's beats in either order, and the progress kept is the last one sent.
 
     False (nothing recorded) when the beat is not this attempt's to give, or when the step's run
     was cancelled with ``interrupt=True``: either way, a caller that reads it should stop."""
     settings = conf.get()
     db = settings.DATABASE
+    sent = _sent_at(sent_at)
     try:
         progress = codecs.opened(progress, conf.codec())  # a remote worker seals it under a codec
         progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
@@ -297,7 +308,7 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         return False
     row = _task_attempt(run_id, seq, attempt, token, db)
     if row is None:
-        _keep_late_progress(run_id, seq, attempt, token, progress, db)
+        _keep_late_progress(run_id, seq, attempt, token, progress, sent, db)
         return False
     if Run.objects.using(db).interrupted(run_id, seq):
         return False
@@ -313,21 +324,33 @@ def heartbeat(run_id: str, seq: int, attempt: int, progress: Any = None, token: 
         now + _beat_window(row.name, settings),
         progress,
         progress is not None,
+        sent,
     )
     if not beaten:
         # The result was recorded between the read above and this write (another process of
         # the worker took it meanwhile).
-        _keep_late_progress(run_id, seq, attempt, token, progress, db)
+        _keep_late_progress(run_id, seq, attempt, token, progress, sent, db)
     return beaten
 
 
+def _sent_at(value: Any) -> datetime | None:
+    """A beat's ``sent_at`` (seconds since the epoch) as a time; None when absent or not one
+    (its progress is then kept as it comes, as from a sender that does not say)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return datetime.fromtimestamp(value, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def _keep_late_progress(
-    run_id: str, seq: int, attempt: int, token: str | None, progress: Any, db: str
+    run_id: str, seq: int, attempt: int, token: str | None, progress: Any, sent: datetime | None, db: str
 ) -> None:
     """A beat sent before the result but taken after it (two processes, or no order between
     queues): the attempt's last progress is still kept, as for any step."""
     if progress is not None and token:
-        Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress)
+        Checkpoint.objects.using(db).late_progress(run_id, seq, attempt, token, progress, sent)
 
 
 def _beat_window(name: str, settings: conf.Settings) -> timedelta:

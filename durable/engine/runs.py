@@ -7,16 +7,18 @@ turn of a run it makes ready is sent on commit.
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import clock, conf, dispatch, guards, ids, routing, tracing
+from .. import clock, conf, dispatch, guards, ids, reads, routing, tracing
 from ..definitions import Workflow, registry
 from ..durations import parse_duration
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound
+from ..limits import Lane, lane_option
 from ..models import (
     RETRYABLE,
     UNFINISHED,
@@ -35,6 +37,9 @@ from . import singletons
 
 log = logging.getLogger("durable.engine")
 
+#: The largest priority a run may be given, either way.
+MAX_PRIORITY = 1_000_000
+
 
 def _runs() -> RunQuerySet:
     return Run.objects.using(conf.get().DATABASE)
@@ -43,6 +48,15 @@ def _runs() -> RunQuerySet:
 def get_run(run_id: str) -> Run:
     """Return the run row, or raise RunNotFound."""
     run = _runs().filter(id=run_id).first()
+    if run is None:
+        raise RunNotFound(f"no run has id {run_id!r}")
+    return run
+
+
+def read_run(run_id: str) -> Run:
+    """A caller's read of the run (``durable.get_run``): from the replica while one is read
+    (``durable.reads``), else the primary; RunNotFound if neither holds it."""
+    run = reads.read(lambda alias: Run.objects.using(alias).filter(id=run_id).first())
     if run is None:
         raise RunNotFound(f"no run has id {run_id!r}")
     return run
@@ -67,6 +81,8 @@ def start(
     tags: Any = (),
     delay: Any = None,
     search_attributes: dict[str, Any] | None = None,
+    lane: Any = None,
+    priority: Any = 0,
 ) -> str:
     """Create a run (or return the existing one with this ``run_id``); return its id.
 
@@ -74,20 +90,15 @@ def start(
     ticks) come this way too, under the id prefixes a caller may not use.
     """
     settings = conf.get()
-    if isinstance(workflow, str):
-        guards.text(workflow, "workflow", max_length=column_length("Run", "workflow"))
-    definition = resolve(workflow, version)
-    if len(definition.name) > column_length("Run", "workflow"):
-        raise guards.refuse(
-            "workflow",
-            f"the name {guards.shown(definition.name)} is longer than "
-            f"{column_length('Run', 'workflow')} characters; give the workflow a shorter name=",
-        )
+    definition = startable(workflow, version)
     if run_id is not None:
         run_id = guards.run_id(run_id, max_length=column_length("Run", "id"), reserved_ok=True)
-    what = f"the input of workflow {definition.name!r}"
-    stored_input = guards.json_value(encode(input, what=what), what, max_bytes=settings.MAX_PAYLOAD_BYTES)
-    definition.check_input(stored_input)
+    stored_input = checked_input(definition, input, settings.MAX_PAYLOAD_BYTES)
+    joined = joined_lane(definition, lane)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        raise guards.refuse(
+            "priority", f"must be a whole number from -{MAX_PRIORITY} to {MAX_PRIORITY}, got {priority!r}"
+        )
     tags = guards.tags(tags, max_bytes=settings.MAX_PAYLOAD_BYTES)
     try:
         wait = timedelta(0) if delay is None else parse_duration(delay, what="delay")
@@ -111,9 +122,11 @@ def start(
             tags=tags,
             delay=wait,
             search_attributes=attributes,
+            lane=joined,
+            priority=priority,
         )
 
-    if run_id is None and definition.singleton is None:
+    if run_id is None and definition.singleton is None and definition.lane is None and joined is None:
         # One INSERT that cannot conflict: it commits alone (or with the caller's transaction),
         # without a transaction or savepoint of its own around it.
         return created()
@@ -125,6 +138,42 @@ def start(
         if existing is None:
             raise
         return _same_workflow(existing, definition.name)
+
+
+def joined_lane(definition: Workflow, lane: Any) -> Lane | None:
+    """The lane ``start(lane=...)`` puts a run of ``definition`` in (None: its own line, if any)."""
+    joined = lane_option(lane, "start() lane=", member="runs")
+    if joined is None or joined == definition.lane:
+        return None
+    if definition.lane is not None or definition.singleton is not None:
+        raise guards.refuse(
+            "lane",
+            f"cannot move a run of {definition.name!r} into lane {joined.name!r}: its workflow has a line "
+            "of its own (lane=, singleton= or concurrency=); start it without lane=",
+        )
+    return joined
+
+
+def startable(workflow: Workflow | str, version: str | None) -> Workflow:
+    """The definition a new run of ``workflow`` gets, its name checked to fit the row."""
+    if isinstance(workflow, str):
+        guards.text(workflow, "workflow", max_length=column_length("Run", "workflow"))
+    definition = resolve(workflow, version)
+    if len(definition.name) > column_length("Run", "workflow"):
+        raise guards.refuse(
+            "workflow",
+            f"the name {guards.shown(definition.name)} is longer than "
+            f"{column_length('Run', 'workflow')} characters; give the workflow a shorter name=",
+        )
+    return definition
+
+
+def checked_input(definition: Workflow, input: Any, max_bytes: int) -> Any:
+    """``input`` as a new run of ``definition`` stores it, refused with a clear error first."""
+    what = f"the input of workflow {definition.name!r}"
+    stored = guards.json_value(encode(input, what=what), what, max_bytes=max_bytes)
+    definition.check_input(stored)
+    return stored
 
 
 def first_search_attributes(definition: Workflow, mapping: Any, max_bytes: int) -> dict[str, Any]:
@@ -154,14 +203,16 @@ def create(
     tags: Any = (),
     delay: timedelta = timedelta(0),
     queue_limit: bool = True,
+    lane: Lane | None = None,
     **links: Any,
 ) -> str:
-    """Insert a validated run and send its first turn on commit; return its id."""
+    """Insert a validated run and send its first turn on commit; return its id. ``lane``: the
+    lane it waits in when its workflow has none (``start(lane=...)``)."""
     settings = conf.get()
     now = clock.now()
     namespace = namespace if namespace is not None else (settings.NAMESPACE or "")
     queue = routing.queue_in(definition.queue or settings.DEFAULT_QUEUE, namespace)
-    placed = singletons.place(definition, stored_input, queue_limit=queue_limit)
+    placed = singletons.place(definition, stored_input, queue_limit=queue_limit, lane=lane)
     # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
     # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
     wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)
@@ -201,12 +252,17 @@ def start_children(parent: Run, children: list[ChildStart]) -> None:
         # A child of a singleton workflow waits in its key's line like any run (never refused:
         # the parent's history already holds it).
         placed = singletons.place(definition, child.input, queue_limit=False)
+        # The parent's deadline is its children's too; a child's own timeout may come first.
+        own = now + definition.timeout if definition.timeout else None
+        deadline = min((d for d in (own, parent.deadline) if d is not None), default=None)
         created = _runs().start_child(
             child,
             parent=parent,
             now=now,
             queue=queue,
             reconcile=settings.RECONCILE_INTERVAL,
+            deadline=deadline,
+            on_parent_close=child.on_parent_close,
             **placed,
             **({"wake_at": None} if placed else {}),
         )
@@ -233,6 +289,7 @@ def continue_as_new(
         parent_id=run.parent_id,
         parent_seq=run.parent_seq,
         exposed=run.exposed if exposed is None else exposed,
+        priority=run.priority,
     )
 
 
@@ -275,6 +332,11 @@ def deliver(
             run = get_run(run_id)
             now = clock.now()
             if not _runs().wake(run_id, now, now + settings.LEASE):
+                carried = (
+                    None if idempotency_key is None else signals.keyed(run_id, idempotency_key, finished=True)
+                )
+                if carried is not None:
+                    return carried.id  # sent before the run continued as new, and carried on
                 raise RunFinished(
                     f"run {run_id!r} has already finished ({get_run(run_id).status}); nothing was sent"
                 )
@@ -337,7 +399,7 @@ def ending(run_id: str) -> Run:
     """What a caller waiting for ``run_id`` reads each time it looks: the run's status, output and
     error by one plain statement (it may look thousands of times), or, for a run that continued
     as new, the newest run of its chain (as ``follow``)."""
-    run = _runs().ending(run_id)
+    run = reads.read(lambda alias: Run.objects.using(alias).ending(run_id))
     if run is None:
         raise RunNotFound(f"no run has id {run_id!r}")
     if run.status == Status.COMPLETED and isinstance(run.output, dict) and "continued_as" in run.output:
@@ -346,14 +408,22 @@ def ending(run_id: str) -> Run:
 
 
 def follow(run_id: str) -> Run:
-    """The run, or the newest run of the continue-as-new chain it completed into."""
-    run = get_run(run_id)
+    """The run, or the newest run of the continue-as-new chain it completed into (a caller's
+    read: see ``read_run``)."""
+    run = read_run(run_id)
     while run.status == Status.COMPLETED:
-        successor = _runs().filter(continued_from_id=run.id).values_list("id", flat=True).first()
+        successor = reads.read(functools.partial(_successor, run_id=run.id))
         if successor is None:
             break
-        run = get_run(successor)
+        run = read_run(successor)
     return run
+
+
+def _successor(alias: str, run_id: str) -> str | None:
+    found: str | None = (
+        Run.objects.using(alias).filter(continued_from_id=run_id).values_list("id", flat=True).first()
+    )
+    return found
 
 
 def delete(run_id: str) -> int:

@@ -1,5 +1,7 @@
 """Singleton workflows: at most ``limit`` runs per key hold a slot; the others wait, pending and
-unclaimable, in start order, and get the slots as they free up.
+unclaimable, by priority then start order, and get the slots as they free up. Workflows with
+``concurrency=`` wait in the same kind of line, and so do the runs of a lane, under a key scoped
+by the lane (``lane:<name>:<key>``) whose slot row keeps the lane's limit.
 
 The key's slot row is locked while its slots are counted, so two starts never both take the last
 one; a slot is handed on in the transaction that finishes the run holding it.
@@ -15,20 +17,28 @@ from django.db.models import Count, F
 from .. import clock, conf, dispatch
 from ..definitions import Workflow, registry
 from ..errors import QueueFull, WorkflowNotRegistered
+from ..limits import Lane
 from ..models import UNFINISHED, Run, SingletonSlot
 
 #: Keys with waiting runs one sweep looks at.
 REPAIR_BATCH = 100
 
 
-def place(definition: Workflow, input: Any, *, queue_limit: bool = True) -> dict[str, Any]:
+def place(
+    definition: Workflow, input: Any, *, queue_limit: bool = True, lane: Lane | None = None
+) -> dict[str, Any]:
     """The fields that put a new run of ``definition`` in its key's line (none for other
-    workflows). Call in the transaction that inserts the run, then ``admit(key, ...)``."""
-    spec = definition.singleton
+    workflows), or in ``lane``'s line (its declared one by default). Call in the transaction
+    that inserts the run, then ``admit(key, ...)``."""
+    lane = lane or definition.lane
+    spec = lane.line() if lane is not None else definition.singleton
     if spec is None:
         return {}
-    key = f"{definition.name}:{spec.key_for(input)}"
+    scope = f"lane:{lane.name}" if lane is not None else definition.name
+    key = f"{scope}:{spec.key_for(input)}"
     slot = _lock(key)
+    if lane is not None and slot.limit != spec.limit:
+        SingletonSlot.objects.using(conf.get().DATABASE).filter(key=key).update(limit=spec.limit)
     unfinished = (
         Run.objects.using(conf.get().DATABASE).filter(singleton_key=key, status__in=UNFINISHED).count()
     )
@@ -60,15 +70,17 @@ def admit(key: str, workflow: str) -> list[str]:
 
 def _admit(key: str, workflow: str, settings: conf.Settings) -> list[str]:
     runs = Run.objects.using(settings.DATABASE)
-    _lock(key)
+    slot = _lock(key)
     line = runs.filter(singleton_key=key, status__in=UNFINISHED)
-    free = _limit(workflow) - line.filter(admitted=True).count()
+    free = (slot.limit or _limit(workflow)) - line.filter(admitted=True).count()
     if free <= 0:
         return []
     now = clock.now()
     admitted = []
     for run_id, queue, wake_at in (
-        line.filter(admitted=False).order_by("singleton_seq").values_list("id", "queue", "wake_at")[:free]
+        line.filter(admitted=False)
+        .order_by("-priority", "singleton_seq")
+        .values_list("id", "queue", "wake_at")[:free]
     ):
         delayed = wake_at is not None and wake_at > now  # started with a delay not yet over
         runs.filter(id=run_id, admitted=False).update(
@@ -86,7 +98,7 @@ def repair() -> int:
     Two reads when nothing is to be done: the keys with waiting runs, and their runs in flight."""
     runs = Run.objects.using(conf.get().DATABASE)
     waiting = dict(
-        runs.filter(admitted=False, status__in=UNFINISHED)
+        runs.filter(admitted=False, singleton_key__isnull=False, status__in=UNFINISHED)
         .order_by()
         .values_list("singleton_key", "workflow")
         .distinct()[:REPAIR_BATCH]
@@ -99,10 +111,12 @@ def repair() -> int:
         .values_list("singleton_key")
         .annotate(n=Count("id"))
     )
+    slots = SingletonSlot.objects.using(conf.get().DATABASE)
+    lanes = dict(slots.filter(key__in=list(waiting), limit__isnull=False).values_list("key", "limit"))
     return sum(
         len(admit(key, workflow))
         for key, workflow in waiting.items()
-        if in_flight.get(key, 0) < _limit(workflow)
+        if in_flight.get(key, 0) < (lanes.get(key) or _limit(workflow))
     )
 
 

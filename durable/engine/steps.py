@@ -17,11 +17,11 @@ from django.db import DataError, InterfaceError, OperationalError, connections, 
 
 from .. import asyncsteps, clock, conf, shutdown, tracing
 from ..definitions import Step, registry
-from ..errors import WorkflowNotRegistered, step_timeout_error
+from ..errors import ErrorCode, WorkflowNotRegistered, step_timeout_error
 from ..models import HELD, AttemptError, Checkpoint, Claim, Fan, Run
 from ..models.ahead import Ahead
 from ..replay.attempt import LATER, split_traceback
-from ..replay.history import COMPLETED, FAILED, PENDING, Record
+from ..replay.history import COMPLETED, FAILED, PENDING
 from ..replay.stepscope import StepInfo
 from . import ahead, asyncattempts, attempts, flow, handover, histories, leases, namespaces, observe, turn
 from .attempts import Beats
@@ -29,7 +29,7 @@ from .attempts import Beats
 T = TypeVar("T")
 #: (how it was recorded or None, the woken run's queue, whether a fan joins later, the claimed
 #: run, its positions if read with the claim, the fan's members left open if its count is kept)
-_Written = tuple[str | None, str | None, bool, Run | None, dict[int, Record] | None, int | None]
+_Written = tuple[str | None, str | None, bool, Run | None, histories.Positions | None, int | None]
 
 log = logging.getLogger("durable.engine")
 
@@ -67,6 +67,44 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         return "waiting"  # or sent again when a slot is handed to it
     if isinstance(held_back, flow.Refused):
         return record(row, registry.step(row.name), None, held_back.error, False, None, began)
+    return _run(row, token, holder, began, read, settings)
+
+
+def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> str:
+    """Run an attempt its turn took for this process (``holder``) in the write that recorded it,
+    without a message: an ``async def`` step, started on the loop beside the turn.
+
+    Not found pending and held so (settled, or its run ended, since that commit): nothing to do.
+    Not started at all (this process died first, or the database failed the read): its hold
+    lapses within a LEASE and the attempt counts as lost, as one a worker took would."""
+    settings = conf.get()
+    began = time.monotonic()
+    key = (run_id, seq, attempt)
+    try:
+        found = _persistently(lambda: ahead.held(run_id, seq, attempt, holder, settings), key)
+        row, read = found or (None, None)
+        if row is None:
+            return "stale"
+        # Its outcome, if known at once, sends the next turn: this runs after a turn's commit.
+        return _run(row, token, holder, began, read, settings, inline=False)
+    except Exception:  # noqa: BLE001 - after the turn's commit: the hold lapses, the attempt is run again
+        log.exception("durable: could not start step attempt %s#%s %s here", *key)
+        return "unstarted"
+
+
+def _run(
+    row: Checkpoint,
+    token: str,
+    holder: str,
+    began: float,
+    read: Ahead | None,
+    settings: conf.Settings,
+    *,
+    inline: bool = True,
+) -> str:
+    """Run the attempt ``holder`` took (``row``) and record its result (the next turn here, when
+    ``inline`` and it may)."""
+    run_id, seq, attempt = key = (row.run_id, row.seq, row.attempt)
     leases.hold_attempt(key, holder)
     observe.step_started(row, row.started_at)
     attributes = {
@@ -87,7 +125,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
             beats = Beats(run_id, seq, attempt, settings, step.heartbeat_timeout if step else None)
             if step is not None and asyncattempts.detached and asyncsteps.is_async(step.fn):
                 info = StepInfo(run_id, seq, attempt, row.name, secret=token)
-                launched = asyncattempts.launch(row, step, info, beats, began, read, holder)
+                launched = asyncattempts.launch(row, step, info, beats, began, read, holder, inline=inline)
                 # Held until its outcome is written, from another thread, whenever it ends.
                 detached = launched == "started"
                 return launched
@@ -99,7 +137,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
             tracing.fail(span, error)
             if output is LATER:
                 return await_completion(row, holder, beats)
-            return record(row, step, output, error, retryable, beats, began, read=read)
+            return record(row, step, output, error, retryable, beats, began, inline=inline, read=read)
     except BaseException as exc:
         if shutdown.is_leaving(exc):
             leases.leave(run_id)
@@ -117,7 +155,7 @@ def _on_hard_limit(row: Checkpoint, step: Step, beats: Beats, began: float) -> C
 
     def timed_out(why: str) -> bool:
         recorded = record(row, step, None, step_timeout_error(why), True, beats, began, inline=False)
-        return recorded in ("completed", "failed")
+        return recorded in (COMPLETED, FAILED)
 
     return timed_out
 
@@ -143,7 +181,7 @@ def _start(
         step = registry.steps.get(row.name) if row is not None else None
         if row is None or step is None or not step.limited:
             return row, None, read
-        return row, flow.admit_start(row, step, now), None
+        return row, flow.admit_start(row.run_id, row, step, now), None
 
 
 def await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
@@ -152,7 +190,9 @@ def await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
 
     def let_go() -> bool:
         beats.keep_last(Checkpoint.objects.using(db))
-        return Checkpoint.objects.using(db).await_completion(row.run_id, row.seq, row.attempt, holder)
+        return Checkpoint.objects.using(db).await_completion(
+            row.run_id, row.seq, row.attempt, holder, clock.now()
+        )
 
     # Not let go (a database down for good): the hold lapses and the attempt counts as lost.
     return "later" if _persistently(let_go, (row.run_id, row.seq, row.attempt)) else "stale"
@@ -169,10 +209,12 @@ def record(
     *,
     inline: bool = True,
     read: Ahead | None = None,
+    ahead_only: bool = False,
 ) -> str:
     """Record one attempt's result exactly once, then wake the run when it should be woken
     (its next turn runs here when ``inline`` and this worker serves the run's queue). ``read``:
-    the run as the take read it, for a next turn written with the result (``ahead``).
+    the run as the take read it, for a next turn written with the result (``ahead``); with
+    ``ahead_only``, a next turn that cannot be written so is sent, never run here.
 
     A transient database error is retried (a restart or a cut connection heals in seconds); a
     result the database refuses (say a NUL character) fails the attempt with that reason."""
@@ -189,6 +231,8 @@ def record(
         )
         if written is not None:
             return written
+    if ahead_only:
+        claim, inline = None, False
     outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
         return "unrecorded"
@@ -259,7 +303,7 @@ def _record_once(
         unstorable = {
             "message": f"the result of step {row.name!r} could not be stored: {str(exc).strip()[:300]}",
             "type": "UnstorableResult",
-            "code": "unstorable_result",
+            "code": ErrorCode.UNSTORABLE_RESULT,
             "details": None,
         }
         return _write_result(row, step, None, unstorable, False, None, claim)
@@ -292,7 +336,9 @@ def _write_result(
         )
         if done.done:
             _observe(row, output, None, None)
-        history = histories.records(done.history) if done.history is not None else None
+        history = (
+            histories.Positions(histories.records(done.history), now) if done.history is not None else None
+        )
         return (COMPLETED if done.done else None), done.queue, False, done.claimed, history, None
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)

@@ -16,7 +16,7 @@ from django.db import transaction
 from .. import clock, conf, dispatch, errors, wording
 from ..models import Checkpoint, Run, Status
 from ..models.base import commit_without_waiting
-from . import entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
+from . import debounce, entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
 
 log = logging.getLogger("durable.engine")
 
@@ -45,6 +45,8 @@ def sweep_timers() -> int:
     with transaction.atomic(using=settings.DATABASE):
         woken = singletons.repair()
     woken += flow.repair()
+    # Debounced runs whose start fell due become due runs like any, taken below.
+    debounce.admit_due()
     batches = 0
     # One status at a time, so each batch continues its index range where the one before ended.
     for status in (Status.SUSPENDED, Status.PENDING):

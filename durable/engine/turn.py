@@ -18,9 +18,9 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from .. import clock, conf, dispatch, errors, metrics, shutdown, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
-from ..models import FIRST_CLAIM, Checkpoint, Run, Status
+from ..models import FIRST_CLAIM, Checkpoint, Run, Signal, Status
 from ..replay.core import replay
-from ..replay.history import Decision, Limits, Record
+from ..replay.history import Decision, Limits
 from ..replay.turnstate import RunFacts, TurnState
 from ..statuses import Decided
 from . import (
@@ -36,6 +36,7 @@ from . import (
     observe,
     remote_turns,
     runs,
+    streams,
     writes,
 )
 from .writes import LeaseLost, _Stale
@@ -74,6 +75,7 @@ def limits(settings: conf.Settings) -> Limits:
         redispatch_limit=settings.STEP_REDISPATCH_LIMIT,
         park_nondeterminism=settings.ON_NONDETERMINISM == "park",
         sealed_payloads=bool(settings.CODEC),
+        lease=settings.LEASE,
     )
 
 
@@ -83,7 +85,7 @@ def advance(run_id: str) -> str:
     return _repairing(run_id, settings, lambda: _advance(run_id, settings))
 
 
-def advance_claimed(run: Run, owner: str, history: dict[int, Record] | None = None) -> str:
+def advance_claimed(run: Run, owner: str, history: histories.Positions | None = None) -> str:
     """``advance`` a run whose lease ``owner`` took already (with the write that woke it);
     ``history``: its positions, when that write read them too."""
     settings = conf.get()
@@ -123,7 +125,7 @@ def _advance(run_id: str, settings: conf.Settings) -> str:
 
 
 def _claimed(
-    run: Run, owner: str, settings: conf.Settings, *, first: bool, history: dict[int, Record] | None = None
+    run: Run, owner: str, settings: conf.Settings, *, first: bool, history: histories.Positions | None = None
 ) -> str:
     run_id = run.id
     if remote_turns.is_remote(run, settings):
@@ -160,7 +162,7 @@ def _when_the_database_answers(write: Callable[[], None], settings: conf.Setting
 
 
 def _turns(
-    claimed: Run, owner: str, settings: conf.Settings, *, first: bool, history: dict[int, Record] | None
+    claimed: Run, owner: str, settings: conf.Settings, *, first: bool, history: histories.Positions | None
 ) -> str:
     """Run turns until one settles; ``first``: the claim that began them was the run's first."""
     runs = Run.objects.using(settings.DATABASE)
@@ -231,7 +233,7 @@ def _turn(
     owner: str,
     settings: conf.Settings,
     first: bool = False,
-    history: dict[int, Record] | None = None,
+    history: histories.Positions | None = None,
 ) -> Decision | None:
     db = settings.DATABASE
     try:
@@ -250,9 +252,11 @@ def _turn(
     lost: list[BaseException] = []
     guarded = guarding(lost, _DatabaseLost)
 
+    # A first claim: nothing stored yet. A claim that read the positions: those.
+    records, read_at = ({}, None) if first else history or histories.read(run.id, db)
     state = TurnState(
-        # A first claim: nothing stored yet. A claim that read the positions: those.
-        records={} if first else history if history is not None else histories.stored(run.id, db),
+        records=records,
+        read_at=read_at,
         load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
         find_event=guarded(events.find),
         find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
@@ -281,21 +285,23 @@ def _turn(
                 writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
                 runs.start_children(run, current.children)
                 current.children.clear()
+                writes.hand_off(current)  # gates after the run's row, as a recorded result locks them
         elif (
             current.consumed
             or current.exposed_changed
             or writes.replies(current)
             or entities.new_ops(current.unsaved())
+            or streams.new_writes(current.unsaved())
+            or len(current.unsaved()) > 1
+            or current.freed
         ):
+            # Or an attempt's start with the result held back from the one before: one commit,
+            # with the slot that result freed handed on in it.
             with transaction.atomic(using=db):
                 writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
-        elif len(current.unsaved()) > 1:
-            # An attempt's start with the result held back from the one before: one commit.
-            with transaction.atomic(using=db):
-                writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+                writes.hand_off(current)
         else:
             writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
-        writes.hand_off(current)
         writes.mark_saved(current)
 
     try:
@@ -352,7 +358,7 @@ def finish(
         written = state.unsaved()
         _settle(run, owner, outcome, settings, state, inserting=new)
         writes.send(run.id, state, settings, written, namespace=run.namespace)
-    elif _settles_on_its_own(run, outcome) and (
+    elif _settles_on_its_own(run, outcome, state) and (
         held := writes.lone_held_result(run.id, owner, state, settings.DATABASE)
     ):
         # The result of the step run in place and the settle: one statement on PostgreSQL. A
@@ -366,7 +372,7 @@ def finish(
                 writes.write(run.id, state, settings, namespace=run.namespace)
                 runs.start_children(run, state.children)
                 state.children.clear()
-                if outcome.status == "continued":
+                if outcome.status == Decided.CONTINUED:
                     successor = runs.continue_as_new(
                         run,
                         workflow or registry.workflow(run.workflow, run.version),
@@ -375,11 +381,14 @@ def finish(
                     )
                     outcome.output = {"continued_as": successor}
                 _settle(run, owner, outcome, settings, state)
+                if outcome.status == Decided.CONTINUED:
+                    Signal.objects.using(settings.DATABASE).carry_over(run.id, outcome.output["continued_as"])
                 # After the settle: a gate is locked after the run's row, as a recorded result does.
                 writes.hand_off(state)
         except _Stale:
             writes.keep_held_results(run.id, owner, state, settings.DATABASE)
             raise
+    writes.hand_off(state)  # a slot freed by the one statement above (the general write did its own)
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
 
@@ -403,6 +412,7 @@ def _replay(
         flush=flush,
         renew=renew,
         in_place=attempts.InPlace.offered(run.id, owner, run.queue or settings.DEFAULT_QUEUE, settings),
+        local_limits=attempts.Limited(run.id, owner, run.queue or settings.DEFAULT_QUEUE, settings),
         # Lease gone or time limit passed: in memory, so every primitive may ask.
         stopped=lambda: leases.stopping(run.id),
     )
@@ -446,13 +456,20 @@ def settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
         or state.exposed_changed
     ):
         return False
-    return _settles_on_its_own(run, outcome)
+    return _settles_on_its_own(run, outcome, state)
 
 
-def _settles_on_its_own(run: Run, outcome: Decision) -> bool:
+def _settles_on_its_own(run: Run, outcome: Decision, state: TurnState) -> bool:
     """Whether the settle needs no other write of the turn in its transaction."""
-    finishing_alone = not run.parent_id and not run.singleton_key  # else it tells its parent or line
-    return outcome.status == Decided.SUSPENDED or (outcome.status == Decided.COMPLETED and finishing_alone)
+    if outcome.status == Decided.SUSPENDED:
+        return True
+    # Else, in the settle's transaction, it tells its parent or its line, or closes its children.
+    return (
+        outcome.status == Decided.COMPLETED
+        and not run.parent_id
+        and not run.singleton_key
+        and not lifecycle.started_children(state)
+    )
 
 
 def _settle(
@@ -483,6 +500,7 @@ def _settle(
                 finished_at=fields["finished_at"],
             ),
             may_hold_slots=state is None or flow.may_hold_slots(state.records.values()),
+            may_have_children=state is None or lifecycle.started_children(state),
         )
     elif outcome.status == Decided.CONTINUED:
         observe.run_ended(

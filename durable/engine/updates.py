@@ -14,6 +14,7 @@ from .. import conf
 from ..definitions import registry
 from ..errors import RunFinished, RunNotFound, UpdateRejected, error_dict
 from ..models import TERMINAL, Checkpoint, Signal
+from ..statuses import UPDATE_WAITS
 from ..values import decode
 from . import runs
 
@@ -23,7 +24,8 @@ def update(run_id: str, name: str, payload: Any, *, idempotency_key: str | None 
     return the update's id (the kept one's, for a key this run has already received)."""
     run = runs.get_run(run_id)
     if idempotency_key is not None:
-        kept = Signal.objects.using(conf.get().DATABASE).keyed(run_id, idempotency_key)
+        signals = Signal.objects.using(conf.get().DATABASE)
+        kept = signals.keyed(run_id, idempotency_key, finished=run.status in TERMINAL)
         if kept is not None:
             return kept.id  # a repeat: its caller waits for the first one's reply
     if run.status in TERMINAL:
@@ -70,7 +72,7 @@ def answer(update_id: int) -> Answer:
         and consumed_seq is not None
         and Checkpoint.objects.using(db)
         .filter(run_id=run_id, seq=consumed_seq)
-        .exclude(kind="update")
+        .exclude(kind__in=UPDATE_WAITS)
         .exists()
     )
     return Answer(replied_at is not None, reply, as_signal, status, consumed_seq is not None)

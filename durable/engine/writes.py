@@ -13,7 +13,7 @@ from ..errors import _ControlFlow
 from ..models import AttemptError, Checkpoint, Fan, Run, Signal
 from ..replay.history import COMPLETED, PENDING, Record
 from ..replay.turnstate import TurnState
-from . import entities, flow, observe, outbox
+from . import asyncattempts, entities, flow, observe, outbox, streams
 
 
 class LeaseLost(_ControlFlow):
@@ -66,6 +66,7 @@ _WRITTEN = (
     "last_heartbeat_at",
     "token",
     "held_until",
+    "held_by",
     "flow",
     "redispatches",
 )
@@ -85,8 +86,12 @@ def write(
     without, the caller's transaction ends with the fenced settle, which rolls it all back.
     """
     db = settings.DATABASE
-    if not connections[db].in_atomic_block and any(_settles_member(rec) for rec in state.unsaved()):
-        # A fan member settled here and its fan's count go together.
+    limited = flow.started_in_place(state.unsaved())
+    if not connections[db].in_atomic_block and (
+        limited or any(_settles_member(rec) for rec in state.unsaved())
+    ):
+        # A fan member settled here and its fan's count go together; an attempt started in
+        # place and the slot or rate token it takes, too.
         with transaction.atomic(using=db):
             return write(run_id, state, settings, fenced_by=fenced_by, namespace=namespace)
     checkpoints = Checkpoint.objects.using(db)
@@ -94,6 +99,7 @@ def write(
     answers = replies(state)
     written = state.unsaved()
     entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
+    streams.write_from_run(run_id, state.unsaved(), db)
     for rec in state.unsaved():
         if rec.stored_as is None:
             row = _row(run_id, rec)
@@ -109,6 +115,8 @@ def write(
                 raise _Stale()
     if new:
         checkpoints.add(new)
+    if limited:
+        flow.admit_in_place(run_id, limited, state)
     _count_fans(run_id, state, db)
     _file_failures(run_id, state, db)
     now = clock.now()
@@ -152,6 +160,9 @@ def send(
                 grace=settings.STEP_TIMEOUT_GRACE,
             )
             continue
+        if rec.held_by:
+            asyncattempts.launch_held(run_id, rec.seq, rec.attempt, rec.token, rec.held_by)
+            continue
         dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
     state.dispatch.clear()
     observe.positions(run_id, written)
@@ -179,12 +190,13 @@ def lone_held_result(run_id: str, owner: str, state: TurnState, db: str) -> tupl
 
 
 def _lone(state: TurnState) -> Record | None:
-    """The turn's one unsaved position, when nothing else is left to write but the settle."""
+    """The turn's one unsaved position, when nothing else is left to write but the settle (a
+    slot it frees is handed on after: ``hand_off``)."""
     unsaved = state.unsaved()
-    if len(unsaved) != 1 or state.consumed or state.children or state.outgoing or state.freed:
+    if len(unsaved) != 1 or state.consumed or state.children or state.outgoing:
         return None
     (rec,) = unsaved
-    return None if rec.failures or entities.new_ops(unsaved) else rec
+    return None if rec.failures or entities.new_ops(unsaved) or streams.new_writes(unsaved) else rec
 
 
 def _row(run_id: str, rec: Record) -> Checkpoint:
@@ -261,7 +273,8 @@ def _file_failures(run_id: str, state: TurnState, db: str) -> None:
 
 
 def hand_off(state: TurnState) -> None:
-    """Hand the limit slots this turn freed to the oldest attempts in their lines."""
+    """Hand the limit slots this turn freed to the oldest attempts in their lines: in the
+    transaction that freed them, after any run row it locks, or right after its commit."""
     for key in state.freed:
         flow.hand_off(key)
     state.freed.clear()

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 
 import durable
 
-from .. import clock, conf, guards, wording
+from .. import clock, conf, guards, reads, wording
 from ..durations import parse_duration
 from ..engine import blocked, histories, redispatch, retention, sweeps
 from ..engine import reencode as reencoding
@@ -61,6 +61,14 @@ def add_subcommands(parser: Any, command: Any) -> None:
     retry = sub.add_parser("retry", help="run a failed, dead or cancelled run again")
     retry.add_argument("run_id")
 
+    fork = sub.add_parser(
+        "fork", help="start a new run of RUN's workflow and input, its history before --at copied from RUN"
+    )
+    fork.add_argument("run_id")
+    fork.add_argument("--at", type=int, required=True, help="the position it runs on from")
+    fork.add_argument("--run-id", dest="new_run_id", help="the fork's own id")
+    fork.add_argument("--version", help="the workflow version to run it on (default RUN's)")
+
     resend = sub.add_parser(
         "redispatch",
         help="send again the step attempts of runs that were sent and never taken (a fresh "
@@ -107,6 +115,7 @@ def run(action: str, options: dict[str, Any], out: Any, style: Any) -> None:
         "signal": _signal,
         "cancel": _cancel,
         "retry": _retry,
+        "fork": _fork,
         "redispatch": _redispatch,
         "sweep": _sweep,
         "purge": _purge,
@@ -133,7 +142,7 @@ def _when(run: Run, field: str) -> str:
 
 
 def _list(options: dict[str, Any], out: Any, style: Any) -> None:
-    runs = Run.objects.using(conf.get().DATABASE).order_by("-created_at", "-id")
+    runs = Run.objects.using(reads.database()).order_by("-created_at", "-id")  # a replica, if read
     if options["status"]:
         runs = runs.filter(status__in=options["status"])
     if options["workflow"]:
@@ -205,6 +214,13 @@ def _cancel(options: dict[str, Any], out: Any, style: Any) -> None:
 def _retry(options: dict[str, Any], out: Any, style: Any) -> None:
     durable.retry(options["run_id"])
     out.write(f"run {options['run_id']} retried")
+
+
+def _fork(options: dict[str, Any], out: Any, style: Any) -> None:
+    forked = durable.fork(
+        options["run_id"], at=options["at"], run_id=options["new_run_id"], version=options["version"]
+    )
+    out.write(forked.id)
 
 
 def _redispatch(options: dict[str, Any], out: Any, style: Any) -> None:

@@ -121,6 +121,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     registry = CollectorRegistry()
-    registry.register(_Tallies(conf.get().METRICS_DIR))  # type: ignore[arg-type]
-    registry.register(_Gauges())  # type: ignore[arg-type]
+    registry.register(_Tallies(conf.get().METRICS_DIR))
+    registry.register(_Gauges())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

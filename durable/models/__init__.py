@@ -16,6 +16,7 @@ from .messages import Event, EventQuerySet, Signal, SignalQuerySet
 from .offloads import OffloadedPayload
 from .presence import Presence, PresenceQuerySet
 from .runs import FIRST_CLAIM, Claim, Run, RunQuerySet
+from .streams import StreamHead, StreamValue
 
 __all__ = [
     "FIRST_CLAIM",
@@ -53,6 +54,8 @@ __all__ = [
     "SignalQuerySet",
     "SingletonSlot",
     "Status",
+    "StreamHead",
+    "StreamValue",
     "column_length",
     "in_flight",
     "in_line",

@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from django.db import connections
 
-from ..statuses import CheckpointStatus
+from ..statuses import UNFINISHED, CheckpointStatus
 from . import read_back
 from .base import Status, insertion, instances, updating
 from .checkpoints import Checkpoint, _completed, _pending
@@ -63,8 +63,35 @@ def take(
         returning=", ".join(map(ops.quote_name, taken_columns)),
         namespace=namespace,
     )
+    return _read(db, reading.format(taking=taking), params, taken_columns, run_columns, fields)
+
+
+def held(
+    db: str, run_id: str, seq: int, attempt: int, holder: str, fields: tuple[str, ...]
+) -> tuple[Checkpoint | None, Ahead | None]:
+    """The pending attempt ``holder`` holds (a turn took it for that process) and its run, read
+    as ``take`` reads them: nothing written."""
+    taken_columns, run_columns, reading = _reading(db, fields)
+    ops = connections[db].ops
+    selecting = (
+        f"SELECT {', '.join(map(ops.quote_name, taken_columns))} FROM {ops.quote_name(Checkpoint._meta.db_table)} "
+        "WHERE run_id = %s AND seq = %s AND attempt = %s AND status = %s AND held_by = %s AND EXISTS ("
+        f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN ({', '.join(['%s'] * len(UNFINISHED))}))"
+    )
+    params = [run_id, seq, attempt, CheckpointStatus.PENDING, holder, run_id, *UNFINISHED]
+    return _read(db, reading.format(taking=selecting), params, taken_columns, run_columns, fields)
+
+
+def _read(
+    db: str,
+    sql: str,
+    params: list[Any],
+    taken_columns: tuple[str, ...],
+    run_columns: tuple[str, ...],
+    fields: tuple[str, ...],
+) -> tuple[Checkpoint | None, Ahead | None]:
     with connections[db].cursor() as cursor:
-        cursor.execute(reading.format(taking=taking), [*params, Status.SUSPENDED, CheckpointStatus.PENDING])
+        cursor.execute(sql, [*params, Status.SUSPENDED, CheckpointStatus.PENDING])
         rows = cursor.fetchall()
     if not rows:
         return None, None
@@ -130,7 +157,7 @@ def complete_and_settle(
         {"id": run_id, "status": Status.SUSPENDED},
         " AND xmin::text = %s AND EXISTS (SELECT 1 FROM recorded)",
     )
-    adding, adding_params = "", cast(list[Any], [])
+    adding, adding_params = "", list[Any]()
     if inserting is not None:
         adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
         adding = f"added AS ({adding} RETURNING 1) "

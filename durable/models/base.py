@@ -61,6 +61,35 @@ def commit_without_waiting(db: str) -> None:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")
 
 
+def batch_of(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
+    """``WITH batch AS MATERIALIZED (<the query>)``, to put before a statement that takes the
+    rows it names. Materialized: as a plain ``IN (SELECT … LIMIT n)`` PostgreSQL may run the
+    subquery again for every row it joins, and the LIMIT then bounds nothing.
+
+    The statement then picks its rows by id alone: the batch's FOR UPDATE is the guard (it locks
+    each row and re-checks the query's condition on the row's latest version; SQLite has a single
+    writer), and a condition repeated there would let PostgreSQL read the rows through the
+    condition's index, every row that meets it, instead of the batch's few by primary key."""
+    # Compiled, not run: Django wants FOR UPDATE inside a transaction, and no savepoint (two
+    # round trips) inside the caller's.
+    with transaction.atomic(using=qs.db, savepoint=False):
+        sql, params = qs.query.get_compiler(qs.db).as_sql()
+    return f"WITH batch AS MATERIALIZED ({sql})", list(params)
+
+
+def unflushed(db: str) -> str:
+    """``commit_without_waiting`` for one UPDATE in autocommit: the clause between its SET and
+    its WHERE that turns ``synchronous_commit`` off for the statement's own transaction (none
+    off PostgreSQL). For a claim or a take: a crash that forgets one forgets a lease or a hold
+    not taken, judged then as if it never was; every result and position is written by a commit
+    that waits, and that commit makes the ones before it durable too. Inside a transaction
+    (a limited step's take, with its slot): nothing, the transaction's commit waits as it would."""
+    connection = connections[db]
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return ""
+    return "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS unflushed "
+
+
 @functools.cache
 def column_length(model: str, field: str) -> int:
     """The ``max_length`` of a durable model's column: what a string stored there may hold."""
@@ -95,7 +124,8 @@ def update_where(
     sql, params = updating(model, db, fields, where, extra)
     with connections[db].cursor() as cursor:
         cursor.execute(sql, [*params, *extra_params])
-        return cursor.rowcount
+        changed: int = cursor.rowcount
+    return changed
 
 
 def updating(

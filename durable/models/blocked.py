@@ -14,11 +14,12 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
+from ..errors import ErrorCode
 from ..statuses import UNFINISHED, RunStatus
 from .base import update_where
 
 #: The error code of a run parked by non-determinism (``NonDeterminismError.default_code``).
-NON_DETERMINISM = "non_determinism"
+NON_DETERMINISM = ErrorCode.NON_DETERMINISM
 
 
 class BlockedRuns(models.QuerySet[Any]):

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, models, transaction
-from django.db.models import Exists, Value
+from django.db.models import Exists, Q, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
@@ -23,6 +23,7 @@ from .base import (
     instances,
     returned,
     skip_locked,
+    unflushed,
     update_where,
     updating,
     values_where,
@@ -61,13 +62,24 @@ def _completed(output: Any, now: datetime) -> dict[str, Any]:
     return {**fields, "wake_at": None, "finished_at": now, **_ENDED}
 
 
+def _sent_no_later(sent_at: datetime | None) -> Q:
+    """The rows whose kept progress came from no beat sent after ``sent_at`` (None: a sender
+    that does not say when, whose beats are kept as they come)."""
+    if sent_at is None:
+        return Q()
+    return Q(progress_at__isnull=True) | Q(progress_at__lte=sent_at)
+
+
 class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
     def serving(self, namespace: str | None) -> CheckpointQuerySet:
         """The positions of the runs of ``namespace``; all of them when None."""
         if not namespace:
             return self
         # A subquery, not a join: a sweep's FOR UPDATE then locks checkpoints only, never runs.
-        return self.filter(run_id__in=Run.objects.filter(namespace=namespace).values("id"))
+        served: CheckpointQuerySet = self.filter(
+            run_id__in=Run.objects.filter(namespace=namespace).values("id")
+        )
+        return served
 
     def _attempt(self, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
         return self.filter(run_id=run_id, seq=seq, status=CheckpointStatus.PENDING, attempt=attempt)
@@ -115,12 +127,12 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         at = ops.adapt_datetimefield_value
         sql = (
             f"UPDATE {ops.quote_name(Checkpoint._meta.db_table)} SET started_at = %s, held_by = %s, "
-            "held_until = %s "
-            "WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s "
+            f"held_until = %s {unflushed(self.db)}"
+            f"WHERE run_id = %s AND seq = %s AND status = '{CheckpointStatus.PENDING}' AND attempt = %s "
             # ``token = NULL`` is never true: a message without a token takes nothing.
             "AND enqueued_at IS NOT NULL AND started_at IS NULL AND token = %s "
             # An attempt in line for a slot or a rate token starts only once it is sent again.
-            "AND (flow IS NULL OR flow = 'held') AND EXISTS ("
+            f"AND (flow IS NULL OR flow = '{FlowState.HELD}') AND EXISTS ("
             f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN (%s, %s, %s)"
             f"{' AND namespace = %s' if namespace else ''}) RETURNING {returning or all_columns(Checkpoint, self.db)}"
         )
@@ -138,67 +150,21 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         ]
         return sql, params
 
-    def hold_slot(self, pk: int, key: str, limit: int, now: datetime, *, behind: bool) -> bool:
-        """Give the started attempt ``pk`` a slot of ``key`` if fewer than ``limit`` are held
-        (and, with ``behind``, no attempt waits in line before it); False if it must wait.
-
-        Call with the key's gate locked, so the count is the one the next start sees. One
-        plain statement: this is on every start of a limited step."""
-        connection = connections[self.db]
-        ops = connection.ops
-        at = ops.adapt_datetimefield_value
-        table, runs = ops.quote_name(Checkpoint._meta.db_table), ops.quote_name(Run._meta.db_table)
-        unfinished = f"run_id IN (SELECT id FROM {runs} WHERE status IN (%s, %s, %s))"
-        sql = (
-            f"UPDATE {table} SET flow = %s, flow_key = %s WHERE id = %s AND ("
-            f"SELECT COUNT(*) FROM {table} WHERE flow_key = %s AND flow = %s AND status = 'pending' "
-            f"AND (held_until IS NULL OR held_until >= %s) AND id <> %s AND {unfinished}) < %s"
-        )
-        params: list[Any] = [HELD, key, pk, key, HELD, at(now), pk, *UNFINISHED, limit]
-        if behind:
-            sql += (
-                f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE flow_key = %s AND flow = %s "
-                f"AND status = 'pending' AND {unfinished})"
-            )
-            params += [key, WAITING, *UNFINISHED]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.rowcount == 1
-
-    def wait_in_line(self, run_id: str, seq: int, attempt: int, key: str, place: int) -> bool:
-        """Undo the start of an attempt that found no free slot: it waits, sent but unstarted,
-        at ``place`` in the line of ``key`` until a freed slot is handed to it."""
-        return bool(
-            self._attempt(run_id, seq, attempt).update(
-                started_at=None, flow=WAITING, flow_key=key, flow_seq=place, **_UNHELD
-            )
-        )
-
-    def wait_for_rate(self, run_id: str, seq: int, attempt: int, key: str, until: datetime) -> bool:
-        """Undo the start of an attempt over its rate limit: its run sends it again at ``until``."""
-        return bool(
-            self._attempt(run_id, seq, attempt).update(
-                started_at=None, flow=RATE, flow_key=key, wake_at=until, **_UNHELD
-            )
-        )
-
-    def admit(self, pk: int, now: datetime, redispatch_at: datetime) -> bool:
-        """Hand a freed slot to the waiting attempt ``pk``: it holds it from now, sent anew."""
-        return bool(
-            self.filter(pk=pk, flow=WAITING, status=CheckpointStatus.PENDING).update(
-                flow=HELD, enqueued_at=now, wake_at=redispatch_at
-            )
-        )
-
     def renew_hold(self, run_id: str, seq: int, attempt: int, holder: str, until: datetime) -> bool:
         """Extend the hold of a running attempt; False when it ended or was declared lost."""
         return bool(self._attempt(run_id, seq, attempt).filter(held_by=holder).update(held_until=until))
 
-    def await_completion(self, run_id: str, seq: int, attempt: int, holder: str) -> bool:
+    def await_completion(self, run_id: str, seq: int, attempt: int, holder: str, now: datetime) -> bool:
         """Let go of an attempt whose step raised CompleteLater without its being judged lost:
         no process holds it any more, and only its timeout or ``complete_step`` with its token
-        settles it. False when it was settled meanwhile (completed early) or declared lost."""
-        return bool(self._attempt(run_id, seq, attempt).filter(held_by=holder).update(**_UNHELD))
+        settles it. False when it was settled meanwhile (completed early) or declared lost.
+        The let-go is the attempt's last sign of life from its body: a ``heartbeat_timeout``
+        counts from it, so the system handed the token has the whole timeout to beat first."""
+        return bool(
+            self._attempt(run_id, seq, attempt)
+            .filter(held_by=holder)
+            .update(**_UNHELD, last_heartbeat_at=now)
+        )
 
     def lapsed(self, now: datetime, limit: int) -> list[str]:
         """Runs with a started attempt whose holder stopped renewing it: its process died, or
@@ -352,7 +318,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
 
     def _untaken(self, sent_before: datetime) -> CheckpointQuerySet:
         # Celery tasks used as steps are left out: their workers may not run durable's probe.
-        return (
+        untaken: CheckpointQuerySet = (
             self.filter(
                 status=CheckpointStatus.PENDING,
                 started_at__isnull=True,
@@ -363,6 +329,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             .filter(models.Q(flow__isnull=True) | models.Q(flow=HELD))
             .exclude(task=True)
         )
+        return untaken
 
     def overtaken(self, queue: str, sent_before: datetime, limit: int) -> list[str]:
         """Forget that the attempts of ``queue`` sent before ``sent_before`` and still not taken
@@ -386,7 +353,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             return update_where(Checkpoint, self.db, fields, where) == 1
         with connections[self.db].cursor() as cursor:
             cursor.execute(*self.rewriting(run_id, seq, expected, owner, fields))
-            return cursor.rowcount == 1
+            return int(cursor.rowcount) == 1
 
     def rewriting(
         self, run_id: str, seq: int, expected: tuple[str, int], owner: str, fields: dict[str, Any]
@@ -416,7 +383,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         sql, params = insertion(Checkpoint, self.db, [row], source=fence)
         with connection.cursor() as cursor:
             cursor.execute(sql, [*params, row.run_id, owner])
-            return cursor.rowcount == 1
+            return int(cursor.rowcount) == 1
 
     def fan_closed(self, run_id: str, fan: int, left: int | None = None) -> bool:
         """No member of the fan is still pending (asked after a member's result committed), by
@@ -425,7 +392,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         if left is not None and left > 0:
             return False
         if (closed := Fan.objects.using(self.db).closed(run_id, fan) if left == 0 else None) is not None:
-            return closed
+            return bool(closed)
         return not self.filter(run_id=run_id, status=CheckpointStatus.PENDING, fan=fan).exists()
 
     def settle_child(
@@ -482,29 +449,37 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         until: datetime,
         progress: Any,
         with_progress: bool,
+        sent_at: datetime | None = None,
     ) -> bool:
         """A beat sent as a message for this attempt: it started (if not marked yet), is alive,
-        and is held by no process here but by its beats, until ``until``."""
+        and is held by no process here but by its beats, until ``until``. Its progress is kept
+        unless a beat sent after it (``sent_at``) was kept already."""
         fields: dict[str, Any] = {
             "started_at": Coalesce("started_at", Value(now, output_field=models.DateTimeField())),
             "last_heartbeat_at": now,
             "held_by": BEAT_HOLDER,
             "held_until": until,
         }
-        if with_progress:
-            fields["progress"] = progress
         if not token:  # an attempt between two sends has none: ``token=None`` would match it
             return False
-        return bool(self._attempt(run_id, seq, attempt).filter(token=token).update(**fields))
+        rows = self._attempt(run_id, seq, attempt).filter(token=token)
+        if with_progress and rows.filter(_sent_no_later(sent_at)).update(
+            **fields, progress=progress, progress_at=sent_at
+        ):
+            return True
+        return bool(rows.update(**fields))  # alive all the same; its progress is older news
 
-    def late_progress(self, run_id: str, seq: int, attempt: int, token: str, progress: Any) -> bool:
+    def late_progress(
+        self, run_id: str, seq: int, attempt: int, token: str, progress: Any, sent_at: datetime | None = None
+    ) -> bool:
         """Keep ``progress`` from a beat of this attempt that arrived after its result was recorded
-        (only with the attempt's token; a later attempt's row no longer matches)."""
+        (only with the attempt's token; a later attempt's row no longer matches), unless a beat
+        sent after it was kept already."""
         if not token:
             return False
         ended = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
         rows = self.filter(run_id=run_id, seq=seq, attempt=attempt, token=token, status__in=ended)
-        return bool(rows.update(progress=progress))
+        return bool(rows.filter(_sent_no_later(sent_at)).update(progress=progress, progress_at=sent_at))
 
 
 class Checkpoint(models.Model):
@@ -528,6 +503,9 @@ class Checkpoint(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     progress = PayloadField(null=True, blank=True)
+    #: When the worker sent the beat message whose ``progress`` is kept: two pool processes may
+    #: take an attempt's beats out of order, and the older one must not overwrite the newer.
+    progress_at = models.DateTimeField(null=True, blank=True)
     #: First position of the fan (ctx.all / all_settled) this member belongs to.
     fan = models.PositiveIntegerField(null=True, blank=True)
     #: The fan resumes the run at its first failure (ctx.all), not only once closed.
@@ -583,7 +561,10 @@ class Checkpoint(models.Model):
                 fields=["queue", "enqueued_at"],
                 name="durable_checkpoint_untaken",
                 condition=models.Q(
-                    status="pending", started_at__isnull=True, enqueued_at__isnull=False, kind="step"
+                    status=CheckpointStatus.PENDING,
+                    started_at__isnull=True,
+                    enqueued_at__isnull=False,
+                    kind="step",
                 ),
             ),
             # Held attempts whose holder stopped renewing, found by the orphan sweep.

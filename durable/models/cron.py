@@ -77,6 +77,9 @@ class SingletonSlot(models.Model):
 
     key = models.CharField(primary_key=True, max_length=255)
     next_seq = models.BigIntegerField(default=0)
+    #: A lane's key keeps the lane's concurrency here, so whichever process admits its runs
+    #: knows the limit without the code that declared the lane (None: the workflow's own).
+    limit = models.IntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"singleton {self.key}"

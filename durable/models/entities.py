@@ -42,13 +42,16 @@ class EntityQuerySet(models.QuerySet["Entity"]):
         return row
 
     def _locked(self, name: str, key: str, now: datetime) -> Entity | None:
+        locked: Entity | None
         if connections[self.db].features.has_select_for_update:
-            return self.select_for_update().filter(name=name, key=key).first()
+            locked = self.select_for_update().filter(name=name, key=key).first()
+            return locked
         # SQLite has no row locks: a write first takes the database's write lock, so no other
         # applier reads the state until this transaction ends.
         if not self.filter(name=name, key=key).update(updated_at=now):
             return None
-        return self.filter(name=name, key=key).first()
+        locked = self.filter(name=name, key=key).first()
+        return locked
 
     def write(self, row: Entity, state: Any, version: str, applied: int, last_op: int, now: datetime) -> None:
         """Store the state after ``applied`` more ops, the last of them ``last_op`` (row locked)."""
@@ -110,7 +113,8 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
 
     def waiting(self, name: str, key: str) -> bool:
         """Whether the key has an op pending."""
-        return self.filter(entity=name, key=key, status=OpStatus.PENDING).exists()
+        waiting: bool = self.filter(entity=name, key=key, status=OpStatus.PENDING).exists()
+        return waiting
 
     def next_pending(self, name: str, key: str, limit: int) -> list[EntityOp]:
         """The key's pending ops in arrival order (read under the entity's lock)."""
@@ -144,7 +148,7 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [*params, applied_at, *(op.id for op in ops), OpStatus.PENDING])
-            return cursor.rowcount == len(ops)
+            return int(cursor.rowcount) == len(ops)
 
     def stranded(self, before: datetime, after: int, limit: int) -> list[tuple[int, str, str, str]]:
         """(id, entity, key, namespace) of pending ops sent before ``before``, past id ``after``,
@@ -162,7 +166,7 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
         with transaction.atomic(using=self.db):
             doomed = settled.filter(id__lte=oldest_kept)
             offloads.release(doomed, ("arg", "result"))
-            deleted, _ = doomed.delete()
+            deleted: int = doomed.delete()[0]
         return deleted
 
 
@@ -199,11 +203,11 @@ class EntityOp(models.Model):
             models.Index(
                 fields=["entity", "key", "id"],
                 name="durable_entityop_pending",
-                condition=models.Q(status="pending"),
+                condition=models.Q(status=OpStatus.PENDING),
             ),
             # The sweep's "pending ops whose prompt may be lost", oldest first.
             models.Index(
-                fields=["id"], name="durable_entityop_stranded", condition=models.Q(status="pending")
+                fields=["id"], name="durable_entityop_stranded", condition=models.Q(status=OpStatus.PENDING)
             ),
         ]
         verbose_name = "entity op"
@@ -228,7 +232,7 @@ class EntityPromptQuerySet(models.QuerySet["EntityPrompt"]):
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [name, key, at])
-            return cursor.rowcount == 1
+            return int(cursor.rowcount) == 1
 
     def take(self, name: str, key: str) -> None:
         """An applier starts on the key: later ops need a prompt of their own."""
@@ -237,7 +241,7 @@ class EntityPromptQuerySet(models.QuerySet["EntityPrompt"]):
     def expire(self, before: datetime) -> int:
         """Forget the prompts sent before ``before`` and never taken (lost with the broker's
         messages): the key's next op sends one again."""
-        deleted, _ = self.filter(sent_at__lt=before).delete()
+        deleted: int = self.filter(sent_at__lt=before).delete()[0]
         return deleted
 
 

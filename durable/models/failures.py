@@ -10,7 +10,8 @@ from .runs import Run
 
 class AttemptErrorQuerySet(models.QuerySet["AttemptError"]):
     def of(self, run_id: str) -> AttemptErrorQuerySet:
-        return self.filter(run_id=run_id).order_by("seq", "id")
+        errors: AttemptErrorQuerySet = self.filter(run_id=run_id).order_by("seq", "id")
+        return errors
 
 
 class AttemptError(models.Model):

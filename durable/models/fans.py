@@ -73,7 +73,7 @@ class FanQuerySet(models.QuerySet["Fan"]):
         counts = list(self.filter(run_id=run_id, first=first).values_list("pending", flat=True))
         if not counts or min(counts) < 0:
             return None
-        return max(counts) == 0
+        return bool(max(counts) == 0)
 
     def forget(self, run_id: str, firsts: list[int] | None = None) -> None:
         """Keep no count for these fans of the run (all of them if None): their members changed

@@ -7,13 +7,17 @@ A step attempt's place under a limit lives on its Checkpoint (``flow``, ``flow_k
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import connections, models
 from django.db.models import F, Q
 
 from ..statuses import UNFINISHED, CheckpointStatus
-from .checkpoints import HELD, WAITING, Checkpoint
+from .checkpoints import HELD, RATE, WAITING, Checkpoint
 from .runs import Run
+
+#: An attempt that stops waiting to start is held by no process yet.
+_UNHELD: dict[str, Any] = {"held_by": None, "held_until": None}
 
 
 class FlowGateQuerySet(models.QuerySet["FlowGate"]):
@@ -41,7 +45,8 @@ class FlowGateQuerySet(models.QuerySet["FlowGate"]):
         self.filter(key=gate.key).update(next_seq=F("next_seq") + 1, waiting=F("waiting") + 1)
         gate.next_seq += 1
         gate.waiting += 1
-        return gate.next_seq
+        place: int = gate.next_seq
+        return place
 
     def note_waiting(self, gate: FlowGate, count: int) -> None:
         """Set the gate's count of waiters to what its line holds now (the gate locked)."""
@@ -115,4 +120,82 @@ def in_line(db: str, key: str) -> models.QuerySet[Checkpoint]:
             run_id__in=Run.objects.using(db).filter(status__in=UNFINISHED).values("id"),
         )
         .order_by("flow_seq")
+    )
+
+
+def hold_slot(
+    db: str, run_id: str, seq: int, attempt: int, key: str, limit: int, now: datetime, *, behind: bool
+) -> bool:
+    """Give the started attempt a slot of ``key`` if fewer than ``limit`` are held (and, with
+    ``behind``, no attempt waits in line before it); False if it must wait.
+
+    Call with the key's gate locked, so the count is the one the next start sees. One plain
+    statement: this is on every start of a limited step."""
+    connection = connections[db]
+    ops = connection.ops
+    at = ops.adapt_datetimefield_value
+    table, runs = ops.quote_name(Checkpoint._meta.db_table), ops.quote_name(Run._meta.db_table)
+    unfinished = f"run_id IN (SELECT id FROM {runs} WHERE status IN (%s, %s, %s))"
+    sql = (
+        f"UPDATE {table} SET flow = %s, flow_key = %s "
+        f"WHERE run_id = %s AND seq = %s AND attempt = %s AND status = '{CheckpointStatus.PENDING}' AND ("
+        f"SELECT COUNT(*) FROM {table} WHERE flow_key = %s AND flow = %s AND status = '{CheckpointStatus.PENDING}' "
+        "AND (held_until IS NULL OR held_until >= %s) AND NOT (run_id = %s AND seq = %s) "
+        f"AND {unfinished}) < %s"
+    )
+    params: list[Any] = [HELD, key, run_id, seq, attempt, key, HELD, at(now), run_id, seq, *UNFINISHED, limit]
+    if behind:
+        sql += (
+            f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE flow_key = %s AND flow = %s "
+            f"AND status = '{CheckpointStatus.PENDING}' AND {unfinished})"
+        )
+        params += [key, WAITING, *UNFINISHED]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount) == 1
+
+
+def wait_in_line(db: str, run_id: str, seq: int, attempt: int, key: str, place: int, **sent: Any) -> bool:
+    """Undo the start of an attempt that found no free slot: it waits, sent but unstarted, at
+    ``place`` in the line of ``key`` until a freed slot is handed to it. ``sent``: the fields
+    that make one a turn started in place, unsent, a sent one (``enqueued_at``, ``wake_at``)."""
+    return bool(
+        _attempt(db, run_id, seq, attempt).update(
+            started_at=None, flow=WAITING, flow_key=key, flow_seq=place, **_UNHELD, **sent
+        )
+    )
+
+
+def wait_for_rate(
+    db: str, run_id: str, seq: int, attempt: int, key: str, until: datetime, **sent: Any
+) -> bool:
+    """Undo the start of an attempt over its rate limit: its run sends it again at ``until``."""
+    return bool(
+        _attempt(db, run_id, seq, attempt).update(
+            started_at=None, flow=RATE, flow_key=key, wake_at=until, **_UNHELD, **sent
+        )
+    )
+
+
+def send_unstarted(
+    db: str, run_id: str, seq: int, attempt: int, sent_at: datetime, wake_at: datetime
+) -> bool:
+    """Undo the start of an attempt a turn started in place: it is sent, for a worker to take."""
+    return bool(
+        _attempt(db, run_id, seq, attempt).update(started_at=None, enqueued_at=sent_at, wake_at=wake_at)
+    )
+
+
+def admit(db: str, pk: int, now: datetime, redispatch_at: datetime) -> bool:
+    """Hand a freed slot to the waiting attempt ``pk``: it holds it from now, sent anew."""
+    return bool(
+        Checkpoint.objects.using(db)
+        .filter(pk=pk, flow=WAITING, status=CheckpointStatus.PENDING)
+        .update(flow=HELD, enqueued_at=now, wake_at=redispatch_at)
+    )
+
+
+def _attempt(db: str, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
+    return Checkpoint.objects.using(db).filter(
+        run_id=run_id, seq=seq, attempt=attempt, status=CheckpointStatus.PENDING
     )

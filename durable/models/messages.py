@@ -28,9 +28,28 @@ class SignalQuerySet(models.QuerySet["Signal"]):
             )
         )
 
-    def keyed(self, run_id: str, key: str) -> Signal | None:
-        """The signal or update sent to ``run_id`` under idempotency key ``key``, if any."""
-        return self.filter(run_id=run_id, idempotency_key=key).first()
+    def carry_over(self, run_id: str, successor_id: str) -> int:
+        """Hand the signals and updates ``run_id`` never took to the run that continues it as new:
+        sent to the chain before it moved on, they wait for its newest run (an update's caller
+        follows its row there for the reply). Called after the continuing run's row is settled:
+        a send racing it either committed first (and is carried) or finds the run finished."""
+        carried: int = self.filter(run_id=run_id, consumed_seq__isnull=True).update(run_id=successor_id)
+        return carried
+
+    def keyed(self, run_id: str, key: str, *, finished: bool = False) -> Signal | None:
+        """The signal or update sent to ``run_id`` under idempotency key ``key``, if any. Of a
+        ``finished`` run, also one carried over to a run continuing it as new (``carry_over``):
+        only a finished run's messages move, so a live run's lookup stays one statement."""
+        found: Signal | None = self.filter(run_id=run_id, idempotency_key=key).first()
+        while found is None and finished:
+            successor = (
+                Run.objects.using(self.db).filter(continued_from_id=run_id).values_list("id", flat=True)
+            )
+            run_id = successor.first()
+            if run_id is None:
+                return None
+            found = self.filter(run_id=run_id, idempotency_key=key).first()
+        return found
 
 
 class Signal(models.Model):
@@ -82,7 +101,8 @@ class EventQuerySet(models.QuerySet["Event"]):
         for i, (key, value) in enumerate((match or {}).items()):
             # An alias per key: a key named like a lookup ("in", "contains") stays a key.
             events = events.alias(**{f"key_{i}": KeyTransform(key, "payload")}).filter(**{f"key_{i}": value})
-        return events.order_by("id").values_list("id", "payload").first()
+        oldest: tuple[int, Any] | None = events.order_by("id").values_list("id", "payload").first()
+        return oldest
 
 
 #: The events read at a time when a match is checked outside SQL.

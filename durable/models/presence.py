@@ -33,11 +33,13 @@ class PresenceQuerySet(models.QuerySet["Presence"]):
             self.filter(kind=kind, who=who).update(last_seen=now, **fields)
 
     def live(self, kind: str, since: datetime) -> PresenceQuerySet:
-        return self.filter(kind=kind, last_seen__gte=since)
+        seen: PresenceQuerySet = self.filter(kind=kind, last_seen__gte=since)
+        return seen
 
     def prune(self, before: datetime) -> int:
         """Forget what was last seen before ``before`` (stopped workers, sweeps no longer run)."""
-        return self.filter(last_seen__lt=before).delete()[0]
+        deleted: int = self.filter(last_seen__lt=before).delete()[0]
+        return deleted
 
 
 class Presence(models.Model):

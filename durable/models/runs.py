@@ -10,20 +10,24 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.expressions import RawSQL
 
-from ..statuses import TERMINAL, UNFINISHED, CheckpointStatus
+from ..statuses import TERMINAL, UNFINISHED
 from .base import (
     RETRYABLE,
     Status,
     all_columns,
+    batch_of,
     converted,
     insert,
     insertion,
     returned,
     skip_locked,
+    unflushed,
     update_where,
     updating,
 )
 from .blocked import BlockedRuns
+from .debounced import DebouncedRuns
+from .orphans import OrphanedRuns
 from .payloads import PayloadField
 from .trees import RunTrees
 
@@ -43,7 +47,7 @@ class Claim:
     queues: frozenset[str] | None
 
 
-class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
+class RunQuerySet(BlockedRuns, DebouncedRuns, OrphanedRuns, RunTrees, models.QuerySet["Run"]):
     def serving(self, namespace: str | None) -> RunQuerySet:
         """The runs of ``namespace``; every run when None (a process that serves them all)."""
         return self if not namespace else self.filter(namespace=namespace)
@@ -67,7 +71,7 @@ class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
             "recovery_attempts = CASE WHEN status = %s THEN recovery_attempts + 1 ELSE recovery_attempts END, "
             "status = %s, locked_by = CASE WHEN started_at IS NULL THEN %s ELSE %s END, locked_until = %s, "
             "started_at = COALESCE(started_at, %s), "
-            "updated_at = %s "
+            f"updated_at = %s {unflushed(self.db)}"
             "WHERE id = %s AND status IN (%s, %s, %s) AND (locked_until IS NULL OR locked_until < %s) "
             f"AND admitted = %s {'AND namespace = %s ' if namespace else ''}"
             f"RETURNING {all_columns(Run, self.db)}"
@@ -139,7 +143,7 @@ class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
         adding, adding_params = insertion(type(inserting), self.db, [inserting], source="FROM settled")
         with connections[self.db].cursor() as cursor:
             cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {adding}", [*params, *adding_params])
-            return cursor.rowcount == 1
+            return int(cursor.rowcount) == 1
 
     def _settle_rewriting(
         self, rewriting: tuple[str, list[Any]], fields: dict[str, Any], where: dict[str, Any]
@@ -155,7 +159,7 @@ class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
         settle, params = updating(Run, self.db, fields, where, " AND EXISTS (SELECT 1 FROM rewritten)")
         with connections[self.db].cursor() as cursor:
             cursor.execute(f"WITH rewritten AS ({rewrite} RETURNING 1) {settle}", [*rewrite_params, *params])
-            return cursor.rowcount == 1
+            return int(cursor.rowcount) == 1
 
     def release(self, run_id: str, owner: str, now: datetime, wake_at: datetime) -> bool:
         """Give the lease back without an outcome, so another worker can take the run."""
@@ -275,9 +279,10 @@ class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
         from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
 
         delivered_before = Checkpoint.objects.filter(run_id=OuterRef("id"), kind="cancel", seq__lt=seq)
-        return (
+        interrupted: bool = (
             self.filter(id=run_id, cancel_request__interrupt=True).exclude(Exists(delivered_before)).exists()
         )
+        return interrupted
 
     def reopen(self, run_id: str, now: datetime) -> bool:
         """Put a failed, dead or cancelled run back in line with a fresh recovery budget."""
@@ -355,7 +360,7 @@ class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
             return found
         at = ops.adapt_datetimefield_value
         table = ops.quote_name(Run._meta.db_table)
-        batch, params = _batch(skip_locked(qs).values("id", "wake_at")[:limit])
+        batch, params = batch_of(skip_locked(qs).values("id", "wake_at")[:limit])
         sql = (
             f"{batch} UPDATE {table} SET wake_at = %s FROM batch WHERE {table}.id = batch.id "
             f"RETURNING {table}.id, {table}.queue, batch.wake_at"
@@ -372,110 +377,8 @@ class RunQuerySet(BlockedRuns, RunTrees, models.QuerySet["Run"]):
         due = Case(When(sooner, then=Value(at, output_field=models.DateTimeField())), default=F("wake_at"))
         if not self.filter(id=run_id, status__in=UNFINISHED).update(wakes=F("wakes") + 1, wake_at=due):
             return None
-        return self.filter(id=run_id).values_list("queue", flat=True).first()
-
-    def take_orphans(
-        self,
-        now: datetime,
-        limit: int,
-        max_attempts: int,
-        error: dict[str, Any],
-        *,
-        stale_before: datetime | None = None,
-        owner_prefix: str | None = None,
-    ) -> dict[str, list[tuple[str, str]]]:
-        """Take back up to ``limit`` runs whose turn died holding its lease, in one statement, and
-        say what became of each (id, queue): ``parked`` (a dispatched step is still in flight, so
-        the dead turn is not counted as a crash), ``dead`` (the recovery budget is spent),
-        ``suspended`` (counted, due at once). Rows a concurrent sweep or a turn holds are
-        skipped, and a row a turn took back meanwhile no longer matches when it is locked.
-        """
-        from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
-
-        cutoff = stale_before or now
-        qs = self.filter(status=Status.RUNNING, locked_until__lt=cutoff)
-        if owner_prefix is not None:
-            qs = qs.filter(locked_by__startswith=owner_prefix)
-        connection = connections[self.db]
-        ops = connection.ops
-        at = ops.adapt_datetimefield_value
-        table = ops.quote_name(Run._meta.db_table)
-        # A dispatched step in flight, or one the dead turn was running in place (its death is
-        # the step's, counted against the step's retries as a lost attempt, not the run's).
-        parked = (
-            f"EXISTS (SELECT 1 FROM {ops.quote_name(Checkpoint._meta.db_table)} c WHERE c.run_id = {table}.id "
-            f"AND c.kind = 'step' AND c.status = '{CheckpointStatus.PENDING}' "
-            "AND (c.enqueued_at IS NOT NULL OR c.started_at IS NOT NULL))"
-        )
-        dead = f"(NOT {parked} AND recovery_attempts >= %s)"
-        batch, params = _batch(skip_locked(qs).values("id")[:limit])
-        # Every SET expression reads the row as it was, so each one states the case in full.
-        sql = (
-            f"{batch} UPDATE {table} SET "
-            f"status = CASE WHEN {dead} THEN %s ELSE %s END, "
-            f"recovery_attempts = CASE WHEN {parked} OR recovery_attempts >= %s THEN recovery_attempts "
-            "ELSE recovery_attempts + 1 END, "
-            f"error = CASE WHEN {dead} THEN %s ELSE error END, "
-            f"wake_at = CASE WHEN {dead} THEN NULL ELSE %s END, "
-            f"finished_at = CASE WHEN {dead} THEN %s ELSE finished_at END, "
-            "locked_by = NULL, locked_until = NULL, updated_at = %s "
-            "WHERE id IN (SELECT id FROM batch) "
-            f"RETURNING id, queue, status, {parked}"
-        )
-        stamp = at(now)
-        error_value = Run._meta.get_field("error").get_db_prep_save(error, connection)
-        sql_params = [
-            *params,
-            *(max_attempts, Status.DEAD, Status.SUSPENDED),
-            max_attempts,
-            *(max_attempts, error_value),
-            *(max_attempts, stamp),
-            *(max_attempts, stamp),
-            stamp,
-        ]
-        outcome: dict[str, list[tuple[str, str]]] = {"parked": [], Status.DEAD: [], Status.SUSPENDED: []}
-        with connection.cursor() as cursor:
-            cursor.execute(sql, sql_params)
-            for run_id, queue, status, in_flight in cursor.fetchall():
-                outcome["parked" if in_flight else status].append((run_id, queue))
-        # The dead turn may have committed sends it never published: the next turn sends again.
-        Checkpoint.objects.using(self.db).unsend([run_id for run_id, _ in outcome["parked"]])
-        return outcome
-
-    def give_back(
-        self, run_id: str, owner: str, now: datetime, max_attempts: int, error: dict[str, Any]
-    ) -> str | None:
-        """Hand back a run whose turn this owner abandons (it ran past its time limit), counted
-        as a crashed turn: ``dead`` with ``error`` once the recovery budget is spent (as
-        ``recover`` decides), else ``suspended`` and due at once. None if the lease is not held.
-        """
-        held = self.filter(id=run_id, locked_by=owner, status=Status.RUNNING)
-        released = {"locked_by": None, "locked_until": None, "updated_at": now}
-        if held.filter(recovery_attempts__gte=max_attempts).update(
-            status=Status.DEAD, error=error, wake_at=None, finished_at=now, **released
-        ):
-            return Status.DEAD
-        if held.update(
-            status=Status.SUSPENDED, recovery_attempts=F("recovery_attempts") + 1, wake_at=now, **released
-        ):
-            return Status.SUSPENDED
-        return None
-
-
-def _batch(qs: models.QuerySet[Any]) -> tuple[str, list[Any]]:
-    """``WITH batch AS MATERIALIZED (<the query>)``, to put before a statement that takes the
-    rows it names. Materialized: as a plain ``IN (SELECT … LIMIT n)`` PostgreSQL may run the
-    subquery again for every row it joins, and the LIMIT then bounds nothing.
-
-    The statement then picks its rows by id alone: the batch's FOR UPDATE is the guard (it locks
-    each row and re-checks the query's condition on the row's latest version; SQLite has a single
-    writer), and a condition repeated there would let PostgreSQL read the rows through the
-    condition's index, every row that meets it, instead of the batch's few by primary key."""
-    # Compiled, not run: Django wants FOR UPDATE inside a transaction, and no savepoint (two
-    # round trips) inside the caller's.
-    with transaction.atomic(using=qs.db, savepoint=False):
-        sql, params = qs.query.get_compiler(qs.db).as_sql()
-    return f"WITH batch AS MATERIALIZED ({sql})", list(params)
+        queue: str | None = self.filter(id=run_id).values_list("queue", flat=True).first()
+        return queue
 
 
 class Run(models.Model):
@@ -494,6 +397,11 @@ class Run(models.Model):
     continued_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_by", db_index=False
     )
+    #: The run this one is a fork of (``durable.fork``), and the position it was forked at: its
+    #: history before that position is a copy. A plain id, not a foreign key: the origin may be
+    #: deleted by retention while its fork lives on.
+    forked_from_id = models.CharField(max_length=255, null=True, blank=True)
+    forked_at = models.PositiveIntegerField(null=True, blank=True)
     namespace = models.CharField(max_length=100, blank=True, default="")
     tags = models.JSONField(default=list, blank=True)
     search_attributes = models.JSONField(default=dict, blank=True)
@@ -514,8 +422,12 @@ class Run(models.Model):
     failed_seqs = models.JSONField(null=True, blank=True)
     #: The position in the parent's history that waits for this run.
     parent_seq = models.PositiveIntegerField(null=True, blank=True)
-    #: Execution deadline of the whole run (the workflow's ``timeout``).
+    #: Execution deadline of the whole run (the workflow's ``timeout``; a child's is never past
+    #: its parent's).
     deadline = models.DateTimeField(null=True, blank=True)
+    #: What this child run becomes when its parent ends unfinished: ``"interrupt"`` or
+    #: ``"abandon"``; None is the default, ``"cancel"`` (``ctx.child(on_parent_close=...)``).
+    on_parent_close = models.CharField(max_length=16, null=True, blank=True)
     #: A durable ``cancel(compensate=True)``: the next turn unwinds the saga, then cancels.
     cancel_request = models.JSONField(null=True, blank=True)
     #: ``<workflow>:<key>`` of a singleton workflow's run; its place in the key's line; and
@@ -523,6 +435,10 @@ class Run(models.Model):
     singleton_key = models.CharField(max_length=255, null=True, blank=True)
     singleton_seq = models.BigIntegerField(null=True, blank=True)
     admitted = models.BooleanField(default=True)
+    #: Its place among the runs waiting in its line (a lane's, a singleton's): higher first.
+    priority = models.IntegerField(default=0, db_default=0)
+    #: The key of the ``durable.debounce`` calls this run gathered (see ``models.debounced``).
+    debounce_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -534,6 +450,7 @@ class Run(models.Model):
             ("cancel_run", "Can cancel a run, with or without compensation"),
             ("signal_run", "Can send a signal or an update to a run"),
             ("resume_run", "Can wake a waiting run now"),
+            ("fork_run", "Can fork a run from one of its positions"),
             # Payloads may hold personal data: the admin shows them decoded only with this.
             ("view_payloads", "Can see the payloads of runs, steps, messages and entities"),
         ]
@@ -574,9 +491,29 @@ class Run(models.Model):
                 name="durable_run_continued",
                 condition=models.Q(continued_from__isnull=False),
             ),
+            models.Index(
+                fields=["forked_from_id"],
+                name="durable_run_forked",
+                condition=models.Q(forked_from_id__isnull=False),
+            ),
             # Runs waiting for a singleton slot, found by the timer sweep's repair pass.
             models.Index(
                 fields=["singleton_seq"], name="durable_run_waiting", condition=models.Q(admitted=False)
+            ),
+            # Debounced runs gathering calls, admitted by the timer pass once due.
+            models.Index(
+                fields=["wake_at"],
+                name="durable_run_debouncing",
+                condition=models.Q(debounce_key__isnull=False, admitted=False),
+            ),
+        ]
+        constraints = [
+            # One run gathers a key's calls at a time: a second call that raced the first to
+            # insert one gathers into the first's.
+            models.UniqueConstraint(
+                fields=["namespace", "workflow", "debounce_key"],
+                name="durable_run_one_debounce",
+                condition=models.Q(debounce_key__isnull=False, admitted=False, status=Status.PENDING),
             ),
         ]
 

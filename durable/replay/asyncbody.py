@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Cancelled, DurableError, NonDeterminismError, Suspend, _ControlFlow
+from ..errors import Cancelled, DurableError, ErrorCode, NonDeterminismError, Suspend, _ControlFlow
 from ..values import decode
 from .asyncloop import BodyLoop, task_frame
 from .cancelling import CANCEL, Cancelling
@@ -170,7 +170,9 @@ class Driver:
         if answers is None:
             return False
         ready = [(w, a) for w, a in zip(waits, answers, strict=True) if not isinstance(a, Pending)]
-        summary = next((a for _, a in ready if isinstance(a, DurableError) and a.code == "cancelled"), None)
+        summary = next(
+            (a for _, a in ready if isinstance(a, DurableError) and a.code == ErrorCode.CANCELLED), None
+        )
         if (not ready or summary is not None) and self._cancel(waits, summary if ready else Pending(None)):
             return True
         if len(ready) == len(waits):
@@ -288,7 +290,7 @@ class Driver:
             DurableError(
                 f"the workflow body awaits {what} at {where}, which nothing in the body resolves: "
                 "await only durable primitives in a body (or tasks and futures that they resolve)",
-                code="nondeterministic_await",
+                code=ErrorCode.NONDETERMINISTIC_AWAIT,
                 details={"awaited": what, "at": where},
             )
         )

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..annotated import shaped, signature
 from ..definitions import Step, Workflow
-from .composition import Deferred, Outcome, _workflow
-from .updates import Update, received_update
+from .composition import CANCEL, Deferred, Outcome, _workflow
+from .updates import Signal, Update, received_message, received_update
 
 if TYPE_CHECKING:
     from .asyncbody import BodyContext, Driver
@@ -42,6 +42,8 @@ QUICK = frozenset(
         "signal_entity",
         "reply",
         "expose",
+        "write_stream",
+        "close_stream",
         "upsert_search_attributes",
         "continue_as_new",
     }
@@ -111,11 +113,27 @@ class AsyncContext:
         probe = self._ctx._update_wait(name, timeout)
         return received_update(await self._driver.wait(self._ctx._here, probe))
 
-    async def child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Any:
+    async def wait_for_message(
+        self, *, signals: Any = (), updates: Any = (), timeout: Any = None
+    ) -> Signal | Update:
+        """Return the oldest signal or update of the names (``ctx.wait_for_message``)."""
+        probe = self._ctx._message_wait(signals, updates, timeout)
+        return received_message(await self._driver.wait(self._ctx._here, probe))
+
+    async def child(
+        self,
+        workflow: Workflow | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        on_parent_close: str = CANCEL,
+    ) -> Any:
         """Start a child run and return its output (``ctx.child``)."""
         ctx = self._ctx
         known = len(ctx._turn.records)
-        rec = ctx._child_position(_workflow(workflow), input, run_id, fan=None, fail_fast=False)
+        rec = ctx._child_position(
+            _workflow(workflow), input, run_id, fan=None, fail_fast=False, on_parent_close=on_parent_close
+        )
         fresh = (rec, None) if len(ctx._turn.records) > known else None
         return await self._driver.wait(rec.seq, lambda: ctx._resolve_child(rec), fresh)
 

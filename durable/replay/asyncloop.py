@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from ..errors import DurableError
+from ..errors import DurableError, ErrorCode
 
 #: The code that is not the body's own when naming where it awaited: asyncio and durable.
 _LIBRARY = (
@@ -69,7 +69,9 @@ class BodyLoop(asyncio.BaseEventLoop):
         )
         return self._refuse(
             DurableError(
-                message, code="nondeterministic_await", details={"awaited": called or what, "at": where}
+                message,
+                code=ErrorCode.NONDETERMINISTIC_AWAIT,
+                details={"awaited": called or what, "at": where},
             )
         )
 

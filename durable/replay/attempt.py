@@ -21,6 +21,7 @@ from ..definitions import Step
 from ..errors import (
     TRACEBACK,
     CompleteLater,
+    ErrorCode,
     InvalidInput,
     StepCancelled,
     StepTimeout,
@@ -227,7 +228,7 @@ def conclude(
             output = _validated_output(step, output)
         return stored(output, what=f"the output of step {step.name!r}", max_bytes=max_bytes), None, True
     except InvalidInput as exc:
-        return None, {**exc.to_dict(), "code": "invalid_output"}, False
+        return None, {**exc.to_dict(), "code": ErrorCode.INVALID_OUTPUT}, False
 
 
 def _validated_input(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Cancelled, DurableError, GatherError, StepFailed, cancelled_error
+from ..errors import Cancelled, DurableError, ErrorCode, GatherError, StepFailed, cancelled_error
 from ..statuses import Decided
 from .history import COMPLETED, Decision
 from .positions import Pending, Positions
@@ -56,7 +56,7 @@ class Cancelling(Positions):
             request = {"interrupt": True, "reason": None}
         waiting = (
             isinstance(answer, Pending)
-            or (isinstance(answer, DurableError) and answer.code == "cancelled")
+            or (isinstance(answer, DurableError) and answer.code == ErrorCode.CANCELLED)
             or self._here == self._frontier
         )
         if not waiting or request is None or self._delivered or recorded is not None:

@@ -45,6 +45,20 @@ class ContinueAsNew(_ControlFlow):
         self.input = input
 
 
+CANCEL, INTERRUPT, ABANDON = "cancel", "interrupt", "abandon"
+#: What a child may become when its parent ends unfinished (``on_parent_close``).
+PARENT_CLOSE = (CANCEL, INTERRUPT, ABANDON)
+
+
+def parent_close_policy(value: Any) -> str:
+    if value not in PARENT_CLOSE:
+        raise InvalidInput(
+            f"on_parent_close takes one of {PARENT_CLOSE} (what the child becomes when its parent "
+            f"ends first), got {value!r}"
+        )
+    return str(value)
+
+
 def child_run_id(parent_id: str, seq: int) -> str:
     """The id of the child started at ``seq``: the same on every replay, so never started twice."""
     return uuid.uuid5(_CHILD_IDS, f"{parent_id}:{seq}").hex
@@ -66,10 +80,16 @@ class Composition(Positions):
         return Deferred("step", self._step_definition(step), args, kwargs)
 
     def defer_child(
-        self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None
+        self,
+        workflow: Workflow | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        on_parent_close: str = CANCEL,
     ) -> Deferred:
         """Describe a child run for ``ctx.all`` / ``ctx.all_settled``; nothing starts yet."""
-        return Deferred("child", _workflow(workflow), (input,), {"run_id": run_id})
+        policy = parent_close_policy(on_parent_close)
+        return Deferred("child", _workflow(workflow), (input,), {"run_id": run_id, "on_parent_close": policy})
 
     def all(self, deferreds: Any) -> list[Any]:
         """Run the members in parallel; return their outputs in order, or raise GatherError."""
@@ -83,19 +103,40 @@ class Composition(Positions):
         """``ctx.all([ctx.defer(step, item) for item in items])``."""
         return self.all([self.defer(step, item) for item in items])
 
-    def child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> Any:
-        """Start a child run and wait for its output; raise ChildFailed if it does not complete."""
-        rec = self._child_position(_workflow(workflow), input, run_id, fan=None, fail_fast=False)
+    def child(
+        self,
+        workflow: Workflow | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        on_parent_close: str = CANCEL,
+    ) -> Any:
+        """Start a child run and wait for its output; raise ChildFailed if it does not complete.
+        ``on_parent_close``: what the child becomes if this run ends first ("cancel",
+        "interrupt": cancelled with ``interrupt=True``, or "abandon": left running)."""
+        rec = self._child_position(
+            _workflow(workflow), input, run_id, fan=None, fail_fast=False, on_parent_close=on_parent_close
+        )
         return self._settle(self._resolve_child(rec))
 
-    def start_child(self, workflow: Workflow | str, input: Any = None, *, run_id: str | None = None) -> str:
-        """Start a child run and return its id without waiting for it."""
+    def start_child(
+        self,
+        workflow: Workflow | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        on_parent_close: str = CANCEL,
+    ) -> str:
+        """Start a child run and return its id without waiting for it (``on_parent_close`` as
+        for ``child``)."""
         definition = _workflow(workflow)
+        policy = parent_close_policy(on_parent_close)
         rec = self._position("child", definition.name)
         if rec is None:
-            rec = self._start_child(definition, input, run_id)
+            rec = self._start_child(definition, input, run_id, policy)
             rec.status, rec.output, rec.finished_at = COMPLETED, rec.input["run_id"], self._now()
-        return rec.input["run_id"]
+        child_id: str = rec.input["run_id"]
+        return child_id
 
     def continue_as_new(self, input: Any = None) -> None:
         """Finish this run and start a fresh one of the same workflow with ``input``."""
@@ -108,7 +149,8 @@ class Composition(Positions):
         first = self._fan_first(deferreds)
         # Each member answers before the next takes its position: a local member runs there.
         answers = [self._member(member, first, fail_fast, send=True)() for member in deferreds]
-        return self._settle(self._gathered(answers, fail_fast=fail_fast))
+        gathered: list[Any] = self._settle(self._gathered(answers, fail_fast=fail_fast))
+        return gathered
 
     def _fan_first(self, deferreds: list[Deferred]) -> int:
         """The position of a fan's first member (its ``fan``), once every member is checked."""
@@ -128,7 +170,12 @@ class Composition(Positions):
             return lambda: self._resolve_step(rec, step)
         assert isinstance(member.target, Workflow)
         rec = self._child_position(
-            member.target, member.args[0], member.kwargs.get("run_id"), fan=first, fail_fast=fail_fast
+            member.target,
+            member.args[0],
+            member.kwargs.get("run_id"),
+            fan=first,
+            fail_fast=fail_fast,
+            on_parent_close=member.kwargs.get("on_parent_close", CANCEL),
         )
         return lambda: self._resolve_child(rec)
 
@@ -155,23 +202,35 @@ class Composition(Positions):
         return error
 
     def _child_position(
-        self, definition: Workflow, input: Any, run_id: str | None, *, fan: int | None, fail_fast: bool
+        self,
+        definition: Workflow,
+        input: Any,
+        run_id: str | None,
+        *,
+        fan: int | None,
+        fail_fast: bool,
+        on_parent_close: str = CANCEL,
     ) -> Record:
+        policy = parent_close_policy(on_parent_close)
         rec = self._position("child", definition.name)
         if rec is None:
-            rec = self._start_child(definition, input, run_id)
+            rec = self._start_child(definition, input, run_id, policy)
             rec.fan, rec.fail_fast = fan, fail_fast
         return rec
 
-    def _start_child(self, definition: Workflow, input: Any, run_id: str | None) -> Record:
+    def _start_child(self, definition: Workflow, input: Any, run_id: str | None, policy: str) -> Record:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise InvalidInput(f"a child's run_id must be a non-empty string, got {run_id!r}")
         payload = self._storable(input, f"the input of child workflow {definition.name!r}")
         child_id = run_id or child_run_id(self._facts.id, self._here)
-        rec = self._new("child", definition.name, input={"run_id": child_id, "version": definition.version})
+        stored_policy = None if policy == CANCEL else policy
+        started = {"run_id": child_id, "version": definition.version}
+        if stored_policy is not None:
+            started["on_parent_close"] = stored_policy
+        rec = self._new("child", definition.name, input=started)
         rec.enqueued_at = self._now()
         self._turn.children.append(
-            ChildStart(child_id, definition.name, definition.version, payload, rec.seq)
+            ChildStart(child_id, definition.name, definition.version, payload, rec.seq, stored_policy)
         )
         return rec
 

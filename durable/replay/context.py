@@ -15,11 +15,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from .. import asyncsteps
 from ..annotated import shaped, signature
 from ..definitions import Step, celery_task_step, plain_task_refused, registry
 from ..durations import parse_duration
 from ..errors import (
     DurableError,
+    ErrorCode,
     InvalidInput,
     NonDeterminismError,
     StepFailed,
@@ -43,7 +45,8 @@ from .quiet import QuietWhileReplaying
 from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
 from .stopping import Stopping
-from .turnstate import InPlaceRunner, RunFacts, TurnState
+from .streams import Streams
+from .turnstate import InPlaceRunner, LocalLimits, RunFacts, TurnState
 from .updates import Updates
 from .waits import Waits
 
@@ -55,6 +58,7 @@ class Context(
     Updates,
     Waits,
     Queries,
+    Streams,
     Messages,
     SearchAttributes,
     Patches,
@@ -75,11 +79,13 @@ class Context(
         flush: Callable[[TurnState], None],
         renew: Callable[[], None],
         in_place: InPlaceRunner | None = None,
+        local_limits: LocalLimits | None = None,
         stopped: Callable[[], BaseException | None] | None = None,
         ahead: bool = False,
     ) -> None:
         self._facts = run
         self._in_place = in_place
+        self._local_limits = local_limits
         self._turn = state
         self._clock = clock
         self._limits = limits
@@ -316,8 +322,9 @@ class Context(
             if rec.wake_at is not None and rec.wake_at > now:
                 return Pending(rec.wake_at)
             self._send(rec, step)
+        seen = self._seen(now)
         if rec.started_at is None:
-            if now >= rec.enqueued_at + self._limits.redispatch_after:
+            if seen >= rec.enqueued_at + self._limits.redispatch_after:
                 # The message was lost, or no worker took it.
                 rec.redispatches += 1
                 if rec.redispatches > self._limits.redispatch_limit:
@@ -328,7 +335,7 @@ class Context(
             return Pending(
                 min(filter(None, [rec.enqueued_at + self._limits.redispatch_after, earliest])), timer=False
             )
-        if rec.held_until is not None and rec.held_until <= now:
+        if rec.held_until is not None and rec.held_until <= seen:
             return self._attempt_lost(
                 rec,
                 step,
@@ -336,7 +343,7 @@ class Context(
                 "memory, or its result could not be recorded)",
             )
         deadline = self._deadline(rec, step, since=rec.started_at)
-        if deadline is not None and now >= deadline:
+        if deadline is not None and seen >= deadline:
             err = step_timeout_error(
                 f"step {step.name!r} attempt {rec.attempt} gave no result or heartbeat in time"
             )
@@ -363,11 +370,17 @@ class Context(
                 "(celery worker -Q ...), or raise STEP_REDISPATCH_LIMIT"
             ),
             "type": "NotTaken",
-            "code": "redispatch_limit",
+            "code": ErrorCode.REDISPATCH_LIMIT,
             "details": {"queue": queue, "redispatches": limit},
         }
         self._attempt_failed(rec, step, error, retryable=False)
         return self._resolve_step(rec, step)
+
+    def _seen(self, now: datetime) -> datetime:
+        """The time at which the records tell of attempts running elsewhere: ``now``, or the
+        read, when that was earlier (beats, holds and takes since then are not in them)."""
+        read_at = self._turn.read_at
+        return now if read_at is None else min(now, read_at)
 
     def _deadline(self, rec: Record, step: Step, *, since: datetime) -> datetime | None:
         """When an attempt that started at ``since`` has overrun its timeout or gone silent."""
@@ -385,9 +398,13 @@ class Context(
         now = self._clock()
         # A new secret per send: only the message sent last may start or settle the attempt.
         rec.token = secrets.token_urlsafe(24)
-        rec.held_until = None
+        # Started by this process once the turn commits, if it may: taken in the turn's own
+        # write, as a worker's take would (a process that dies before its result lets the hold
+        # lapse, and the attempt counts as lost).
+        rec.held_by = self._holder(rec, step)
+        rec.held_until = now + self._limits.lease if rec.held_by else None
         rec.enqueued_at = now
-        rec.started_at = None
+        rec.started_at = now if rec.held_by else None
         rec.last_heartbeat_at = None
         rec.wake_at = now + self._limits.redispatch_after
         if rec.flow != FlowState.HELD:
@@ -401,7 +418,7 @@ class Context(
         error, trace = split_traceback(error)
         rec.failures.append({"attempt": rec.attempt, "error": error, "traceback": trace, "at": now})
         rec.error = error
-        rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = None
+        rec.enqueued_at = rec.started_at = rec.last_heartbeat_at = rec.held_until = rec.held_by = None
         rec.token = None
         rec.redispatches = 0
         if rec.flow == FlowState.HELD and rec.flow_key:
@@ -432,12 +449,23 @@ class Context(
             and not step.local
             and not step.celery_task
             and not self._is_remote(step)
-            and not step.limited  # a limited attempt may have to wait: durably, not in a turn
             and self._in_place.accepts(self._queue_of(step), step)
         )
 
+    def _holder(self, rec: Record, step: Step) -> str | None:
+        """Who starts the attempt without a message, as ``_runs_here`` but beside the turn."""
+        if self._in_place is None or rec.fan is not None or step.local or step.celery_task or step.limited:
+            return None
+        if self._is_remote(step):
+            return None
+        return self._in_place.holder(self._queue_of(step), step)
+
     def _run_local(self, rec: Record, step: Step) -> Any:
         self._before_local_step()
+        if (step.timeout is not None or step.heartbeat_timeout is not None) and not asyncsteps.is_async(
+            step.fn
+        ):
+            return self._run_local_limited(rec, step)
         if self._held:
             # A local step may run long: the result held back is written before it starts.
             self._flush(self._turn)
@@ -457,17 +485,37 @@ class Context(
             ),
         )
 
+    def _run_local_limited(self, rec: Record, step: Step) -> Any:
+        """A local step with time limits, run by the executor under them. It is written as started
+        first, as an attempt run in place is, so the watchdog can record it at the hard limit;
+        a turn that dies in it leaves it pending, and the next turn runs that attempt again."""
+        if self._local_limits is None:
+            raise InvalidInput(
+                f"step {step.name!r} is local=True with a time limit, which this turn cannot enforce "
+                "(a remote turn runs no watchdog): make it a dispatched step (local=False) or drop the limit"
+            )
+        rec.started_at = self._clock()
+        rec.changed()
+        self._flush(self._turn)
+        self._held = False  # written with this attempt's start
+        return self._attempt_ended(rec, step, *self._local_limits(rec, step))
+
     def _run_in_place(self, rec: Record, step: Step) -> Any:
         """Run a dispatched step here, under the turn's lease. It is written as started (never
         enqueued) before it runs: a later turn that finds it so, still pending, knows its
-        executor died with the turn that held the lease, and counts the attempt as lost."""
+        executor died with the turn that held the lease, and counts the attempt as lost. A
+        limited step takes its slot and rate token in that write, or waits instead."""
         assert self._in_place is not None
-        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = None
+        rec.enqueued_at = rec.last_heartbeat_at = rec.wake_at = rec.held_until = rec.held_by = None
         rec.token = secrets.token_urlsafe(24)  # written before the step runs: it may complete later
         rec.started_at = self._clock()
         rec.changed()
         self._flush(self._turn)
         self._held = False  # written with this attempt's start
+        if rec.started_at is None:
+            # A limited step: the write that started it found no free slot or rate token, and
+            # made it one sent but unstarted that waits, as a worker's take would have.
+            return self._resolve_step(rec, step)
         result = self._in_place(rec, step)
         return self._attempt_ended(rec, step, *result, hold=True)
 
@@ -484,8 +532,10 @@ class Context(
         """Record an attempt run inside this turn, then answer as the position now stands."""
         if output is LATER:
             # Open until complete_step() settles it: as if dispatched, so no later turn counts it
-            # lost with the turn that ran it.
+            # lost with the turn that ran it. The let-go is the body's last sign of life: a
+            # heartbeat_timeout counts from it, so the other system has all of it to beat first.
             rec.enqueued_at = rec.started_at
+            rec.last_heartbeat_at = self._clock()
             rec.changed()
             self._flush(self._turn)
             return self._resolve_step(rec, step)
@@ -498,6 +548,9 @@ class Context(
         rec.error = None
         rec.wake_at = None
         rec.finished_at = self._clock()
+        if rec.flow == FlowState.HELD and rec.flow_key:
+            self._turn.freed.append(rec.flow_key)  # handed on once the result is written
+        rec.flow = None
         rec.changed()
         if hold:
             # An attempt run in place is written as started already: its result can wait for

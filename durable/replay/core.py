@@ -13,12 +13,12 @@ from datetime import datetime
 
 from .. import shutdown
 from ..definitions import Workflow, body_scope
-from ..errors import InvalidInput, cancelled_error, error_dict
+from ..errors import ErrorCode, InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
 from . import asyncbody, cancelling, saga, stopping
 from .context import Context
 from .history import Decision, Limits, stored
-from .turnstate import InPlaceRunner, RunFacts, TurnState
+from .turnstate import InPlaceRunner, LocalLimits, RunFacts, TurnState
 
 
 def replay(
@@ -31,6 +31,7 @@ def replay(
     flush: Callable[[TurnState], None],
     renew: Callable[[], None],
     in_place: InPlaceRunner | None = None,
+    local_limits: LocalLimits | None = None,
     stopped: Callable[[], BaseException | None] | None = None,
     ahead: bool = False,
 ) -> Decision:
@@ -50,6 +51,7 @@ def replay(
         flush=flush,
         renew=renew,
         in_place=in_place,
+        local_limits=local_limits,
         stopped=stopped,
         ahead=ahead,
     )
@@ -63,7 +65,7 @@ def replay(
             error={
                 "message": f"the run passed its execution deadline ({run.deadline.isoformat()})",
                 "type": "WorkflowTimeout",
-                "code": "timeout",
+                "code": ErrorCode.TIMEOUT,
                 "details": {"deadline": run.deadline.isoformat()},
             },
         )
@@ -100,7 +102,7 @@ def replay(
             value, what=f"the output of workflow {run.workflow!r}", max_bytes=limits.max_payload_bytes
         )
     except InvalidInput as exc:
-        exc.code = "invalid_output"
+        exc.code = ErrorCode.INVALID_OUTPUT
         return _failed(exc, state)
     return Decision(Decided.COMPLETED, output=output)
 

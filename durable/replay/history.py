@@ -43,6 +43,9 @@ class Record:
     token: str | None = None
     #: Until when the process running a dispatched attempt holds it (None: not held).
     held_until: datetime | None = None
+    #: The process holding it: set by a turn when that process starts the attempt itself, on its
+    #: loop, without a message (``InPlaceRunner.holder``); by the take otherwise.
+    held_by: str | None = None
     #: Under a fleet-wide limit: the attempt's ``FlowState`` (None: not held back) and gate key.
     flow: str | None = None
     flow_key: str | None = None
@@ -92,6 +95,8 @@ class Limits:
     #: A codec seals payloads (DURABLE["CODEC"]): no message may carry one in the clear, so a
     #: Celery task used as a step, which can only take plain arguments, is refused.
     sealed_payloads: bool = False
+    #: How long a process holds an attempt before renewing it (LEASE).
+    lease: timedelta = timedelta(seconds=30)
 
 
 @dataclass
@@ -119,6 +124,8 @@ class ChildStart:
     version: str
     input: Any
     seq: int
+    #: What the child becomes when its parent ends unfinished; None: "cancel", the default.
+    on_parent_close: str | None = None
 
 
 @dataclass(frozen=True)

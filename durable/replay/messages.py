@@ -103,7 +103,8 @@ class Messages(Positions):
                             namespace=self._facts.namespace,
                         )
                     )
-        return self._settle(self._answer(rec))
+        started: str = self._settle(self._answer(rec))
+        return started
 
     # -- internals --------------------------------------------------------------------------
 

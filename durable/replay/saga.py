@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..definitions import COMPENSATE_PREFIX, compensation_of, registry
-from ..errors import StepFailed, WorkflowNotRegistered
+from ..errors import ErrorCode, StepFailed, WorkflowNotRegistered
 from ..statuses import Decided
 from .history import COMPLETED, PENDING, Decision, Record
 from .positions import Pending, Positions
@@ -72,7 +72,7 @@ def unwind(ctx: Positions, final: Decision) -> Decision:
             return _suspended(ctx, answer.wake_at)
         failed = failed or isinstance(answer, StepFailed)
     if failed and final.error is not None:
-        final.error = {**final.error, "code": "compensation_failed"}
+        final.error = {**final.error, "code": ErrorCode.COMPENSATION_FAILED}
     return final
 
 

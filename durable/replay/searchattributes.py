@@ -41,11 +41,11 @@ def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
     """``mapping`` as an upsert takes it: names to JSON values, each of its schema's type."""
     if not isinstance(mapping, dict) or not all(isinstance(k, str) and k for k in mapping):
         raise InvalidInput(f"search attributes are a dict of names to values, got {guards.shown(mapping)}")
-    mapping = roundtrip(mapping, what="search attributes")
+    checked: dict[str, Any] = roundtrip(mapping, what="search attributes")
     schema = workflow.search_attributes_schema
     if schema is None:
-        return mapping
-    for name, value in mapping.items():
+        return checked
+    for name, value in checked.items():
         if name not in schema:
             raise InvalidInput(
                 f"search attribute {name!r} is not in {workflow.name}'s search_attributes_schema ({', '.join(schema)})"
@@ -57,4 +57,4 @@ def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
         if value is not None and not fits:
             names = " or ".join(kind.__name__ for kind in kinds)
             raise InvalidInput(f"search attribute {name!r} must be {names}, got {guards.shown(value)}")
-    return mapping
+    return checked

@@ -54,6 +54,8 @@ def parse_token(token: object) -> tuple[str, int, int, str]:
 class _Scope:
     info: StepInfo
     beat: Callable[[Any], None]
+    #: How many values the attempt wrote to streams (``durable.write_stream``).
+    writes: int = 0
 
 
 _current: ContextVar[_Scope | None] = ContextVar("durable_step", default=None)
@@ -76,6 +78,18 @@ def step_info() -> StepInfo:
     if scope is None:
         raise DurableError("durable.step_info() works only inside a step that durable runs")
     return scope.info
+
+
+def next_write() -> tuple[StepInfo, int]:
+    """The attempt running now and the index of its next stream write (counted from 0)."""
+    scope = _current.get()
+    if scope is None:
+        raise DurableError(
+            "durable.write_stream() works only inside a step that durable runs; in a workflow body, "
+            "use ctx.write_stream()"
+        )
+    scope.writes += 1
+    return scope.info, scope.writes - 1
 
 
 #: Called by ``heartbeat()`` outside a step durable runs in this process: the Celery wiring sets

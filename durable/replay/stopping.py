@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import DurableError, Suspend, _ControlFlow
+from ..errors import DurableError, ErrorCode, Suspend, _ControlFlow
 from ..statuses import Decided
 from .composition import ContinueAsNew
 from .history import Decision
@@ -67,7 +67,7 @@ class Stopping(Positions):
                     f"a workflow primitive of run {self._facts.id} was called from thread "
                     f"{threading.current_thread().name!r}, not the thread running the workflow body: call "
                     "ctx methods only from the body itself (use ctx.all / ctx.map for parallel steps)",
-                    code="wrong_thread",
+                    code=ErrorCode.WRONG_THREAD,
                 )
             )
         if self._stopping is not None:

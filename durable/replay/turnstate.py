@@ -32,6 +32,21 @@ class InPlaceRunner(Protocol):
 
     def accepts(self, queue: str, step: Step) -> bool: ...
 
+    def holder(self, queue: str, step: Step) -> str | None:
+        """The name under which this process holds an attempt of ``step`` it starts itself once
+        the turn commits, without a message, and runs beside the turn (an ``async def`` step on
+        the worker's loop); None: sent."""
+        ...
+
+    def __call__(self, rec: Record, step: Step) -> Result: ...
+
+
+class LocalLimits(Protocol):
+    """Runs a ``local=True`` step that has a ``timeout`` or ``heartbeat_timeout`` under them, in
+    the turn's thread (supplied by the executor; see ``engine.attempts``): ``StepTimeout`` is raised
+    inside the step at the soft limit, and at the hard one the attempt, written as started before
+    it runs, is recorded as timed out."""
+
     def __call__(self, rec: Record, step: Step) -> Result: ...
 
 
@@ -64,14 +79,24 @@ class TurnState:
     #: and whether this turn exposed anything yet unwritten.
     exposed: dict[str, Any] = field(default_factory=dict)
     exposed_changed: bool = False
-    #: Gate keys of the limit slots this turn freed (an attempt it counted lost or timed out):
-    #: the executor hands each on to the oldest attempt in its line.
+    #: Gate keys of the limit slots this turn freed (an attempt it counted lost, timed out, or
+    #: ran in place to its end): the executor hands each on to the oldest attempt in its line.
     freed: list[str] = field(default_factory=list)
+    #: The stream keys the body closed, in the replay so far: a write to one is refused.
+    closed_streams: set[str] = field(default_factory=set)
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
     #: ``ctx.logger``'s records, held back when a list (a turn replayed ahead of its write: they
     #: are the run's only if the write is; see ``engine.ahead``); None: logged at once.
     logs: list[logging.LogRecord] | None = None
+    #: False when ``records`` hold only what a turn changed (a remote turn's decision), not the
+    #: whole history: what the history started is then asked of the database.
+    whole_history: bool = True
+    #: When ``records`` were read (a time taken before the read), or None for now. What they
+    #: say of attempts running elsewhere (their beats, holds and takes) is true as of then only:
+    #: a turn that stalls after its read (a loaded machine, a long step run in place) judges
+    #: such an attempt silent, lost or unsent at that time, never at a later one it has not seen.
+    read_at: datetime | None = None
 
     def buffered(self) -> list[BufferedSignal]:
         if self.signals is None:

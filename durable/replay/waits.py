@@ -52,7 +52,9 @@ class Waits(Positions):
 
     def _any_signal_wait(self, names: Any, timeout: Any) -> Callable[[], Any]:
         wanted = check_names(names)
-        rec = self._wait_position("any_signal", "|".join(wanted), timeout, {"names": wanted})
+        rec = self._wait_position(
+            "any_signal", joined(wanted, call=ANY_SIGNAL_CALL), timeout, {"names": wanted}
+        )
 
         def take(now: datetime) -> tuple[bool, Any]:
             buffered = self._take_signal(rec, lambda s: s.name in wanted)
@@ -128,22 +130,35 @@ class Waits(Positions):
         return Pending(rec.wake_at)
 
 
-def check_names(names: Any) -> list[str]:
-    """``names`` as ``wait_for_any_signal`` takes them: a non-empty list of signal names."""
-    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not names:
+ANY_SIGNAL_CALL = "ctx.wait_for_any_signal()"
+
+
+def check_names(
+    names: Any, *, what: str = "signal names", call: str = ANY_SIGNAL_CALL, empty: bool = False
+) -> list[str]:
+    """``names`` as a wait for several names takes them: a list of names (non-empty unless
+    ``empty``), each once, in the given order."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not (names or empty):
         raise InvalidInput(
-            "ctx.wait_for_any_signal() takes a non-empty list of signal names such as "
+            f"{call} takes {'a' if empty else 'a non-empty'} list of {what} such as "
             f'["approve", "reject"], got {names!r}'
         )
     if not all(isinstance(name, str) and name for name in names):
-        raise InvalidInput(f"ctx.wait_for_any_signal() needs non-empty signal names, got {names!r}")
+        raise InvalidInput(f"{call} needs non-empty {what}, got {names!r}")
     wanted = list(dict.fromkeys(names))
-    if len("|".join(wanted)) > NAME_LENGTH:
-        raise InvalidInput(
-            f"the names of ctx.wait_for_any_signal() take {len('|'.join(wanted))} characters joined "
-            f"with '|'; at most {NAME_LENGTH} fit: wait for fewer or shorter names"
-        )
+    joined(wanted, call=call)
     return wanted
+
+
+def joined(names: list[str], *, call: str) -> str:
+    """The position's name of a wait for several names: the names joined with ``|``."""
+    name = "|".join(dict.fromkeys(names))
+    if len(name) > NAME_LENGTH:
+        raise InvalidInput(
+            f"the names of {call} take {len(name)} characters joined with '|'; at most "
+            f"{NAME_LENGTH} fit: wait for fewer or shorter names"
+        )
+    return name
 
 
 def check_match(match: Any) -> dict[str, Any] | None:
@@ -157,7 +172,8 @@ def check_match(match: Any) -> dict[str, Any] | None:
         raise InvalidInput(
             f"match must be a dict of payload keys to JSON scalars (str, number, bool, None), got {match!r}"
         )
-    return roundtrip(match, what="match")
+    checked: dict[str, Any] = roundtrip(match, what="match")
+    return checked
 
 
 def received_events(records: dict[int, Record]) -> set[int]:

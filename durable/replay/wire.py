@@ -142,7 +142,12 @@ def state_in(message: dict[str, Any], codec: Codec | None = None) -> TurnState:
         for raw in message.get("signals") or []
     ]
     exposed = codecs.opened(message.get("exposed"), codec)
-    return TurnState(records={rec.seq: rec for rec in records}, signals=signals, exposed=dict(exposed or {}))
+    return TurnState(
+        records={rec.seq: rec for rec in records},
+        signals=signals,
+        exposed=dict(exposed or {}),
+        read_at=_parse(message.get("sent_at")),
+    )
 
 
 def decision_message(
@@ -188,6 +193,7 @@ def decided_in(message: dict[str, Any], codec: Codec | None = None) -> tuple[Tur
             BufferedSignal(raw["id"], "", None, consumed_seq=raw["seq"])
             for raw in message.get("consumed") or []
         ],
+        whole_history=False,
         children=[
             ChildStart(**{**raw, "input": codecs.opened(raw.get("input"), codec)})
             for raw in message.get("children") or []

@@ -7,6 +7,8 @@
   database, for end-to-end tests (with ``start_beat()``, ``kill()`` and ``restart()``), and
   ``add_worker()`` for more workers, each killable and restartable on its own; a test module
   configures it by overriding the ``durable_worker_options`` fixture.
+- ``durable_env.crash(step, when=...)``: the process dies at a step attempt, then
+  ``durable_env.recover()``; a project tests its own workflows' recovery so.
 - ``replay_history(history)``: replay an exported history (``manage.py durable show RUN --json``)
   against the workflow code of the test, no database needed; raises ``NonDeterminismError``
   when the code would break the run.
@@ -29,6 +31,7 @@ from .. import clock, conf, dispatch
 from ..durations import parse_duration
 from ..errors import DurableError
 from ..replay import check
+from . import crashes
 from .workers import (  # noqa: F401 - the plugin's fixtures and helpers, as before
     DurableWorker,
     WorkerHandle,
@@ -221,6 +224,23 @@ class DurableEnv:
 
     def now(self) -> Any:
         return clock.now()
+
+    def crash(
+        self, step: Any, *, when: str = "before", attempt: int = 1
+    ) -> contextlib.AbstractContextManager[crashes.Crash]:
+        """Inside the block, the process dies at attempt ``attempt`` of ``step`` (a step or its
+        name): as the attempt starts (``when="before"``: its body does not run) or once its body
+        returned (``"after"``: its effects happened, its result is not recorded). The open
+        transaction is rolled back and nothing after it runs; the message it was handling is
+        delivered again; what it held stays held until ``recover()``. Raises ``DurableError`` at
+        the block's end if the attempt never ran in it."""
+        return crashes.crash(self, step, when, attempt)
+
+    def recover(self) -> int:
+        """Move the clock past ``LEASE``, so what a dead process held lapses and the sweeps
+        take it up, then run what they send until idle; return how many messages ran. An
+        attempt the death cut counts as lost: its retry waits out its backoff (``advance_time``)."""
+        return self.advance_time(conf.get().LEASE + timedelta(seconds=1))
 
 
 @pytest.fixture

@@ -99,9 +99,9 @@ class Attempt:
 
     def heartbeat(self, progress: Any = None) -> None:
         progress = self.worker.seal(progress) if progress is not None else None
-        self.worker.send(
-            "durable.heartbeat", {**self.report(), "progress": progress}, self.header["reply_to"]
-        )
+        # sent_at: durable keeps the last beat sent's progress, in whatever order it takes them.
+        beat = {**self.report(), "progress": progress, "sent_at": time.time()}
+        self.worker.send("durable.heartbeat", beat, self.header["reply_to"])
 
 
 Handler = Callable[..., Any]

@@ -123,3 +123,27 @@ def hold_order(ctx: durable.Context, order: dict) -> dict:
             return {"held": False, "reason": exc.message}
         held.append((item["sku"], item["qty"]))
     return {"held": True}
+
+
+#: The stages a parcel goes through, each scanned by ``scan_parcel``.
+STAGES = ("picked", "packed", "handed to the carrier", "out for delivery", "delivered")
+
+
+@durable.step
+def scan_parcel(order_id: int, stage: str) -> str:
+    """A scanner at one stage: its reading goes out on the run's stream as soon as it is taken."""
+    durable.write_stream("tracking", {"order": order_id, "stage": stage})
+    return f"{order_id}:{stage}"
+
+
+@durable.workflow(name="shop.track")
+def track(ctx: durable.Context, order_id: int) -> list:
+    """Follow a parcel: what the page ``views.track_page`` shows live, value by value."""
+    scans = []
+    for stage in STAGES:
+        scans.append(ctx.step(scan_parcel, order_id, stage))
+        if stage != STAGES[-1]:
+            ctx.sleep("1s")  # the parcel travels
+    ctx.write_stream("tracking", {"order": order_id, "stage": "done", "scans": len(scans)})
+    ctx.close_stream("tracking")
+    return scans

@@ -182,6 +182,33 @@ def test_send_a_signal_through_the_form_and_see_the_run_finish(
     assert "completed" in page.text("#now")
 
 
+def test_fork_a_failed_run_from_its_failed_position(page: Page, engine: Any, operator: User) -> None:
+    flows.OUTAGE["on"] = True
+    run_id = durable.start(flows.charge_flow, 300).id
+    engine.run_until_idle()
+    flows.OUTAGE["on"] = False
+    page.log_in("operator", PASSWORD)
+
+    page.open(run_url(run_id))
+    page.shot("failed-run-with-fork")
+    page.click(".durable-fork-here")
+    chosen = page.find("#id_at option[selected]").text
+    page.find("#id_run_id").send_keys("charge-300-fixed")
+    page.shot("fork-form")
+    page.click("input[name=_fork]")
+    said = page.text(".messagelist")
+    engine.run_until_idle()
+    page.open(run_url("charge-300-fixed"))
+    page.shot("forked-run")
+    relatives = page.text("#now")
+
+    assert chosen.startswith("0: step tests.console_charge (failed)")
+    assert "Forked at position 0: run charge-300-fixed." in said
+    assert durable.get_run("charge-300-fixed").output == "charged 300"
+    assert "Forked at position 0 from" in relatives and run_id in relatives
+    assert durable.get_run(run_id).status == "failed"
+
+
 def test_cancel_with_compensation_undoes_the_done_steps(page: Page, engine: Any, operator: User) -> None:
     run_id = durable.start(flows.saga_flow, "lamp").id
     engine.run_until_idle()
@@ -325,6 +352,21 @@ def test_the_health_page_names_a_queue_no_worker_consumes(page: Page, engine: An
 
     assert "no worker: start one with -Q durable" in health
     assert "Stuck: no worker has consumed queue 'durable' lately" in now
+
+
+def test_the_health_page_shows_a_lanes_slots_held_and_attempts_waiting(
+    page: Page, engine: Any, operator: User
+) -> None:
+    for n in range(3):
+        durable.start(flows.render_flow, n)
+    engine.run_until_idle()  # one render holds the lane's one slot, two wait in its line
+    page.log_in("operator", PASSWORD)
+
+    page.open(reverse("admin:durable_presence_changelist"))
+    lanes = page.text("#lanes")
+    page.shot("health-lanes")
+
+    assert "tests.console_rendering steps 1 1 2 1 - -" in lanes
 
 
 def test_the_run_list_shows_every_column_whole_at_1400_px(page: Page, engine: Any, operator: User) -> None:

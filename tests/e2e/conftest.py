@@ -6,14 +6,41 @@ import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import current_app
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
+from django.test import override_settings
 
+from durable.testing import settings_env
 from tests.conftest import _skip_or_fail, on_postgres
-from tests.e2e.servers import PostgresServer, RedisServer, free_port, postgres_bindir
+from tests.e2e.servers import (
+    PgBouncer,
+    PostgresServer,
+    RedisServer,
+    free_port,
+    pgbouncer_binary,
+    postgres_bindir,
+)
+
+
+def settings_fixtures(settings: dict[str, str]) -> tuple[Any, Any]:
+    """``durable_worker_options, short_lease = settings_fixtures(SETTINGS)`` in a test module:
+    its workers and beat get ``settings`` (as DURABLE_<KEY>), and so does the test process."""
+
+    @pytest.fixture
+    def durable_worker_options() -> dict[str, Any]:
+        return {"env": settings_env(settings)}
+
+    @pytest.fixture(autouse=True)
+    def short_lease() -> Iterator[None]:
+        with override_settings(DURABLE=settings):
+            yield
+
+    return durable_worker_options, short_lease
+
 
 #: The test database made on a PostgreSQL server of the test's own.
 DATABASE = "test_durable_server_restarts"
@@ -53,6 +80,55 @@ def postgres_server(transactional_db) -> Iterator[PostgresServer]:
         connection.settings_dict.clear()
         connection.settings_dict.update(saved)
         server.remove()
+
+
+def _replica_alias() -> None:
+    """The alias ``replica``: a mirror of ``default`` until the ``replica`` fixture points it at a
+    replica of the test's own. Known from the start, so a test may name it in
+    ``django_db(databases=...)`` (Django refuses an alias a test did not name)."""
+    databases = connections.settings
+    if "replica" not in databases:
+        default = databases["default"]
+        databases["replica"] = {**default, "TEST": {**default.get("TEST", {}), "MIRROR": "default"}}
+
+
+_replica_alias()
+
+
+@pytest.fixture
+def replica(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
+    """A streaming replica of the test's own PostgreSQL, reached through the alias ``replica``
+    (what DURABLE["READ_DATABASE"] names). Its replay can be paused and resumed."""
+    standby = postgres_server.replica(free_port())
+    replica = connections["replica"]
+    saved = dict(replica.settings_dict)
+    replica.close()
+    replica.settings_dict.update(
+        HOST="127.0.0.1", PORT=str(standby.port), NAME=connection.settings_dict["NAME"]
+    )
+    try:
+        yield standby
+    finally:
+        replica.close()
+        replica.settings_dict.clear()
+        replica.settings_dict.update(saved)
+        standby.remove()
+
+
+@pytest.fixture
+def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode in front of the test's own PostgreSQL: the worker and beat
+    reach the database through it (prepared statements off, as behind any pooler in transaction
+    mode) and listen for runs' ends on a direct connection (``DURABLE["LISTEN_DATABASE"]``)."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        _skip_or_fail("needs pgbouncer (apt-get install pgbouncer)")
+    bouncer = PgBouncer(binary, postgres_server.port, free_port())
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.remove()
 
 
 @pytest.fixture
@@ -99,6 +175,10 @@ def servers_env(request: pytest.FixtureRequest) -> dict[str, str]:
     env = {}
     if "postgres_server" in request.fixturenames:
         env["DATABASE_URL"] = request.getfixturevalue("postgres_server").url("postgres")
+    if "pgbouncer" in request.fixturenames:
+        env["DATABASE_LISTEN_URL"] = env["DATABASE_URL"]
+        env["DATABASE_URL"] = request.getfixturevalue("pgbouncer").url("postgres")
+        env["DATABASE_PREPARED_STATEMENTS"] = "0"
     if "redis_server" in request.fixturenames:
         env["CELERY_BROKER_URL"] = request.getfixturevalue("redis_server").url
     return env

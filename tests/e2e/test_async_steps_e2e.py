@@ -107,6 +107,38 @@ def test_an_async_step_runs_on_a_real_worker(durable_worker):
     assert noted(run.id) == ["began:1", "ended:1"]
 
 
+def test_the_turn_that_reaches_an_async_step_starts_it_without_a_message(durable_worker):
+    durable_worker.primary.start()
+    run = durable.start(waits, 0.1)
+    assert durable.result(run.id, timeout=60) == "waited 0.1"
+    row = Checkpoint.objects.get(run_id=run.id, seq=0)
+    # Taken in the turn's own write (a worker's take, after a message, starts it later).
+    assert row.started_at == row.enqueued_at, (row.enqueued_at, row.started_at)
+
+
+def test_an_async_step_its_turn_took_and_never_started_runs_again(durable_worker):
+    # One slot: the first run's step holds it, so the second run's turn commits the take of its
+    # step and then waits for the slot to start it. The worker dies in that window.
+    durable_worker.start_beat()
+    worker = durable_worker.add_worker(
+        {"DURABLE_ASYNC_STEPS_PER_PROCESS": "1"}, name="one-slot", concurrency=1
+    )
+    first = durable.start(waits, 30)
+    wait_for(lambda: noted(first.id), timeout=60, what="the first step to start")
+    second = durable.start(waits, 0.1)
+    taken = Checkpoint.objects.filter(run_id=second.id, seq=0, started_at__isnull=False)
+    wait_for(taken.exists, timeout=60, what="the second step to be taken")
+    time.sleep(0.5)
+    assert noted(second.id) == []  # taken, not started: waiting for the slot
+    worker.kill()
+    durable_worker.add_worker(name="after")
+    assert durable.result(second.id, timeout=90) == "waited 0.1"
+    assert noted(second.id) == ["began:2", "ended:2"]  # attempt 1 never began; counted lost
+    row = Checkpoint.objects.get(run_id=second.id, seq=0)
+    assert (row.status, row.attempt) == ("completed", 2)
+    assert durable.cancel(first.id)
+
+
 def test_an_async_step_is_cancelled_by_its_timeout(durable_worker):
     durable_worker.primary.start()
     run = durable.start(overruns, None)

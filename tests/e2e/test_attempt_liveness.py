@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from django.test import override_settings
 
 import durable
 from durable.models import Checkpoint
-from durable.testing import settings_env, wait_for
+from durable.testing import wait_for
+from tests.e2e.conftest import settings_fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -27,16 +27,7 @@ LEDGER = Path(tempfile.gettempdir()) / "durable-liveness-ledger"
 SETTINGS = {"LEASE": "3s", "ORPHAN_SWEEP_INTERVAL": "1s"}
 TWICE = durable.Retry(max_attempts=2, initial="100ms")
 
-
-@pytest.fixture
-def durable_worker_options():
-    return {"env": settings_env(SETTINGS)}
-
-
-@pytest.fixture(autouse=True)
-def short_lease():
-    with override_settings(DURABLE=SETTINGS):
-        yield
+durable_worker_options, short_lease = settings_fixtures(SETTINGS)
 
 
 def ran(run_id: str) -> list[str]:

@@ -13,12 +13,12 @@ from datetime import timedelta
 
 import pytest
 from django.db.models import Max
-from django.test import override_settings
 from django.utils import timezone
 
 import durable
 from durable.models import TERMINAL, Checkpoint, Run
-from durable.testing import flush_broker, settings_env, wait_for
+from durable.testing import flush_broker, wait_for
+from tests.e2e.conftest import settings_fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -40,15 +40,7 @@ def fan_flow(ctx, n):
     return ctx.step(part, sum(squares))
 
 
-@pytest.fixture
-def durable_worker_options():
-    return {"env": settings_env(SETTINGS)}
-
-
-@pytest.fixture(autouse=True)
-def short_lease():
-    with override_settings(DURABLE=SETTINGS):
-        yield
+durable_worker_options, short_lease = settings_fixtures(SETTINGS)
 
 
 def test_runs_whose_step_messages_were_flushed_complete_within_two_reconcile_intervals(

@@ -19,6 +19,7 @@ import pytest
 from django.test import override_settings
 
 import durable
+from durable.models import AttemptError, Checkpoint
 from durable.testing import settings_env, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -42,6 +43,11 @@ def two_at_a_time(n):
 
 @durable.step(name="tests.e2e.flow.one_at_a_time", concurrency=1, retry=durable.Retry(initial="100ms"))
 def one_at_a_time(n):
+    return _killed_first(n)
+
+
+def _killed_first(n):
+    """Member 0's first execution hangs until its worker is killed; the others take 0.1 s."""
     _note("start", str(n))
     victim = Path(os.environ[LEDGER_ENV]) / "victim"
     if n == 0 and not victim.exists():
@@ -50,6 +56,59 @@ def one_at_a_time(n):
     time.sleep(0.1)
     _note("end", str(n))
     return n
+
+
+@durable.step(name="tests.e2e.flow.one_in_place", concurrency=1, retry=durable.Retry(initial="100ms"))
+def one_in_place(n):
+    return _killed_first(n)
+
+
+@durable.workflow(name="tests.e2e.flow.in_sequence")
+def in_sequence(ctx, numbers):
+    return [ctx.step(one_in_place, n) for n in numbers]
+
+
+#: One slot shared by two steps of two workflows.
+ONE_LANE = durable.Lane("tests.e2e.flow.one_lane", concurrency=1)
+
+
+@durable.step(name="tests.e2e.flow.lane_a", lane=ONE_LANE, retry=durable.Retry(initial="100ms"))
+def lane_a(n):
+    return _killed_first(n)
+
+
+@durable.step(name="tests.e2e.flow.lane_b", lane=ONE_LANE, retry=durable.Retry(initial="100ms"))
+def lane_b(n):
+    return _killed_first(n)
+
+
+@durable.workflow(name="tests.e2e.flow.lane_mix")
+def lane_mix(ctx, n):
+    return ctx.all([ctx.defer(lane_a if i % 2 == 0 else lane_b, i) for i in range(n)])
+
+
+@durable.workflow(name="tests.e2e.flow.lane_other")
+def lane_other(ctx, numbers):
+    return ctx.map(lane_b, numbers)
+
+
+#: One run at a time across two workflows.
+RUN_LANE = durable.Lane("tests.e2e.flow.run_lane", concurrency=1)
+
+
+@durable.step(name="tests.e2e.flow.lane_work", retry=durable.Retry(initial="100ms"))
+def lane_work(n):
+    return _killed_first(n)
+
+
+@durable.workflow(name="tests.e2e.flow.laned_a", lane=RUN_LANE)
+def laned_a(ctx, n):
+    return ctx.step(lane_work, n)
+
+
+@durable.workflow(name="tests.e2e.flow.laned_b", lane=RUN_LANE)
+def laned_b(ctx, n):
+    return ctx.step(lane_work, n)
 
 
 @durable.step(name="tests.e2e.flow.five_a_second", rate_limit="5/s")
@@ -125,6 +184,68 @@ def test_the_slot_of_a_worker_killed_mid_step_comes_back_within_the_lease(fleet,
     # then hands the slot on. Slack for a loaded machine: 4.9 s was seen with six suites running.
     assert min(starts) - killed < 3 + 3
     assert _most_at_once([e for e in _ledger(ledger_dir) if e[2] > killed]) == 1
+
+
+def test_limited_steps_run_in_place_and_a_killed_turn_gives_its_slot_back(fleet, ledger_dir):
+    """Steps in sequence under one slot, run inside their runs' turns: the turn killed mid-step
+    keeps the slot until the next turn counts its attempt lost (its lease, then the orphan
+    sweep), and the waiters get it then, one at a time."""
+    first = durable.start(in_sequence, [0, 1])
+    pid = int(wait_for(lambda: (ledger_dir / "victim").exists() and (ledger_dir / "victim").read_text(), 60))
+    [victim] = [w for w in fleet if pid in w.pool_pids()]
+    others = [durable.start(in_sequence, [10, 11]), durable.start(in_sequence, [20, 21])]
+    in_line = Checkpoint.objects.filter(run_id__in=[r.id for r in others], seq=0, flow="waiting")
+    wait_for(lambda: in_line.count() == 2, 30, what="the others to wait in line for the slot")
+    assert [e[1] for e in _ledger(ledger_dir) if e[0] == "start"] == ["0"]
+    victim.kill()
+    killed = time.time()
+    assert [durable.result(r.id, timeout=60) for r in (first, *others)] == [[0, 1], [10, 11], [20, 21]]
+    after = [e for e in _ledger(ledger_dir) if e[2] > killed]
+    # LEASE (3 s) after the last renewal, then the orphan sweep's pass (5 s), with slack for a
+    # loaded machine.
+    assert min(at for e, _, at, _ in after if e == "start") - killed < 3 + 5 + 3
+    assert _most_at_once(after) == 1
+    # The killed attempt ran inside its turn; with the line empty again, steps run in place.
+    (lost,) = AttemptError.objects.filter(run_id=first.id, seq=0, attempt=1)
+    assert "in place" in lost.error["message"]
+    alone = durable.start(in_sequence, [30, 31])
+    assert durable.result(alone.id, timeout=60) == [30, 31]
+    assert all(row.enqueued_at is None for row in Checkpoint.objects.filter(run_id=alone.id))
+
+
+def test_a_lane_shared_by_two_workflows_gets_its_slot_back_from_a_killed_worker(fleet, ledger_dir):
+    mixed = durable.start(lane_mix, 4)
+    other = durable.start(lane_other, [10, 11])
+    pid = int(wait_for(lambda: (ledger_dir / "victim").exists() and (ledger_dir / "victim").read_text(), 60))
+    [victim] = [w for w in fleet if pid in w.pool_pids()]
+    time.sleep(0.5)
+    before = _ledger(ledger_dir)
+    # Whichever members went first, one at a time; none started while the victim holds the slot.
+    assert [e[1] for e in before if e[0] == "start"][-1] == "0"
+    assert _most_at_once(before) == 1
+    victim.kill()
+    killed = time.time()
+    assert durable.result(mixed.id, timeout=60) == [0, 1, 2, 3]
+    assert durable.result(other.id, timeout=60) == [10, 11]
+    after = [e for e in _ledger(ledger_dir) if e[2] > killed]
+    assert min(at for e, _, at, _ in after if e == "start") - killed < 3 + 3
+    assert _most_at_once(after) == 1  # one at a time across both steps and both workflows
+
+
+def test_runs_in_a_lane_run_one_at_a_time_by_priority_through_a_killed_worker(fleet, ledger_dir):
+    first = durable.start(laned_a, 0)
+    pid = int(wait_for(lambda: (ledger_dir / "victim").exists() and (ledger_dir / "victim").read_text(), 60))
+    [victim] = [w for w in fleet if pid in w.pool_pids()]
+    waiting = [durable.start(laned_b, 1), durable.start(laned_a, 2, priority=5), durable.start(laned_b, 3)]
+    time.sleep(0.5)
+    assert [durable.get_run(h.id).status for h in waiting] == ["pending"] * 3  # the lane's slot is taken
+    victim.kill()
+    killed = time.time()
+    assert durable.result(first.id, timeout=60) == 0
+    assert [durable.result(h.id, timeout=60) for h in waiting] == [1, 2, 3]
+    after = [e for e in _ledger(ledger_dir) if e[2] > killed]
+    assert _most_at_once(after) == 1
+    assert [name for e, name, *_ in after if e == "start"] == ["0", "2", "1", "3"]  # priority 5 first
 
 
 def test_a_fan_of_thirty_never_starts_more_than_five_in_any_second(fleet, ledger_dir):

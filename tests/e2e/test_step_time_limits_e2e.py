@@ -1,6 +1,7 @@
 """A step that ignores its soft time limit on a real worker: at the hard limit durable records
 the attempt's outcome ``timeout`` first, then ends the pool process, so the run retries at once
-instead of after the liveness window (a LEASE). In place (inside the turn) and dispatched alike.
+instead of after the liveness window (a LEASE). In place (inside the turn), dispatched and
+``local=True`` alike.
 
 The worker imports this module (``--include``), so the workflow is registered on both sides.
 """
@@ -22,8 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 GRACE = "1s"
 
 
-@durable.step(timeout="1s", retry=durable.Retry(max_attempts=2, initial="100ms"))
-def stubborn() -> dict:
+def _stubborn() -> dict:
     info = durable.step_info()
     if info.attempt == 1:
         durable.heartbeat(progress={"pid": os.getpid()})  # a first beat is written at once
@@ -34,12 +34,17 @@ def stubborn() -> dict:
     return {"before": row.error, "first_pid": row.progress["pid"], "pid": os.getpid()}
 
 
+LIMITS = {"timeout": "1s", "retry": durable.Retry(max_attempts=2, initial="100ms")}
+stubborn = durable.step(name="tests.time_limits_e2e.stubborn", **LIMITS)(_stubborn)
+stubborn_local = durable.step(name="tests.time_limits_e2e.stubborn_local", local=True, **LIMITS)(_stubborn)
+
+
 @durable.workflow(name="tests.time_limits_e2e.stubborn")
-def stubborn_flow(ctx, _):
-    return ctx.step(stubborn)
+def stubborn_flow(ctx, local):
+    return ctx.step(stubborn_local if local else stubborn)
 
 
-@pytest.fixture(params=["in place", "dispatched"])
+@pytest.fixture(params=["in place", "dispatched", "local"])
 def where(request):
     return request.param
 
@@ -53,7 +58,7 @@ def durable_worker_options(where):
 def test_the_hard_limit_records_timeout_before_the_process_ends_and_the_run_retries(where, durable_worker):
     durable_worker.start_beat()
     began = time.monotonic()
-    run = durable.start(stubborn_flow)
+    run = durable.start(stubborn_flow, where == "local")
     output = durable.result(run.id, timeout=60)
     took = time.monotonic() - began
     print(f"retried after the hard limit in {took:.1f}s")
@@ -66,7 +71,7 @@ def test_the_hard_limit_records_timeout_before_the_process_ends_and_the_run_retr
     # Known at the hard limit (1 s + 1 s), not after a LEASE (30 s) of silence.
     assert took < 20
     step = Checkpoint.objects.get(run_id=run.id)
-    assert (step.enqueued_at is None) == (where == "in place"), "not where the test meant it to run"
+    assert (step.enqueued_at is None) == (where != "dispatched"), "not where the test meant it to run"
     # The process that ran the first attempt was ended (the pool started another).
     assert output["first_pid"] != output["pid"]
     assert not _running(output["first_pid"])

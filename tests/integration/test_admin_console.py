@@ -25,7 +25,7 @@ CHANGELIST = "admin:durable_run_changelist"
 #: Queries the run page may take, whatever the size of the run (session, user, run, fans,
 #: timeline, waits, signals, relatives, ...): a fan of 2,000 costs what a fan of 10 does.
 RUN_PAGE_QUERIES = 16
-BUTTONS = ("retry", "cancel", "compensate", "resume", "send")
+BUTTONS = ("retry", "cancel", "compensate", "resume", "send", "fork")
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +142,17 @@ def test_a_run_not_yet_taken_waits_for_a_worker_on_its_queue(admin_client: Clien
     )
 
 
+def test_a_debounced_run_says_when_it_starts_unless_another_call_comes(
+    admin_client: Client, durable_env: Any
+) -> None:
+    run_id = durable.debounce(flows.approval_flow, 1, key="order-9", period="1m").id
+    start = durable.get_run(run_id).wake_at.isoformat(timespec="seconds")
+
+    waits = section(page_of(admin_client, run_id), "waiting-for")
+
+    assert f"its debounce key &#x27;order-9&#x27; to stay quiet: starts at {start}" in waits
+
+
 def test_a_failed_run_shows_its_error_and_links_its_on_error_run_both_ways(
     admin_client: Client, durable_env: Any
 ) -> None:
@@ -180,12 +191,15 @@ def test_a_staff_user_without_the_permissions_sees_no_button_and_a_forged_post_c
             (waiting, "compensate"),
             (waiting, "resume"),
             (waiting, "send"),
+            (failed, "fork"),
         ]
     }
 
     assert 'id="steer"' not in pages and "Delete with its subtree" not in pages
     assert refused == dict.fromkeys(BUTTONS, 403)
     assert client.get(action_url(waiting, "send")).status_code == 403
+    assert client.get(action_url(failed, "fork")).status_code == 403
+    assert "fork" not in section(pages, "timeline") and Run.objects.count() == 2
     durable_env.run_until_idle()
     assert durable.get_run(failed).status == "failed"
     assert durable.get_run(waiting).status == "suspended"
@@ -195,7 +209,12 @@ def test_a_staff_user_without_the_permissions_sees_no_button_and_a_forged_post_c
 
 @pytest.mark.parametrize(
     ("codename", "shown"),
-    [("retry_run", {"retry"}), ("cancel_run", {"cancel", "compensate"}), ("signal_run", {"send"})],
+    [
+        ("retry_run", {"retry"}),
+        ("cancel_run", {"cancel", "compensate"}),
+        ("signal_run", {"send"}),
+        ("fork_run", {"fork"}),
+    ],
 )
 def test_each_permission_shows_its_own_buttons_only(
     client: Client, durable_env: Any, codename: str, shown: set[str]
@@ -209,6 +228,7 @@ def test_each_permission_shows_its_own_buttons_only(
     html = page_of(client, failed) + page_of(client, waiting)
     found = {button for button in BUTTONS if f'name="{button}"' in html}
     found |= {"send"} if 'id="send-link"' in html else set()
+    found |= {"fork"} if 'id="fork-link"' in html else set()
 
     assert found == shown
 
@@ -501,3 +521,43 @@ def test_failed_attempts_are_numbered_per_retry_round(admin_client: Client, dura
 
     rows = re.findall(r"<tr><td>#0 tests.console_charge_twice</td><td>([^<]*)</td><td>(\d+)</td>", failures)
     assert rows == [("first", "1"), ("first", "2"), ("after retry 1", "1")]
+
+
+def test_the_fork_form_forks_a_failed_run_at_its_failed_position_and_links_both_ways(
+    client: Client, durable_env: Any
+) -> None:
+    staff(client, "fork_run")
+    flows.OUTAGE["on"] = True
+    failed = durable.start(flows.charge_flow, 5).id
+    durable_env.run_until_idle()
+    flows.OUTAGE["on"] = False
+
+    page = page_of(client, failed)
+    form = client.get(action_url(failed, "fork")).content.decode()
+    response = client.post(action_url(failed, "fork"), {"at": "0", "run_id": "charge-5-again"})
+    durable_env.run_until_idle()
+
+    assert f'href="{action_url(failed, "fork")}?at=0"' in section(page, "timeline")  # "fork" per position
+    assert '<option value="0" selected>0: step' in form  # the failed position, suggested
+    assert response.status_code == 302 and response["Location"] == change_url("charge-5-again")
+    assert durable.result("charge-5-again") == "charged 5"
+    fork_page, origin_page = page_of(client, "charge-5-again"), page_of(client, failed)
+    assert "Forked at position 0 from" in fork_page and failed in fork_page
+    assert "Fork at position 0" in origin_page and "charge-5-again" in origin_page
+    assert LogEntry.objects.get().change_message == "Forked at position 0: run charge-5-again."
+
+
+def test_the_fork_form_refuses_a_taken_id_saying_so_and_forks_nothing(
+    client: Client, durable_env: Any
+) -> None:
+    staff(client, "fork_run")
+    flows.OUTAGE["on"] = True
+    failed = durable.start(flows.charge_flow, 5).id
+    other = durable.start(flows.approval_flow, 1).id
+    durable_env.run_until_idle()
+
+    response = client.post(action_url(failed, "fork"), {"at": "0", "run_id": other})
+
+    assert response.status_code == 200
+    assert "is taken" in response.content.decode()
+    assert Run.objects.count() == 2

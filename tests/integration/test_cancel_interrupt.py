@@ -236,12 +236,6 @@ def test_a_heartbeat_timeout_step_persists_beats_within_the_grace_whatever_the_t
     assert Beats("r", 0, 1, settings).throttle == timedelta(seconds=10)
 
 
-@pytest.mark.parametrize("option", [{"timeout": "5s"}, {"heartbeat_timeout": "5s"}])
-def test_a_local_step_refuses_a_timeout_at_declaration(option):
-    with pytest.raises(durable.InvalidInput, match="local=True step runs inside the turn"):
-        durable.step(name="tests.cancel_interrupt.local_timed", local=True, **option)(lambda: None)
-
-
 def test_interrupt_with_compensate_cleans_up_then_unwinds_the_saga(durable_env):
     run = durable.start(saga)
     durable_env.run_until_idle()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from celery import shared_task
 
@@ -68,6 +70,25 @@ def test_step_result_records_once_and_ignores_duplicates(durable_env):
     assert reported.step_result(run.id, 0, 1, output=2, token=token) == "completed"
     assert reported.step_result(run.id, 0, 1, output=999, token=token) == "stale"
     assert Checkpoint.objects.get(run_id=run.id, seq=0).output == 2
+
+
+def test_beats_taken_out_of_order_keep_the_progress_sent_last(durable_env):
+    """Two pool processes may take an attempt's beats in either order, and its result between."""
+    run = durable.start(celery_flow, 1)
+    durable_env.run_next()
+    durable_env.drop()
+    token = Checkpoint.objects.get(run_id=run.id, seq=0).token
+    sent = time.time()
+    assert reported.heartbeat(run.id, 0, 1, {"done": 2}, token=token, sent_at=sent + 2) is True
+    assert reported.heartbeat(run.id, 0, 1, {"done": 1}, token=token, sent_at=sent + 1) is True  # alive
+    assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 2}
+    assert reported.heartbeat(run.id, 0, 1, {"done": 3}, token=token, sent_at=sent + 3) is True
+    assert reported.step_result(run.id, 0, 1, output=2, token=token) == "completed"
+    # Beats taken after the result: the one sent before the last kept is not kept over it.
+    assert reported.heartbeat(run.id, 0, 1, {"done": 2.5}, token=token, sent_at=sent + 2.5) is False
+    assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 3}
+    assert reported.heartbeat(run.id, 0, 1, {"done": 4}, token=token, sent_at=sent + 4) is False
+    assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 4}
 
 
 def test_heartbeat_task_records_progress(durable_env):

@@ -10,6 +10,7 @@ import pytest
 from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import connection
 from django.test import override_settings
 
 from durable import checks, conf
@@ -80,6 +81,22 @@ def test_database_naming_a_missing_alias_is_refused() -> None:
     [error] = _errors({"DATABASE": "tests_missing_alias"})
     assert "DATABASE" in error.msg
     assert "'tests_missing_alias' is not a key of DATABASES" in error.msg
+
+
+@pytest.mark.parametrize("key", ["LISTEN_DATABASE", "READ_DATABASE"])
+@pytest.mark.parametrize("alias", ["tests_missing_alias", "", 3])
+def test_a_listen_or_read_database_must_be_a_database_alias(key, alias) -> None:
+    [error] = _errors({key: alias})
+    assert key in error.msg and "must be None or a key of DATABASES" in error.msg
+
+
+def test_a_replica_is_read_only_on_postgresql() -> None:
+    found = _errors({"READ_DATABASE": "default"})
+    if connection.vendor == "postgresql":
+        assert found == []
+    else:
+        [error] = found
+        assert "a replica is read only on PostgreSQL" in error.msg
 
 
 def test_empty_default_queue_is_refused() -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import durable
 from durable import tasks
+from durable.durations import parse_duration
+from durable.engine import histories, lifecycle
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
@@ -236,6 +240,70 @@ def test_without_beats_the_attempt_times_out_at_its_heartbeat_timeout(durable_en
     assert durable.result(run.id) == {"failed": "timeout"}
     with pytest.raises(durable.InvalidInput):  # the attempt that token named is gone
         durable.heartbeat_step(handed[0])
+
+
+@durable.step(name="tests.later.slow_to_hand", heartbeat_timeout="1m", retry=durable.Retry(max_attempts=1))
+def slow_to_hand():
+    _took()  # the body's own work before it hands the token out: most of a heartbeat_timeout
+    handed.append(durable.step_info().token)
+    raise durable.CompleteLater()
+
+
+@durable.workflow(name="tests.later.slow_to_hand_flow")
+def slow_to_hand_flow(ctx, _):
+    return ctx.step(slow_to_hand)
+
+
+def _took() -> None:
+    """What the body works on; a test makes it take time."""
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["dispatched", "in place"])
+def test_the_let_go_is_a_sign_of_life_the_heartbeat_timeout_counts_from(durable_env, monkeypatch, in_place):
+    """A body that worked 50 s of its 1m heartbeat_timeout before raising CompleteLater leaves
+    the other system the whole timeout for its first beat, not the 10 s that were left."""
+    if in_place:
+        monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})
+    monkeypatch.setattr(sys.modules[__name__], "_took", lambda: durable_env._freezer.tick(50))
+    run = durable.start(slow_to_hand_flow)
+    durable_env.run_until_idle()
+    durable_env.advance_time("55s")  # 1m45s after the attempt started, 55 s after the let-go
+    assert durable.heartbeat_step(handed[0]) is True
+    assert _position(run.id).status == "pending"
+    durable_env.advance_time("70s")  # silent for longer than the timeout and its grace since the beat
+    durable_env.run_until_idle()
+    assert _position(run.id).error["code"] == "timeout"
+
+
+@pytest.mark.parametrize("stall", ["30s", "90s"])
+def test_a_turn_stalled_after_its_read_judges_the_attempt_as_it_read_it(durable_env, monkeypatch, stall):
+    """A loaded machine stalls a turn between its read and its judgment while the other system
+    beats: the attempt's silence is judged as of the read, so a beat the turn never saw is not
+    overruled by a timeout (the stall reaches past the read's deadline, or past a whole timeout)."""
+    run = durable.start(beaten_flow)
+    durable_env.run_until_idle()
+    durable_env.advance_time("40s")
+    assert durable.heartbeat_step(handed[0]) is True  # silent since: its deadline is 1m40s + grace
+    durable_env.advance_time("59s")
+    read = histories.read
+
+    def stalled(run_id, db):
+        positions = read(run_id, db)
+        durable_env._freezer.tick(parse_duration(stall, what="stall"))
+        assert durable.heartbeat_step(handed[0]) is True
+        return positions
+
+    monkeypatch.setattr(histories, "read", stalled)
+    lifecycle.wake(run.id)
+    durable_env.run_until_idle()
+    monkeypatch.setattr(histories, "read", read)
+    position = _position(run.id)
+    assert (position.status, position.attempt) == ("pending", 1)
+    durable_env.advance_time("50s")  # within the stalled beat's timeout: still alive
+    assert _position(run.id).status == "pending"
+    durable.complete_step(handed[0], "done")
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "done"
 
 
 def test_a_beat_says_false_once_the_run_is_cancelled_with_interrupt(durable_env):

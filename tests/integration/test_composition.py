@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import durable
-from durable.models import Checkpoint, Run
+from durable.models import Checkpoint, Run, Signal
 
 pytestmark = pytest.mark.django_db
 
@@ -69,7 +69,7 @@ def parent_flow(ctx, n):
         ctx.child(failing_child_flow, n)
     except durable.ChildFailed as exc:
         caught = exc.code
-    started = ctx.start_child(child_flow, 10)
+    started = ctx.start_child(child_flow, 10, on_parent_close="abandon")  # runs on after the parent
     return {"first": first, "fanned": fanned, "caught": caught, "started": started}
 
 
@@ -181,6 +181,32 @@ def test_continue_as_new_chains_runs_and_result_follows_the_chain(durable_env):
     assert [r.status for r in chain] == ["completed"] * 4
     assert chain[0].output == {"continued_as": chain[1].id}
     assert all(len(Checkpoint.objects.filter(run=r)) == 1 for r in chain)  # history stays short
+
+
+@durable.workflow(name="tests.comp_continue_then_wait")
+def continue_then_wait(ctx, generation):
+    if generation == 0:
+        ctx.continue_as_new(1)
+    update = ctx.wait_for_update("deposit")
+    ctx.reply(update, update.payload * 10)
+    return [ctx.wait_for_signal("go"), update.payload]
+
+
+def test_messages_sent_before_a_run_continues_as_new_wait_for_its_successor(durable_env):
+    """A signal and an update the run had not taken when it continued as new (sent before its
+    turn ran) go on to the newest run of the chain, and the update's reply follows them there."""
+    run = durable.start(continue_then_wait, 0)
+    durable.signal(run.id, "go", "ready", idempotency_key="go-1")
+    durable.update(run.id, "deposit", 4, idempotency_key="deposit-1")
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == ["ready", 4]
+    successor = Run.objects.get(continued_from_id=run.id)
+    assert set(Signal.objects.values_list("run_id", flat=True)) == {successor.id}
+    # A sender trying again under its key finds its message where it went: nothing new is sent,
+    # and the update answers with its reply.
+    assert durable.update(run.id, "deposit", 4, idempotency_key="deposit-1", wait="1s") == 40
+    durable.signal(run.id, "go", "ready", idempotency_key="go-1")
+    assert Signal.objects.count() == 2
 
 
 def test_workflow_timeout_fails_the_run_at_its_deadline(durable_env):

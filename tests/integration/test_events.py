@@ -73,6 +73,15 @@ def test_every_waiting_run_receives_the_same_event(durable_env):
     assert [durable.result(r.id) for r in runs] == [{"order": 7}] * 3
 
 
+def test_an_event_wakes_waiters_read_over_several_batches(durable_env, monkeypatch):
+    monkeypatch.setattr(events, "WAITS_PER_READ", 2)
+    runs = [durable.start(paid, 7 if i != 3 else 8) for i in range(5)]
+    durable_env.run_until_idle()
+    durable.publish_event("order.paid", {"order": 7})
+    woken = sorted(m.args[0] for m in durable_env.pending())
+    assert woken == sorted(r.id for i, r in enumerate(runs) if i != 3)
+
+
 def test_each_event_reaches_a_run_at_most_once_oldest_first(durable_env):
     durable.publish_event("tick", 1)
     run = durable.start(two)

@@ -4,14 +4,17 @@ result by polling."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
+from django.test import override_settings
 
 import durable
-from durable import api, dispatch
+from durable import api, conf, dispatch, waiting
 from durable.engine import turn
 from durable.models import Run
 
@@ -143,3 +146,43 @@ def chain(ctx, value):
     if value < 2:
         ctx.continue_as_new(value + 1)
     return value
+
+
+def test_a_new_listener_hears_its_own_probe_before_callers_rely_on_it(postgres):
+    waiting.stop_all()
+    found = waiting.listener(conf.get().DATABASE, conf.get().LISTEN_DATABASE)
+    assert found is not None and found.live and found.deaf_since is None
+
+
+@pytest.fixture
+def behind_a_pooler():
+    """The suite reaches PostgreSQL through PgBouncer in transaction mode (DATABASE_URL), and
+    directly through the alias ``listen`` (DATABASE_LISTEN_URL): CI's pgbouncer suite."""
+    if "listen" not in settings.DATABASES:
+        pytest.skip("needs DATABASE_URL through PgBouncer in transaction mode and DATABASE_LISTEN_URL")
+
+
+def test_a_listener_behind_a_pooler_in_transaction_mode_stands_down_and_says_why(
+    postgres, behind_a_pooler, caplog
+):
+    waiting.stop_all()
+    with caplog.at_level(logging.WARNING, logger="durable.waiting"):
+        assert waiting.listener("default") is None  # its LISTEN's session serves other clients
+        assert waiting.listener("default") is None  # and it is not tried again at every wait
+    assert caplog.text.count("did not reach the connection listening") == 1
+    assert 'DURABLE["LISTEN_DATABASE"]' in caplog.text
+    assert waiting.listener("default", "listen") is not None  # a direct connection hears
+
+
+def test_behind_a_pooler_without_a_listen_database_callers_poll(
+    postgres, behind_a_pooler, quiet, monkeypatch
+):
+    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)  # were a deaf listener trusted, this would show
+    waiting.stop_all()
+    with override_settings(DURABLE={**settings.DURABLE, "LISTEN_DATABASE": None}):
+        run = durable.start(quick, 6)
+        ender = _later(0.5, lambda: turn.advance(run.id))
+        value, waited = _timed_result(run.id)
+        ender.join()
+    assert value == 7
+    assert waited < 3

@@ -99,7 +99,8 @@ def test_update_wait_returns_the_reply_once_it_is_there(durable_env):
 def test_update_wait_under_durable_env_raises_wait_timeout_naming_the_state(durable_env):
     run = durable.start(account, "ann")
     with pytest.raises(
-        durable.WaitTimeout, match=r"no ctx.wait_for_update took it yet\); the run is pending"
+        durable.WaitTimeout,
+        match=r"no ctx.wait_for_update or ctx.wait_for_message took it yet\); the run is pending",
     ) as caught:
         durable.update(run.id, "rename", "bob", wait="5s")
     assert caught.value.details["status"] == "pending"

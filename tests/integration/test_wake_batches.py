@@ -4,11 +4,12 @@ own run. A batch message durable did not send is refused whole."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, transaction
 from django.test import override_settings
 
 import durable
@@ -213,3 +214,29 @@ def test_a_batch_stops_when_the_database_fails_two_turns_in_a_row(durable_env, m
     monkeypatch.undo()
     durable_env.advance_time("5m")  # each swept run's safety-net wake
     assert [durable.result(run_id) for run_id in ids] == list(range(5))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_started_in_one_transaction_leave_after_it_in_shared_messages(durable_env):
+    """A loop of starts in ``atomic()`` (a view under ATOMIC_REQUESTS, say): their first turns
+    leave after the commit as a sweep's wakes do, in a few messages, not one per run."""
+    with transaction.atomic():
+        ids = [durable.start(nap, n).id for n in range(40)]
+        assert durable_env.pending() == []
+    sent = durable_env.pending()
+    assert [len(dispatch.woken(m)) for m in sent] == [3] * 8 + [2] * 8
+    assert [run_id for m in sent for run_id in dispatch.woken(m)] == ids
+    durable_env.run_until_idle()
+    assert set(Run.objects.filter(id__in=ids).values_list("status", flat=True)) == {"suspended"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_savepoint_takes_its_runs_wakes_with_it(durable_env):
+    with transaction.atomic():
+        kept = durable.start(nap, 1).id
+        with contextlib.suppress(RuntimeError), transaction.atomic():
+            durable.start(nap, 2)
+            raise RuntimeError("rolled back")
+        also = durable.start(nap, 3).id
+    assert [run_id for m in durable_env.pending() for run_id in dispatch.woken(m)] == [kept, also]
+    assert Run.objects.count() == 2

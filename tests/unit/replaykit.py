@@ -75,11 +75,12 @@ def turn(
     exposed: dict[str, Any] | None = None,
     limits: Limits = LIMITS,
     run: RunFacts = RUN,
+    read_at: datetime | None = None,
 ) -> Turn:
     """Replay ``body`` once at ``now`` over ``records`` and ``signals`` (as ``run``, with its
-    ``exposed`` values as stored)."""
+    ``exposed`` values as stored; ``records`` read at ``read_at``, when given)."""
     recs = records if isinstance(records, dict) else {r.seq: r for r in records}
-    state = TurnState(records=recs, signals=list(signals), exposed=dict(exposed or {}))
+    state = TurnState(records=recs, signals=list(signals), exposed=dict(exposed or {}), read_at=read_at)
     flushes: list[TurnState] = []
     renews: list[None] = []
     outcome = replay(

@@ -71,21 +71,60 @@ def test_an_attempt_holding_a_slot_frees_it_when_the_turn_times_it_out() -> None
     assert t.state.freed == ["c:tests.unit_flow.limited:"]
 
 
-def test_a_limited_step_is_sent_rather_than_run_in_place() -> None:
-    class Anywhere:
-        def accepts(self, queue: str, step: object) -> bool:
-            return True
+class Anywhere:
+    """Runs every step in place, and records what it ran."""
 
-        def __call__(self, rec, step):  # pragma: no cover - must not be called
-            raise AssertionError("a limited step ran in place")
+    def __init__(self) -> None:
+        self.ran: list[int] = []
 
-    from durable.replay.context import Context
+    def accepts(self, queue: str, step: object) -> bool:
+        return True
 
-    ctx = Context.__new__(Context)
-    ctx._in_place = Anywhere()
-    ctx._limits, ctx._facts = LIMITS, RUN
-    assert not ctx._runs_here(limited) and not ctx._runs_here(rated)
-    assert ctx._runs_here(plain)
+    def holder(self, queue: str, step: object) -> None:
+        return None
+
+    def __call__(self, rec, step):
+        self.ran.append(rec.seq)
+        return rec.input["args"][0], None, False
+
+
+def _in_place(flush):
+    from durable.definitions import Workflow
+    from durable.replay.core import replay
+    from durable.replay.turnstate import TurnState
+
+    state, runner = TurnState(records={}), Anywhere()
+    body = Workflow(fn=lambda ctx, _: [ctx.step(limited, 1), ctx.step(limited, 2)], name=RUN.workflow)
+    outcome = replay(
+        body, RUN, state, clock=lambda: T0, limits=LIMITS, flush=flush, renew=lambda: None, in_place=runner
+    )
+    return outcome, state, runner
+
+
+def test_a_limited_step_runs_in_place_once_the_write_that_starts_it_gives_it_a_slot() -> None:
+    def admitted(state) -> None:  # the executor's write: each start takes its key's slot
+        for rec in state.unsaved():
+            if rec.status == "pending":
+                rec.flow, rec.flow_key = "held", "c:tests.unit_flow.limited:"
+            rec.stored_as, rec.dirty = (rec.status, rec.attempt), False
+
+    outcome, state, runner = _in_place(admitted)
+    assert outcome.status == "completed" and outcome.output == [1, 2] and runner.ran == [0, 1]
+    # The first result, written with the second start, hands its slot on in that write; the
+    # second's goes with the settle.
+    assert state.freed == ["c:tests.unit_flow.limited:"] * 2
+    assert all(rec.flow is None for rec in state.records.values())
+
+
+def test_a_limited_step_the_write_made_wait_is_not_run_and_its_run_waits() -> None:
+    def full(state) -> None:  # the executor's write found no free slot: sent but unstarted, in line
+        for rec in state.unsaved():
+            rec.started_at, rec.enqueued_at, rec.flow = None, T0, "waiting"
+            rec.stored_as, rec.dirty = (rec.status, rec.attempt), False
+
+    outcome, state, runner = _in_place(full)
+    assert outcome.status == "suspended" and runner.ran == [] and state.dispatch == []
+    assert outcome.wake_at == T0 + LIMITS.reconcile_interval  # the hand-off sends it, not a timer
 
 
 # -- declarations ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -161,6 +162,46 @@ def test_step_that_beat_recently_waits_for_its_heartbeat_deadline() -> None:
     # heartbeat_timeout 10 s + a grace of 1 s, not + the 10 s persist throttle.
     assert t.outcome.wake_at == T0 + timedelta(seconds=6)
     assert t.state.records[0].attempt == 1
+
+
+def _held(lapses_in: timedelta) -> Record:
+    """A beating attempt whose worker process holds it until ``lapses_in`` from now."""
+    return replace(_beating(last_beat_ago=timedelta(0)), held_by="w1/p1", held_until=T0 + lapses_in)
+
+
+def _unsent(sent_ago: timedelta) -> Record:
+    return Record(seq=0, kind="step", name="tests.unit_replay.remote", enqueued_at=T0 - sent_ago)
+
+
+def _step_of(record: Record) -> Callable[[Any, Any], Any]:
+    if record.name == remote.name:
+        return lambda ctx, inp: ctx.step(remote, 1)
+    return lambda ctx, inp: ctx.step(beating)
+
+
+@pytest.mark.parametrize(
+    ("record", "verdict"),
+    [
+        (_beating(last_beat_ago=timedelta(seconds=5)), "StepTimeout"),
+        (_held(lapses_in=timedelta(seconds=5)), "WorkerLost"),
+        (_unsent(sent_ago=timedelta(seconds=30)), "sent again"),
+    ],
+    ids=["a beat", "a hold", "a message"],
+)
+def test_a_turn_stalled_after_its_read_judges_what_it_read_as_of_the_read(record, verdict) -> None:
+    """The turn read the attempt at T0 and reaches its judgment a minute later: the beats, hold
+    renewals and takes of that minute are not in the record, so nothing it says is judged past
+    T0 (the run looks again by the record's own deadline, and the next turn reads them)."""
+    stalled = T0 + timedelta(minutes=1)
+    t = turn(_step_of(record), [record], now=stalled, read_at=T0)
+    assert (record.attempt, record.error, t.state.dispatch) == (1, None, [])
+    assert t.outcome.wake_at is not None and T0 < t.outcome.wake_at <= stalled
+    # Read as late as it is judged, the same record is overdue.
+    again = turn(_step_of(record), [record], now=stalled, read_at=stalled)
+    if verdict == "sent again":
+        assert again.state.dispatch == [record] and record.enqueued_at == stalled
+    else:
+        assert record.attempt == 2 and record.error is not None and record.error["type"] == verdict
 
 
 @pytest.mark.parametrize(

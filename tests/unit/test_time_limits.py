@@ -100,3 +100,16 @@ def test_a_step_that_ends_in_time_leaves_no_timer_behind():
         pass
     time.sleep(0.6)  # past where the soft limit was: nothing is raised here
     assert timelimits._armed is None
+
+
+@durable.step(name="tests.unit_limits.local_timed", local=True, timeout="5s")
+def local_timed() -> str:
+    return "ran"
+
+
+def test_a_turn_without_a_watchdog_refuses_a_local_step_with_a_limit_instead_of_running_it_unbounded():
+    from .replaykit import turn
+
+    outcome = turn(lambda ctx, _: ctx.step(local_timed)).outcome
+    assert outcome.status == "failed" and outcome.error is not None
+    assert "cannot enforce (a remote turn runs no watchdog)" in outcome.error["message"]

@@ -1,5 +1,5 @@
 """``manage.py durable``: operate runs from a shell (list, show, start, signal, cancel, retry,
-purge), run the sweeps once, and ``replay`` stored histories against the code about to ship."""
+fork, purge), run the sweeps once, and ``replay`` stored histories against the code about to ship."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .. import console
 
 class Command(BaseCommand):
     help = (
-        "Operate durable runs: list, show RUN, start, signal, cancel, retry, purge; sweep (run the "
+        "Operate durable runs: list, show RUN, start, signal, cancel, retry, fork RUN --at SEQ, purge; sweep (run the "
         "sweeps once); replay (check that stored histories replay on the code installed now); reencode "
         "(rewrite payloads under the current codec and first key)."
     )
