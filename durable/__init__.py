@@ -14,7 +14,6 @@ from .api import (
     heartbeat_step,
     publish_event,
     read_stream,
-    result,
     retry,
     signal,
     signal_with_start,
@@ -27,7 +26,6 @@ from .api_async import (
     aget_run,
     aquery,
     aread_stream,
-    aresult,
     aretry,
     asignal,
     asignal_with_start,
@@ -70,6 +68,7 @@ from .replay.composition import Deferred, Outcome
 from .replay.context import Context
 from .replay.stepscope import StepInfo, heartbeat, step_info
 from .replay.updates import Signal, Update
+from .results import aresult, result
 from .values import register_converter, register_type
 
 __all__ = [

@@ -7,15 +7,16 @@ called: importing durable must not import its models before Django is ready.
 
 from __future__ import annotations
 
-import contextlib
-import time
 from typing import TYPE_CHECKING, Any
 
-from . import conf, guards
-from .annotated import shaped, signature
-from .definitions import Workflow, registry
+from asgiref.sync import sync_to_async
+
+from . import conf, guards, results
+from .calls import name_of, payload_of, run_id_of
+from .definitions import Workflow
 from .durations import parse_duration
-from .errors import DurableError, InvalidInput, RunCancelled, RunFailed, WaitTimeout, cancelled_error
+from .errors import InvalidInput, cancelled_error
+from .results import result
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -23,11 +24,7 @@ if TYPE_CHECKING:
     from .models import Run
 
 from .replay.streams import checked_key
-from .statuses import TERMINAL, RunStatus
-from .values import decode, encode
-
-#: Seconds between two looks at a run whose end will be announced: only a lost notice waits this.
-NOTIFIED_POLL = 1.0
+from .values import encode
 
 
 class RunHandle:
@@ -50,24 +47,16 @@ class RunHandle:
         return cancel(self.id, **kwargs)
 
     async def astatus(self) -> str:
-        from .api_async import aget_run
-
-        return str((await aget_run(self.id)).status)
+        return str((await sync_to_async(get_run)(self.id)).status)
 
     async def aresult(self, timeout: Any = None) -> Any:
-        from .api_async import aresult
-
-        return await aresult(self.id, timeout=timeout)
+        return await results.aresult(self.id, timeout=timeout)
 
     async def asignal(self, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
-        from .api_async import asignal
-
-        await asignal(self.id, name, payload, idempotency_key=idempotency_key)
+        await sync_to_async(signal)(self.id, name, payload, idempotency_key=idempotency_key)
 
     async def acancel(self, **kwargs: Any) -> bool:
-        from .api_async import acancel
-
-        return await acancel(self.id, **kwargs)
+        return await sync_to_async(cancel)(self.id, **kwargs)
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.id}>"
@@ -77,27 +66,6 @@ class RunHandle:
 
     def __hash__(self) -> int:
         return hash(self.id)
-
-
-def column_length(model: str, field: str) -> int:
-    """The ``max_length`` of a durable model's column: what a string stored there may hold."""
-    from . import models
-
-    return models.column_length(model, field)
-
-
-def _payload(value: Any, what: str) -> Any:
-    """``value`` as stored: tagged JSON (``durable.values``), refused before anything is written."""
-    return guards.json_value(encode(value, what=what), what, max_bytes=conf.get().MAX_PAYLOAD_BYTES)
-
-
-def _run_id(run_id: Any, *, reserved_ok: bool = True) -> str:
-    """A run id to look up (any existing id) or, with ``reserved_ok=False``, one a caller picks."""
-    return guards.run_id(run_id, max_length=column_length("Run", "id"), reserved_ok=reserved_ok)
-
-
-def _name(value: Any, field: str, model: str) -> str:
-    return guards.text(value, field, max_length=column_length(model, "name"), kind="name")
 
 
 def start(
@@ -126,7 +94,7 @@ def start(
     from .engine import runs
 
     if run_id is not None:
-        _run_id(run_id, reserved_ok=False)
+        run_id_of(run_id, reserved_ok=False)
     return RunHandle(
         runs.start(
             workflow,
@@ -147,7 +115,7 @@ def get_run(run_id: str) -> Run:
     """Return the run row, or raise RunNotFound."""
     from .engine import runs
 
-    return runs.read_run(_run_id(run_id))
+    return runs.read_run(run_id_of(run_id))
 
 
 def signal(run_id: str, name: str, payload: Any = None, *, idempotency_key: str | None = None) -> None:
@@ -158,7 +126,7 @@ def signal(run_id: str, name: str, payload: Any = None, *, idempotency_key: str 
 
     stored = _signal_payload(name, payload)
     key = idempotency_key_of(idempotency_key)
-    runs.deliver(_run_id(run_id), name, stored, idempotency_key=key)
+    runs.deliver(run_id_of(run_id), name, stored, idempotency_key=key)
 
 
 def signal_with_start(
@@ -170,7 +138,7 @@ def signal_with_start(
         raise InvalidInput("signal_with_start() needs the run_id of the run to start or signal")
     from .engine import runs
 
-    _run_id(run_id, reserved_ok=False)
+    run_id_of(run_id, reserved_ok=False)
     stored = _signal_payload(signal, payload)
     return RunHandle(runs.signal_with_start(workflow, input, run_id=run_id, signal=signal, payload=stored))
 
@@ -180,13 +148,13 @@ def publish_event(name: str, payload: Any = None) -> None:
     and it is kept for EVENT_BUFFER_TTL for waits that come later (each run gets it at most once)."""
     from .engine import events
 
-    _name(name, "event name", "Event")
-    events.publish(name, _payload(payload, f"the payload of event {name!r}"))
+    name_of(name, "event name", "Event")
+    events.publish(name, payload_of(payload, f"the payload of event {name!r}"))
 
 
 def _signal_payload(name: Any, payload: Any) -> Any:
-    _name(name, "signal name", "Signal")
-    return _payload(payload, f"the payload of signal {name!r}")
+    name_of(name, "signal name", "Signal")
+    return payload_of(payload, f"the payload of signal {name!r}")
 
 
 def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
@@ -222,7 +190,7 @@ def cancel(
     except/finally may run steps) and its running steps see ``durable.StepCancelled`` at their
     next heartbeat; with ``compensate`` too, the saga unwinds once the body lets it escape."""
     settings = conf.get()
-    _run_id(run_id)
+    run_id_of(run_id)
     for option, value in (("compensate", compensate), ("interrupt", interrupt)):
         if not isinstance(value, bool):
             raise guards.refuse(option, f"must be True or False, got {guards.shown(value)}")
@@ -237,7 +205,7 @@ def retry(run_id: str) -> RunHandle:
     """Run a failed, dead or cancelled run again from its history, the failures that ended it anew."""
     from .engine import runs
 
-    runs.retry(_run_id(run_id))
+    runs.retry(run_id_of(run_id))
     return RunHandle(run_id)
 
 
@@ -263,7 +231,7 @@ def write_stream(key: str, value: Any) -> None:
     from .engine import streams
 
     checked = checked_key(key, "durable.write_stream()")
-    streams.write_from_step(checked, _payload(value, f"the value written to stream {checked!r}"))
+    streams.write_from_step(checked, payload_of(value, f"the value written to stream {checked!r}"))
 
 
 def read_stream(run_id: str, key: str, *, timeout: Any = None) -> Iterator[Any]:
@@ -273,7 +241,7 @@ def read_stream(run_id: str, key: str, *, timeout: Any = None) -> Iterator[Any]:
     from .engine import runs, streams
 
     checked = checked_key(key, "durable.read_stream()")
-    runs.get_run(_run_id(run_id))  # RunNotFound now, not at the first value
+    runs.get_run(run_id_of(run_id))  # RunNotFound now, not at the first value
     limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
     return streams.read(run_id, checked, limit)
 
@@ -291,131 +259,14 @@ def fork(origin: str, /, *, at: int, version: str | None = None, **new: Any) -> 
     unknown = sorted(set(new) - {"run_id"})
     if unknown:
         raise TypeError(f"fork() got an unexpected keyword argument {unknown[0]!r}")
-    return RunHandle(forks.fork(_run_id(origin), at, run_id=new.get("run_id"), version=version))
-
-
-def result(run_id: str, timeout: Any = None) -> Any:
-    """Wait for the run to finish; return its output or raise RunFailed / RunCancelled / WaitTimeout."""
-    wait = result_wait(run_id, timeout)
-    notices = result_notices()
-    pause = FIRST_POLL
-    while True:
-        announced = notices.subscribe(wait.run_id) if notices is not None and notices.live else None
-        with announced or contextlib.nullcontext() as ended:
-            left = wait.look()
-            if wait.finished:
-                return wait.output
-            if wait.moved:
-                continue  # the chain moved on: subscribe to its new last run, then look again
-            if ended is not None:
-                ended.wait(NOTIFIED_POLL if left is None else min(NOTIFIED_POLL, left))
-                continue
-            time.sleep(pause if left is None else min(pause, left))
-            pause = next_poll(pause)
-
-
-#: The first pause of a caller that polls for a run's end; each next one is longer, up to LAST_POLL.
-FIRST_POLL = 0.005
-#: The longest pause between two polls: a caller waits for a result by reading one indexed row.
-LAST_POLL = 0.05
-
-
-def next_poll(pause: float) -> float:
-    return min(pause * 1.5, LAST_POLL)
-
-
-def result_notices() -> Any:
-    """This process's listener for the notices of runs' ends, or None (polling only).
-
-    Woken by the notice of the run's end where the database sends one; polling stays the
-    fallback (a lost notice costs one NOTIFIED_POLL at most)."""
-    from . import dispatch, waiting
-
-    settings = conf.get()
-    if not dispatch.transport.may_wait:
-        return None
-    return waiting.listener(settings.DATABASE, settings.LISTEN_DATABASE)
-
-
-class ResultWait:
-    """One caller's wait for a run's end (``result`` and ``aresult`` drive it): each ``look``
-    reads the run once and says how long the caller may still wait, so sync and async callers
-    share every rule and message."""
-
-    def __init__(self, run_id: str, timeout: Any, limit: float | None) -> None:
-        self.run_id, self.timeout, self.limit = run_id, timeout, limit
-        self.started = time.monotonic()
-        self.finished = False
-        self.output: Any = None
-        #: The last look found the chain moved on: subscribe to ``run_id`` anew, then look again.
-        self.moved = False
-
-    def look(self) -> float | None:
-        """Read the run: set ``finished`` and ``output`` (or raise its failure, or WaitTimeout),
-        else return the seconds left to wait (None: no limit)."""
-        from . import dispatch
-        from .engine import runs
-
-        run = runs.ending(self.run_id)  # or the last run of a continue-as-new chain
-        self.moved = run.id != self.run_id
-        if self.moved:
-            self.run_id = run.id
-            return None
-        if run.status in TERMINAL:
-            self.output, self.finished = _outcome(run), True
-            return None
-        if not dispatch.transport.may_wait:
-            raise WaitTimeout(
-                f"run {self.run_id!r} is {run.status}, not finished; under durable_env call "
-                "durable_env.run_until_idle() or advance_time() first",
-                details={"status": run.status},
-            )
-        waited = time.monotonic() - self.started
-        if self.limit is not None and waited >= self.limit:
-            raise WaitTimeout(
-                f"run {self.run_id!r} is still {run.status} after {_waited(self.timeout, self.limit)}",
-                details={"status": run.status},
-            )
-        return None if self.limit is None else self.limit - waited
-
-
-def _waited(timeout: Any, seconds: float) -> str:
-    """The wait as the caller gave it, with a unit when it had none (``20`` → ``20 s``)."""
-    return f"{seconds:g} s" if isinstance(timeout, int | float) else str(timeout)
-
-
-def result_wait(run_id: str, timeout: Any) -> ResultWait:
-    """Check ``result``'s arguments; the wait they describe."""
-    _run_id(run_id)
-    try:
-        limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-    return ResultWait(run_id, timeout, limit)
-
-
-def _outcome(run: Run) -> Any:
-    if run.status == RunStatus.COMPLETED:
-        return shaped(decode(run.output), _returns(run))
-    error = run.error or {}
-    if run.status == RunStatus.CANCELLED:
-        raise RunCancelled(cause=error)
-    raise RunFailed(cause=error, details=error.get("details"))
-
-
-def _returns(run: Run) -> Any:
-    """The return annotation of the workflow version ``run`` ran, when this process knows it."""
-    try:
-        return signature(registry.workflow(run.workflow, run.version).fn).returns
-    except DurableError:  # a workflow this process does not know: its output as stored
-        return None
+    return RunHandle(forks.fork(run_id_of(origin), at, run_id=new.get("run_id"), version=version))
 
 
 def delete_run(run_id: str) -> int:
     """Delete the run and its child subtree; return how many runs were deleted."""
     from .engine import runs
 
-    return runs.delete(_run_id(run_id))
+    return runs.delete(run_id_of(run_id))
 
 
 Workflow.starter = start

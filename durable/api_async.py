@@ -11,14 +11,13 @@ hold no thread: they await the end notice or ``asyncio.sleep`` between short rea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
-from . import api, api_updates
+from . import api, api_updates, calls
 from .definitions import Workflow
 from .durations import parse_duration
 
@@ -107,41 +106,17 @@ async def aget_run(run_id: str) -> Run:
     return await sync_to_async(api.get_run)(run_id)
 
 
-async def aresult(run_id: str, timeout: Any = None) -> Any:
-    """Await the run's end, as ``durable.result`` waits for it, without blocking the event loop.
-
-    Each look is one short read in a thread; between looks the caller awaits the run's end
-    notice (PostgreSQL) or sleeps with backoff, so the loop serves other requests meanwhile.
-    """
-    wait = await sync_to_async(api.result_wait)(run_id, timeout)
-    notices = await sync_to_async(api.result_notices)()
-    pause = api.FIRST_POLL
-    while True:
-        announced = notices.subscribe_async(wait.run_id) if notices is not None and notices.live else None
-        with announced or contextlib.nullcontext() as ended:
-            left = await sync_to_async(wait.look)()
-            if wait.finished:
-                return wait.output
-            if wait.moved:
-                continue
-            if ended is not None:
-                await ended.wait(api.NOTIFIED_POLL if left is None else min(api.NOTIFIED_POLL, left))
-                continue
-            await asyncio.sleep(pause if left is None else min(pause, left))
-            pause = api.next_poll(pause)
-
-
 async def _until(awaited: api_updates.Awaited) -> Any:
     """``api_updates.until`` on the event loop: a short read in a thread, then a sleep."""
     started = time.monotonic()
-    pause = api.FIRST_POLL
+    pause = calls.FIRST_POLL
     while True:
         found = await sync_to_async(awaited.look)()
         if found is not api_updates.NOT_YET:
             return found
         api_updates.give_up_if_late(awaited, started)
         await asyncio.sleep(pause)
-        pause = api.next_poll(pause)
+        pause = calls.next_poll(pause)
 
 
 async def awrite_stream(key: str, value: Any) -> None:

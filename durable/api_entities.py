@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from . import conf, guards
-from .api import column_length
+from .calls import column_length
 from .entities import registry
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import clock, conf, guards
-from .api import RunHandle, column_length
+from .api import RunHandle
+from .calls import column_length
 from .definitions import Schedule, Workflow
 from .errors import InvalidInput
 from .values import decode

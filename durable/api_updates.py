@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import conf, guards
-from .api import FIRST_POLL, _name, _payload, _run_id, column_length, next_poll
+from .calls import FIRST_POLL, column_length, name_of, next_poll, payload_of, run_id_of
 from .durations import optional_duration
 from .errors import RunFinished, WaitTimeout
 from .statuses import TERMINAL
@@ -59,9 +59,9 @@ def send_update(
     """Send the update as ``update`` does; its id without ``wait``, else the wait for its reply."""
     from .engine import updates
 
-    run_id = _run_id(run_id)
-    _name(name, "update name", "Signal")
-    stored = _payload(payload, f"the payload of update {name!r}")
+    run_id = run_id_of(run_id)
+    name_of(name, "update name", "Signal")
+    stored = payload_of(payload, f"the payload of update {name!r}")
     key = idempotency_key_of(idempotency_key)
     limit = _seconds(wait, "wait")
     if limit is not None:
@@ -118,7 +118,7 @@ def query_wait(run_id: str, name: str | None = None, *, timeout: Any = None) -> 
     """Check ``query``'s arguments; the wait for its answer."""
     from .engine import updates
 
-    _run_id(run_id)
+    run_id_of(run_id)
     if name is not None:
         guards.text(name, "name", max_length=column_length("Checkpoint", "name"), kind="name")
     limit = _seconds(timeout, "timeout")

@@ -19,7 +19,7 @@ from durable import conf
 from durable.models import Entity, EntityOp, OpStatus
 
 from . import payloads
-from .admin import DurableRows, json_display, timestamp_display
+from .rows import DurableRows, json_display, timestamp_display
 
 #: Ops shown on an entity's page, newest first.
 RECENT_OPS = 20

@@ -17,7 +17,7 @@ import durable
 from durable.models import CronSchedule
 
 from . import history
-from .admin import DurableRows, json_display, reasons_text, timestamp_display
+from .rows import DurableRows, json_display, reasons_text, timestamp_display
 
 
 @admin.register(CronSchedule)

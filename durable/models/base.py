@@ -39,6 +39,12 @@ def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[start : start + size]
 
 
+def referring(qs: models.QuerySet[Any], relation: str) -> Any:
+    """The model whose rows refer to ``qs``'s through ``relation`` (its ``related_name``): a run's
+    positions or signals, reached without importing their module, which imports the run's."""
+    return qs.model._meta.get_field(relation).related_model
+
+
 def skip_locked(qs: models.QuerySet[Any]) -> models.QuerySet[Any]:
     # SKIP LOCKED only spreads concurrent sweeps on PostgreSQL; guarded UPDATEs keep correctness.
     if qs.db and supports_skip_locked(qs.db):

@@ -10,7 +10,7 @@ from django.db import connections, models
 from django.db.models import F
 
 from ..statuses import CheckpointStatus
-from .base import Status, batch_of, skip_locked
+from .base import Status, batch_of, referring, skip_locked
 
 
 class OrphanedRuns(models.QuerySet[Any]):
@@ -32,7 +32,7 @@ class OrphanedRuns(models.QuerySet[Any]):
         ``suspended`` (counted, due at once). Rows a concurrent sweep or a turn holds are
         skipped, and a row a turn took back meanwhile no longer matches when it is locked.
         """
-        from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
+        Checkpoint = referring(self, "checkpoints")
 
         cutoff = stale_before or now
         qs = self.filter(status=Status.RUNNING, locked_until__lt=cutoff)

@@ -19,6 +19,7 @@ from .base import (
     converted,
     insert,
     insertion,
+    referring,
     returned,
     skip_locked,
     unflushed,
@@ -276,7 +277,7 @@ class RunQuerySet(BlockedRuns, DebouncedRuns, OrphanedRuns, RunTrees, models.Que
         """Whether the step at ``seq`` should stop: its run was cancelled with ``interrupt=True``
         and the cancel was not delivered to the body before that step began (a cleanup step the
         body runs after catching ``Cancelled`` is not stopped). Asked by a heartbeating step."""
-        from .checkpoints import Checkpoint  # it refers to Run: imported when first needed
+        Checkpoint = referring(self, "checkpoints")
 
         delivered_before = Checkpoint.objects.filter(run_id=OuterRef("id"), kind="cancel", seq__lt=seq)
         interrupted: bool = (

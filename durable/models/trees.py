@@ -9,7 +9,7 @@ from typing import Any
 from django.db import models
 
 from . import offloads
-from .base import IDS_PER_STATEMENT, chunked
+from .base import IDS_PER_STATEMENT, chunked, referring
 
 
 class RunTrees(models.QuerySet[Any]):
@@ -31,8 +31,7 @@ class RunTrees(models.QuerySet[Any]):
         A slice's cascade never reaches past the slice (its runs' descendants went before), so no
         statement names more ids than a slice: deleting a root alone would name its whole subtree
         in one ``IN`` list, past what PostgreSQL's protocol carries for a tree of a wide fan."""
-        from .checkpoints import Checkpoint  # they refer to Run: imported when first needed
-        from .messages import Signal
+        Checkpoint, Signal = referring(self, "checkpoints"), referring(self, "signals")
 
         deleted = 0
         for batch in chunked(run_ids, IDS_PER_STATEMENT):

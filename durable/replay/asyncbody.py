@@ -88,16 +88,6 @@ def off_loop() -> Iterator[None]:
         events._set_running_loop(loop)
 
 
-def run(fn: Callable[..., Any], ctx: Context, input: Any) -> Any:
-    """Run one turn of the async body ``fn`` against ``ctx`` (a ``BodyContext``): return what it
-    returned, or raise what ended it, as calling a plain body would."""
-    from .asynccontext import AsyncContext
-
-    assert isinstance(ctx, BodyContext)
-    driver = Driver(ctx)
-    return driver.run(fn(AsyncContext(ctx, driver), input))
-
-
 class Driver:
     """Runs one turn of an async body: steps its loop, and at each idle point resolves waits,
     delivers a cancel, or suspends the turn."""

@@ -8,16 +8,16 @@ which never wait, are the plain context's own calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..annotated import shaped, signature
 from ..definitions import Step, Workflow
+from .asyncbody import BodyContext, Driver
 from .composition import CANCEL, Deferred, Outcome, _workflow
+from .context import Context
 from .updates import Signal, Update, received_message, received_update
-
-if TYPE_CHECKING:
-    from .asyncbody import BodyContext, Driver
 
 #: The primitives that never wait: called as in a plain body, not awaited.
 QUICK = frozenset(
@@ -163,3 +163,11 @@ class AsyncContext:
         return await self._driver.wait(
             first, lambda: ctx._gathered([member() for member in members], fail_fast=fail_fast)
         )
+
+
+def run(fn: Callable[..., Any], ctx: Context, input: Any) -> Any:
+    """Run one turn of the async body ``fn`` against ``ctx`` (a ``BodyContext``): return what it
+    returned, or raise what ended it, as calling a plain body would."""
+    assert isinstance(ctx, BodyContext)
+    driver = Driver(ctx)
+    return driver.run(fn(AsyncContext(ctx, driver), input))

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..definitions import Step, Workflow, body_scope
 from ..errors import DurableError, InvalidInput, _ControlFlow
-from . import asyncbody
+from . import asyncbody, asynccontext
 from .context import Context
 from .history import Limits, Record
 from .positions import Pending
@@ -104,7 +104,7 @@ def check(
     )
     try:
         with body_scope(run.workflow):
-            asyncbody.run(workflow.fn, ctx, given) if body_async else workflow.fn(ctx, given)
+            asynccontext.run(workflow.fn, ctx, given) if body_async else workflow.fn(ctx, given)
     except BaseException:  # noqa: BLE001, S110 - how the body ends is the history's business
         pass
     return Verdict(run.id, run.workflow, run.version, len(body), ctx._nondeterminism)

@@ -15,7 +15,7 @@ from .. import shutdown
 from ..definitions import Workflow, body_scope
 from ..errors import ErrorCode, InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
-from . import asyncbody, cancelling, saga, stopping
+from . import asyncbody, asynccontext, cancelling, saga, stopping
 from .context import Context
 from .history import Decision, Limits, stored
 from .turnstate import InPlaceRunner, LocalLimits, RunFacts, TurnState
@@ -72,7 +72,9 @@ def replay(
     escaped: BaseException | None = None
     try:
         with body_scope(run.workflow):
-            value = asyncbody.run(workflow.fn, ctx, run.input) if body_async else workflow.fn(ctx, run.input)
+            value = (
+                asynccontext.run(workflow.fn, ctx, run.input) if body_async else workflow.fn(ctx, run.input)
+            )
     except BaseException as exc:  # noqa: BLE001 - sorted out below, control flow first
         escaped = exc
     if escaped is not None and shutdown.is_leaving(escaped):

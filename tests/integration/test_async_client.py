@@ -24,7 +24,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connections, transaction
 
 import durable
-from durable import api, dispatch
+from durable import dispatch, results
 from durable.engine import turn
 from durable.models import Run
 
@@ -246,7 +246,7 @@ async def test_aresult_times_out_as_result_does(sent, monkeypatch):
     assert str(late.value) == str(sync_late.value)
     assert late.value.details == sync_late.value.details == {"status": "pending"}
     # Past the limit it raises even while the end notices are being waited on.
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 30.0)
     t0 = time.monotonic()
     with pytest.raises(durable.WaitTimeout) as bare:
         await durable.aresult(handle.id, timeout=0.3)
@@ -271,7 +271,7 @@ async def test_aquery_waits_for_the_value_without_blocking_the_loop(sent):
 @pytest.mark.asyncio
 async def test_aresult_wakes_on_the_notice_the_ending_transaction_sends(postgres, sent, monkeypatch):
     # Polls 30 s apart: only the notice, awaited on the loop, can wake the caller in time.
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 30.0)
     handle = await durable.astart(quick, 1)
     ender = _later(0.5, lambda: turn.advance(handle.id))
     t0 = time.monotonic()

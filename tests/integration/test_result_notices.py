@@ -14,7 +14,7 @@ from django.db import connection, connections
 from django.test import override_settings
 
 import durable
-from durable import api, conf, dispatch, waiting
+from durable import conf, dispatch, results, waiting
 from durable.engine import turn
 from durable.models import Run
 
@@ -59,7 +59,7 @@ def _timed_result(run_id):
 
 def test_result_wakes_on_the_notice_the_ending_transaction_sends(postgres, quiet, monkeypatch):
     # Polls 30 s apart: only the notice can wake the caller in time.
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 30.0)
     run = durable.start(quick, 41)
     ender = _later(0.5, lambda: turn.advance(run.id))
     value, waited = _timed_result(run.id)
@@ -81,7 +81,7 @@ def no_notices():
 
 
 def test_a_lost_notice_costs_one_poll_not_the_result(postgres, quiet, no_notices, monkeypatch):
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 0.5)
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 0.5)
     run = durable.start(quick, 1)
     ender = _later(0.3, lambda: turn.advance(run.id))
     value, waited = _timed_result(run.id)
@@ -104,7 +104,7 @@ def test_the_transaction_that_ends_a_run_sends_its_notice(postgres, quiet):
 
 
 def test_callers_poll_while_the_listener_reconnects(postgres, quiet, monkeypatch):
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 30.0)
     run = durable.start(quick, 1)
 
     def cut_then_end():
@@ -124,7 +124,7 @@ def test_callers_poll_while_the_listener_reconnects(postgres, quiet, monkeypatch
 
 
 def test_a_continued_run_hands_its_caller_over_to_its_successor(postgres, quiet, monkeypatch):
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 30.0)
     run = durable.start(chain, 0)
 
     def drive():
@@ -177,7 +177,7 @@ def test_a_listener_behind_a_pooler_in_transaction_mode_stands_down_and_says_why
 def test_behind_a_pooler_without_a_listen_database_callers_poll(
     postgres, behind_a_pooler, quiet, monkeypatch
 ):
-    monkeypatch.setattr(api, "NOTIFIED_POLL", 30.0)  # were a deaf listener trusted, this would show
+    monkeypatch.setattr(results, "NOTIFIED_POLL", 30.0)  # were a deaf listener trusted, this would show
     waiting.stop_all()
     with override_settings(DURABLE={**settings.DURABLE, "LISTEN_DATABASE": None}):
         run = durable.start(quick, 6)
