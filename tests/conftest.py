@@ -30,6 +30,16 @@ def on_rabbitmq() -> bool:
     return settings.CELERY_BROKER_URL.startswith(("amqp", "pyamqp"))
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database, every move of a run's or a position's status guarded by the tables
+    of durable/statuses.py (``tests/transitions.py``)."""
+    from tests import transitions
+
+    with django_db_blocker.unblock():
+        transitions.install()
+
+
 @pytest.fixture
 def postgres() -> None:
     """Skip (or fail in CI) unless the suite runs on PostgreSQL."""

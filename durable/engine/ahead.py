@@ -31,7 +31,7 @@ from ..replay.core import replay
 from ..replay.history import COMPLETED, Decision
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
-from ..statuses import UNFINISHED, CheckpointStatus, Decided
+from ..statuses import UNFINISHED, Attempted, CheckpointStatus, Decided
 from . import attempts, events, flow, handover, histories, lifecycle, observe, remote_turns, turn, writes
 
 
@@ -87,7 +87,7 @@ def record(
     settings: conf.Settings,
     began: float | None,
     recorded_as: Callable[[], None],
-) -> str | None:
+) -> Attempted | None:
     """Record ``output`` as the attempt's result with the run's next turn, if that turn only
     starts the next step: "completed" (``recorded_as`` called once it is), or "stale" if the
     attempt was settled meanwhile; None when the usual path must record it (nothing written)."""
@@ -107,7 +107,7 @@ def record(
         written = (
             _write(row, read, output, now, settings, began, recorded_as, *replayed) if replayed else None
         )
-        outcome = replayed[0].status if replayed and written == COMPLETED else "not ahead"
+        outcome = replayed[0].status if replayed and written == Attempted.COMPLETED else "not ahead"
         if span is not None:
             span.set_attribute("durable.outcome", outcome)
     if outcome != "not ahead":  # else the usual turn runs, and is measured, after this
@@ -181,7 +181,7 @@ def _write(
     recorded_as: Callable[[], None],
     outcome: Decision,
     state: TurnState,
-) -> str | None:
+) -> Attempted | None:
     run = read.run
     ends = outcome.status == Decided.COMPLETED
     new = None if ends else writes.lone_insert(run.id, state)
@@ -207,7 +207,7 @@ def _write(
         turn.resend_when_the_database_answers(run.id, settings)
         raise
     if not recorded:
-        return "stale"
+        return Attempted.STALE
     recorded_as()
     if not settled:
         # The run moved since the take: wake it, as recording a result does, for a turn that
@@ -216,7 +216,7 @@ def _write(
         queue = Run.objects.using(settings.DATABASE).wake(run.id, at, at + settings.LEASE)
         if queue:
             handover.next_turn(run.id, queue, settings, began)
-        return COMPLETED
+        return Attempted.COMPLETED
     for line in state.logs or ():
         logging.getLogger(line.name).handle(line)
     if ends:
@@ -232,7 +232,7 @@ def _write(
     writes.hand_off(state)  # a slot the replay freed (none, as a rule: that turn writes more)
     if not ends and events.arrived_since(state.records):
         lifecycle.wake(run.id)
-    return COMPLETED
+    return Attempted.COMPLETED
 
 
 def _refused(state: TurnState) -> None:

@@ -36,6 +36,7 @@ from ..models import Checkpoint, Run
 from ..models.ahead import Ahead
 from ..replay.attempt import LATER, begin_async, conclude
 from ..replay.stepscope import StepInfo
+from ..statuses import Attempted
 from . import leases
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def launch(
     holder: str,
     *,
     inline: bool = True,
-) -> str:
+) -> Attempted:
     """Start the attempt on the loop and return once it runs (after a slot freed, at the bound);
     its outcome is written when it ends, and the attempt let go then."""
     from . import steps  # it calls here: imported when first needed
@@ -217,7 +218,7 @@ def launch(
     with process.lock:
         process.in_flight.add(entry)
     started.future.add_done_callback(lambda _: process.writers.submit(finish))
-    return "started"
+    return Attempted.STARTED
 
 
 def launch_held(run_id: str, seq: int, attempt: int, token: str | None, holder: str) -> None:

@@ -25,6 +25,7 @@ from ..errors import PayloadUndecodable, WorkflowNotRegistered
 from ..models import Run, Status
 from ..replay import wire
 from ..replay.turnstate import RunFacts
+from ..statuses import Turned
 from . import histories, namespaces, observe, turn, writes
 
 log = logging.getLogger("durable.engine")
@@ -77,7 +78,7 @@ def send(run: Run, owner: str, settings: conf.Settings, *, first: bool) -> str:
         codec=conf.codec(),  # payloads leave sealed, as their rows hold them
     )
     dispatch.remote_turn(message, run.queue or settings.DEFAULT_QUEUE)
-    return "remote"
+    return Turned.REMOTE
 
 
 def heartbeat(run_id: str, turn_id: str) -> bool:
@@ -106,7 +107,7 @@ def apply(message: dict[str, Any]) -> str:
             exc,
             extra={"run_id": run_id},
         )
-        return "refused"
+        return Turned.REFUSED
     try:
         with transaction.atomic(using=db):
             # The row lock orders this apply against a takeover and against a copy of itself.
@@ -119,10 +120,10 @@ def apply(message: dict[str, Any]) -> str:
                     run_id,
                     extra={"run_id": run_id},
                 )
-                return "refused"
+                return Turned.REFUSED
             if not routing.serves(settings.NAMESPACE, run.namespace):
                 namespaces.warn(run_id, f"the decision of turn {owner}", run.namespace, settings)
-                return "refused"
+                return Turned.REFUSED
             run.wakes = message.get("wakes", run.wakes)  # as the turn read them: a later wake reruns it
             turn.finish(run, owner, None, state, outcome, settings)
     except writes._Stale:
@@ -130,5 +131,5 @@ def apply(message: dict[str, Any]) -> str:
         with transaction.atomic(using=db):
             if Run.objects.using(db).release(run_id, owner, clock.now(), clock.now()):
                 dispatch.advance(run_id, run.queue or settings.DEFAULT_QUEUE)
-        return "rerun"
-    return "blocked" if outcome.blocked else str(outcome.status)
+        return Turned.RERUN
+    return Turned.BLOCKED if outcome.blocked else outcome.status

@@ -28,6 +28,7 @@ from ..models import Checkpoint, Run
 from ..replay.attempt import beat_grace
 from ..replay.history import PENDING, check_size, roundtrip
 from ..replay.stepscope import parse_token
+from ..statuses import Attempted
 from . import namespaces
 from .steps import record
 
@@ -134,7 +135,7 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
     recorded = record(row, step, None if error is not None else output, error, retryable, None)
     if recorded == "unrecorded":
         raise DurableError(f"could not record the completion of step {row.name!r} now; try again")
-    if recorded == "stale":
+    if recorded == Attempted.STALE:
         raise DurableError(
             f"step {row.name!r} of run {run_id!r} (attempt {attempt}) was settled meanwhile; nothing changed",
             code=ErrorCode.ALREADY_SETTLED,
@@ -171,7 +172,7 @@ def heartbeat_step(token: Any, progress: Any = None) -> bool:
 
 def step_result(
     run_id: str, seq: int, attempt: int, output: Any = None, error: Any = None, token: str | None = None
-) -> str:
+) -> Attempted:
     """Record the result a Celery task (or a worker in another language) reports for a step;
     sent with only a completion token (no ``run_id``), it completes a step that raised
     CompleteLater. Its output may come sealed under the codec (as a remote worker sends it):
@@ -182,18 +183,18 @@ def step_result(
         log.warning(
             "durable: refused a result for %s#%s attempt %s (%s): %s", run_id, seq, attempt, exc.code, exc
         )
-        return "stale"
+        return Attempted.STALE
     if not run_id and token:
         try:
             complete_step(token, output, error)
         except DurableError as exc:
             log.warning("durable: refused a step completion sent as a message: %s", exc)
-            return "stale"
-        return "failed" if error is not None else "completed"
+            return Attempted.STALE
+        return Attempted.FAILED if error is not None else Attempted.COMPLETED
     settings = conf.get()
     row = _task_attempt(run_id, seq, attempt, token, settings.DATABASE)
     if row is None:
-        return "stale"
+        return Attempted.STALE
     # A Celery task retries by its own settings: what reaches durable is its final result. A
     # remote step's failed attempt is retried by the step's policy, as a durable step's is.
     remote = bool((row.input or {}).get("remote"))
@@ -211,7 +212,9 @@ def step_result(
     return record(row, step, output, error, retryable, None)
 
 
-def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], token: str | None) -> str:
+def task_failed(
+    run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], token: str | None
+) -> Attempted:
     """Record the failure of a Celery task used as a step, as its ``link_error`` reports it:
     ``(request, exc, traceback)`` from a worker that has durable installed, or only the task's
     id from one that has not (its exception is then read from the result backend, if this
@@ -228,7 +231,7 @@ def task_failed(run_id: str, seq: int, attempt: int, failure: tuple[Any, ...], t
         where = dispatch.attempt_of(failure[0])
         if where is not None:
             dispatch.step_result_from(where, error)
-            return "forwarded"
+            return Attempted.FORWARDED
     else:
         task_id = failure[0] if failure and isinstance(failure[0], str) else None
         error = dispatch.reported_failure(task_id) if task_id else None

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 
@@ -23,13 +23,29 @@ from ..models.ahead import Ahead
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING
 from ..replay.stepscope import StepInfo
+from ..statuses import Attempted
 from . import ahead, asyncattempts, attempts, flow, handover, histories, leases, namespaces, observe, turn
 from .attempts import Beats
 
 T = TypeVar("T")
-#: (how it was recorded or None, the woken run's queue, whether a fan joins later, the claimed
-#: run, its positions if read with the claim, the fan's members left open if its count is kept)
-_Written = tuple[str | None, str | None, bool, Run | None, histories.Positions | None, int | None]
+
+
+class _Written(NamedTuple):
+    """What writing an attempt's result did."""
+
+    #: How the attempt was recorded (completed or failed), or None: it was settled already.
+    recorded: str | None
+    #: The woken run's queue, once a wake reached it.
+    woken: str | None
+    #: A fan member whose fan is not closed yet: the run is woken once it is.
+    joins_later: bool
+    #: The run, when the write also took its turn lease (a claim).
+    claimed: Run | None
+    #: Its positions, when the claim read them.
+    history: histories.Positions | None
+    #: The fan's members still open, when it keeps a count.
+    left: int | None
+
 
 log = logging.getLogger("durable.engine")
 
@@ -39,7 +55,7 @@ RECORD_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0)
 _TRANSIENT = (OperationalError, InterfaceError)
 
 
-def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> str:
+def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> Attempted:
     """Run attempt ``attempt`` of the step at position ``seq`` of ``run_id``, record the result.
 
     The attempt is held by this process (renewed by the lease keeper) from the moment it starts
@@ -48,7 +64,7 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
         log.warning(
             "durable: refused run_step for %s#%s attempt %s: it carries no token", run_id, seq, attempt
         )
-        return "stale"
+        return Attempted.STALE
     settings = conf.get()
     began = time.monotonic()
     holder = leases.process_holder()
@@ -60,17 +76,17 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> s
     row, held_back, read = started or (None, None, None)
     if row is None:
         namespaces.refused(run_id, f"step attempt {seq}#{attempt}", settings)
-        return "stale"
+        return Attempted.STALE
     if isinstance(held_back, flow.Waits):
         if held_back.until is not None:
             flow.wake_for_token(run_id, held_back.until)
-        return "waiting"  # or sent again when a slot is handed to it
+        return Attempted.WAITING  # or sent again when a slot is handed to it
     if isinstance(held_back, flow.Refused):
         return record(row, registry.step(row.name), None, held_back.error, False, None, began)
     return _run(row, token, holder, began, read, settings)
 
 
-def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> str:
+def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> Attempted:
     """Run an attempt its turn took for this process (``holder``) in the write that recorded it,
     without a message: an ``async def`` step, started on the loop beside the turn.
 
@@ -84,12 +100,12 @@ def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> st
         found = _persistently(lambda: ahead.held(run_id, seq, attempt, holder, settings), key)
         row, read = found or (None, None)
         if row is None:
-            return "stale"
+            return Attempted.STALE
         # Its outcome, if known at once, sends the next turn: this runs after a turn's commit.
         return _run(row, token, holder, began, read, settings, inline=False)
     except Exception:  # noqa: BLE001 - after the turn's commit: the hold lapses, the attempt is run again
         log.exception("durable: could not start step attempt %s#%s %s here", *key)
-        return "unstarted"
+        return Attempted.UNSTARTED
 
 
 def _run(
@@ -101,7 +117,7 @@ def _run(
     settings: conf.Settings,
     *,
     inline: bool = True,
-) -> str:
+) -> Attempted:
     """Run the attempt ``holder`` took (``row``) and record its result (the next turn here, when
     ``inline`` and it may)."""
     run_id, seq, attempt = key = (row.run_id, row.seq, row.attempt)
@@ -127,7 +143,7 @@ def _run(
                 info = StepInfo(run_id, seq, attempt, row.name, secret=token)
                 launched = asyncattempts.launch(row, step, info, beats, began, read, holder, inline=inline)
                 # Held until its outcome is written, from another thread, whenever it ends.
-                detached = launched == "started"
+                detached = launched == Attempted.STARTED
                 return launched
             if step is not None:
                 info = StepInfo(run_id, seq, attempt, row.name, secret=token)
@@ -155,7 +171,7 @@ def _on_hard_limit(row: Checkpoint, step: Step, beats: Beats, began: float) -> C
 
     def timed_out(why: str) -> bool:
         recorded = record(row, step, None, step_timeout_error(why), True, beats, began, inline=False)
-        return recorded in (COMPLETED, FAILED)
+        return recorded in (Attempted.COMPLETED, Attempted.FAILED)
 
     return timed_out
 
@@ -184,7 +200,7 @@ def _start(
         return row, flow.admit_start(row.run_id, row, step, now), None
 
 
-def await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
+def await_completion(row: Checkpoint, holder: str, beats: Beats) -> Attempted:
     """The step raised CompleteLater: let the attempt go, open, for ``complete_step``."""
     db = conf.get().DATABASE
 
@@ -195,7 +211,7 @@ def await_completion(row: Checkpoint, holder: str, beats: Beats) -> str:
         )
 
     # Not let go (a database down for good): the hold lapses and the attempt counts as lost.
-    return "later" if _persistently(let_go, (row.run_id, row.seq, row.attempt)) else "stale"
+    return Attempted.LATER if _persistently(let_go, (row.run_id, row.seq, row.attempt)) else Attempted.STALE
 
 
 def record(
@@ -210,7 +226,7 @@ def record(
     inline: bool = True,
     read: Ahead | None = None,
     ahead_only: bool = False,
-) -> str:
+) -> Attempted:
     """Record one attempt's result exactly once, then wake the run when it should be woken
     (its next turn runs here when ``inline`` and this worker serves the run's queue). ``read``:
     the run as the take read it, for a next turn written with the result (``ahead``); with
@@ -235,12 +251,12 @@ def record(
         claim, inline = None, False
     outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
     if outcome is None:
-        return "unrecorded"
+        return Attempted.UNRECORDED
     recorded, woken, joins_later, claimed, history, left = outcome
     if not recorded:
         if claim is not None and (taken := handover.claimed_unseen(run_id, claim)) is not None:
             turn.advance_claimed(taken, claim.owner)
-        return "stale"
+        return Attempted.STALE
     if claimed is not None:
         turn.advance_claimed(claimed, claimed.locked_by, history)
     elif joins_later:
@@ -254,7 +270,7 @@ def record(
         # (A claim refused on a queue served here would be refused to a turn as well: the turn
         # holding the run sees this wake when it settles, or the run is not admitted yet.)
         handover.next_turn(run_id, woken, settings, began, inline=inline)
-    return "completed" if recorded == COMPLETED else "failed"
+    return Attempted.COMPLETED if recorded == COMPLETED else Attempted.FAILED
 
 
 def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None:
@@ -287,9 +303,7 @@ def _record_once(
     beats: Beats | None,
     claim: Claim | None,
 ) -> _Written:
-    """(how it was recorded or None if stale, the woken run's queue, whether a fan joins later,
-    the run if ``claim`` took its lease, its history if read with the claim, and the fan's
-    members left open if it keeps a count)."""
+    """Write the result (``_Written`` says what that did), through a result too large to store."""
     try:
         return _write_result(row, step, output, error, retryable, beats, claim)
     except DataError as exc:
@@ -339,7 +353,7 @@ def _write_result(
         history = (
             histories.Positions(histories.records(done.history), now) if done.history is not None else None
         )
-        return (COMPLETED if done.done else None), done.queue, False, done.claimed, history, None
+        return _Written(COMPLETED if done.done else None, done.queue, False, done.claimed, history, None)
     with transaction.atomic(using=db):
         checkpoints = Checkpoint.objects.using(db)
         if error is None:
@@ -381,7 +395,7 @@ def _write_result(
                 # The attempt ended: its slot goes to the oldest in line, in this transaction
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
-    return recorded or None, woken, joins_later, claimed, None, left
+    return _Written(recorded or None, woken, joins_later, claimed, None, left)
 
 
 def _common_end(row: Checkpoint, error: dict[str, Any] | None, beats: Beats | None) -> bool:

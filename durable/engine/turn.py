@@ -22,7 +22,7 @@ from ..models import FIRST_CLAIM, Checkpoint, Run, Signal, Status
 from ..replay.core import replay
 from ..replay.history import Decision, Limits
 from ..replay.turnstate import RunFacts, TurnState
-from ..statuses import Decided
+from ..statuses import Decided, Turned
 from . import (
     attempts,
     blocked,
@@ -119,7 +119,7 @@ def _advance(run_id: str, settings: conf.Settings) -> str:
     runs = Run.objects.using(settings.DATABASE)
     run = runs.claim(run_id, new_owner(settings), clock.now(), settings.LEASE, settings.NAMESPACE)
     if run is None:
-        return "foreign" if namespaces.refused(run_id, "a turn", settings) else "busy"
+        return Turned.FOREIGN if namespaces.refused(run_id, "a turn", settings) else Turned.BUSY
     owner = run.locked_by or ""
     return _claimed(run, owner, settings, first=owner.endswith(FIRST_CLAIM))
 
@@ -170,14 +170,14 @@ def _turns(
     run: Run | None = claimed
     for _ in range(MAX_RERUNS):
         if run is None:
-            return "lost"
+            return Turned.LOST
         if run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS:
             die(run, settings)
             return Status.DEAD
         try:
             outcome = _turn(run, owner, settings, first, history)
         except LeaseLost:
-            return "lost"
+            return Turned.LOST
         except leases.Interrupted:
             # Stopped: its lease is gone (nothing to write), or it ran past TURN_TIME_LIMIT.
             return give_back(run, owner, settings)
@@ -187,10 +187,10 @@ def _turns(
             first, history = False, None
             continue
         if outcome is not None:
-            return "blocked" if outcome.blocked else outcome.status
-        return "parked"
+            return Turned.BLOCKED if outcome.blocked else outcome.status
+        return Turned.PARKED
     runs.release(run_id, owner, clock.now(), clock.now())
-    return "busy"
+    return Turned.BUSY
 
 
 def die(run: Run, settings: conf.Settings) -> None:
@@ -217,7 +217,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings, state: TurnState | 
         elif became == Status.SUSPENDED:
             dispatch.advance(run.id, run.queue or settings.DEFAULT_QUEUE)
     if became is None:
-        return "lost"
+        return Turned.LOST
     log.warning(
         "durable: the turn of run %s ran past TURN_TIME_LIMIT (%s); the run is %s",
         run.id,

@@ -12,6 +12,7 @@ import durable
 from durable import dispatch
 from durable.engine import entities, turn
 from durable.models import Checkpoint, Entity, EntityOp, OpStatus
+from tests.transitions import forging
 
 pytestmark = pytest.mark.django_db
 
@@ -316,7 +317,8 @@ def test_replays_never_send_an_op_again(durable_env):
     durable_env.run_until_idle()
     assert EntityOp.objects.count() == 3
     # Replay the finished history from the top, as a turn after a crash would.
-    durable.models.Run.objects.filter(id=run.id).update(status="suspended", output=None)
+    with forging():
+        durable.models.Run.objects.filter(id=run.id).update(status="suspended", output=None)
     turn.advance(run.id)
     durable_env.run_until_idle()
     assert EntityOp.objects.count() == 3

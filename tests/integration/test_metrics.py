@@ -17,6 +17,7 @@ from durable import clock, conf, metrics
 from durable.metrics.instruments import INSTRUMENTS
 from durable.models import Checkpoint, Run
 from tests.metrics_readings import otel_points, prometheus_samples, value
+from tests.transitions import forging
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -197,9 +198,11 @@ def test_the_gauges_are_read_from_the_database_when_collected(durable_env, reade
     now = clock.now()
     pending = durable.start(waits)  # no turn yet: waiting for its first
     due = durable.start(waits)
-    Run.objects.filter(id=due.id).update(status="suspended", wake_at=now - timedelta(seconds=90))
+    with forging():
+        Run.objects.filter(id=due.id).update(status="suspended", wake_at=now - timedelta(seconds=90))
     sent = durable.start(sums, 1)
-    Run.objects.filter(id=sent.id).update(status="suspended")
+    with forging():
+        Run.objects.filter(id=sent.id).update(status="suspended")
     Checkpoint.objects.create(
         run_id=sent.id,
         seq=0,

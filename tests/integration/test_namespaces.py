@@ -12,6 +12,7 @@ from django.test import override_settings
 import durable
 from durable.engine import retention, schedules, sweeps
 from durable.models import Checkpoint, CronSchedule, Run
+from tests.transitions import forging
 
 pytestmark = pytest.mark.django_db
 
@@ -89,7 +90,8 @@ def test_the_orphan_sweep_of_a_namespace_recovers_only_its_runs(durable_env):
     b = durable.start(ns_sleeper, namespace="tenant-b")
     durable_env.run_until_idle()
     past = durable_env.now() - timedelta(minutes=1)
-    Run.objects.update(status="running", locked_by="dead/1", locked_until=past)
+    with forging():
+        Run.objects.update(status="running", locked_by="dead/1", locked_until=past)
     with _only("tenant-a"):
         assert sweeps.sweep_orphans() == 1
     assert Run.objects.get(id=a.id).status == "suspended"

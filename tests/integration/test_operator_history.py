@@ -21,6 +21,7 @@ from durable.engine import retention, sweeps
 from durable.errors import MAX_TRACEBACK_CHARS
 from durable.models import AttemptError, Checkpoint, Run
 from durable.signals import run_evicting
+from tests.transitions import forging
 
 pytestmark = pytest.mark.django_db
 
@@ -177,7 +178,8 @@ def test_a_sweep_that_did_nothing_logs_at_debug_and_one_that_did_at_info(
 
     caplog.clear()
     run = durable.start(always_fails_flow)
-    Run.objects.filter(id=run.id).update(status="suspended", wake_at=clock.now() - timedelta(seconds=1))
+    with forging():
+        Run.objects.filter(id=run.id).update(status="suspended", wake_at=clock.now() - timedelta(seconds=1))
     durable_env.drop()
     sweeps.run_noted("durable.sweep_timers")
     busy = [r for r in caplog.records if "durable.sweep_timers" in r.getMessage()]
