@@ -48,7 +48,7 @@ def measure(reps: int) -> dict:
     from durable import waiting
 
     shipped = waiting.listener
-    polling = lambda alias: None  # noqa: E731 - the notices off: result() polls as before
+    polling = lambda *aliases: None  # noqa: E731 - the notices off: result() polls as before
     samples: dict[str, list[float]] = {
         "durable": [],
         "durable_polling": [],
