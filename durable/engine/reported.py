@@ -133,7 +133,7 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
     else:
         error = _error_shape(error)
     recorded = record(row, step, None if error is not None else output, error, retryable, None)
-    if recorded == "unrecorded":
+    if recorded == Attempted.UNRECORDED:
         raise DurableError(f"could not record the completion of step {row.name!r} now; try again")
     if recorded == Attempted.STALE:
         raise DurableError(
