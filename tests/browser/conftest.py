@@ -159,12 +159,18 @@ class Page:
 
 
 def _stale(element: Any) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     try:
         element.tag_name  # noqa: B018 - touching it tells whether the page was replaced
     except StaleElementReferenceException:
         return True
+    except WebDriverException as exc:
+        # Chromium answers so, instead of "stale", when it is asked in the middle of replacing
+        # the page (seen once in CI under load): the element's document is gone all the same.
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
     return False
 
 
