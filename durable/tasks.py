@@ -7,7 +7,18 @@ from typing import Any
 from celery import shared_task
 
 from . import remote
-from .engine import entities, lifecycle, redispatch, remote_turns, reported, steps, sweeps, turn, wakes
+from .engine import (
+    decisions,
+    entities,
+    lifecycle,
+    redispatch,
+    remote_turns,
+    reported,
+    steps,
+    sweeps,
+    turn,
+    wakes,
+)
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
 # the worker process dies. The engine makes every duplicate harmless.
@@ -133,7 +144,7 @@ def remote_turn(turn: dict[str, Any]) -> str:
 @shared_task(name="durable.decision", **_RELIABLE)
 def decision(**message: Any) -> str:
     """Apply what a remote turn decided, at most once, only while its turn holds the lease."""
-    return remote_turns.apply(message)
+    return decisions.apply(message)
 
 
 @shared_task(name="durable.turn_heartbeat", ignore_result=True)

@@ -129,8 +129,11 @@ def _claimed(
 ) -> str:
     run_id = run.id
     if remote_turns.is_remote(run, settings):
+        if run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS:
+            die(run, settings)
+            return Status.DEAD
         # Not held here: the remote worker's turn heartbeats keep the lease, or it lapses.
-        return remote_turns.send(run, owner, settings, first=first)
+        return remote_turns.send(run, owner, settings, limits(settings), first=first)
     leases.hold(run_id, owner)
     attributes = {"durable.run_id": run_id, "durable.workflow": run.workflow, "durable.version": run.version}
     began, outcome = time.perf_counter(), "error"

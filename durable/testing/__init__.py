@@ -134,13 +134,13 @@ class DurableEnv:
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from .. import remote
-            from ..engine import entities, redispatch, remote_turns, reported, steps, turn, wakes
+            from ..engine import decisions, entities, redispatch, remote_turns, reported, steps, turn, wakes
             from ..engine.sweeps import SWEEPS
 
             self._handlers = {
                 # A remote turn runs here as its database-less worker would: from the message alone.
                 dispatch.REMOTE_TURN: lambda turn: remote.run_turn(turn),
-                dispatch.DECISION: lambda **decision: remote_turns.apply(decision),
+                dispatch.DECISION: lambda **decision: decisions.apply(decision),
                 dispatch.TURN_HEARTBEAT: remote_turns.heartbeat,
                 dispatch.HEARTBEAT: reported.heartbeat,
                 dispatch.STEP_RESULT: reported.step_result,

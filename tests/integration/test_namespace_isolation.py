@@ -12,7 +12,7 @@ from django.test import override_settings
 
 import durable
 from durable import dispatch
-from durable.engine import entities, remote_turns, reported, steps, turn, wakes
+from durable.engine import decisions, entities, reported, steps, turn, wakes
 from durable.models import Checkpoint, EntityOp, EntityPrompt, Run
 
 pytestmark = pytest.mark.django_db
@@ -112,12 +112,12 @@ def test_a_remote_turn_of_another_namespace_is_neither_claimed_nor_applied(durab
         (decision,) = durable_env.drop(dispatch.DECISION)
     held = Run.objects.get(id=run_id)
     with _as(OURS):
-        assert remote_turns.apply(decision.options["kwargs"]) == "refused"
+        assert decisions.apply(decision.options["kwargs"]) == "refused"
     now = Run.objects.get(id=run_id)
     assert (now.status, now.locked_by) == ("running", held.locked_by)
     assert not Checkpoint.objects.filter(run_id=run_id).exists()
     with _as(THEIRS):
-        assert remote_turns.apply(decision.options["kwargs"]) == "suspended"
+        assert decisions.apply(decision.options["kwargs"]) == "suspended"
 
 
 def test_run_step_of_another_namespace_is_refused_and_keeps_its_attempt(durable_env):

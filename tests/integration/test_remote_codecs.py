@@ -18,7 +18,7 @@ from referencing import Registry, Resource
 
 import durable
 from durable import codecs, dispatch, protocol, remote
-from durable.engine import remote_turns, reported
+from durable.engine import decisions, reported
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -229,12 +229,12 @@ def test_a_decision_no_key_opens_is_refused_and_the_turn_keeps_its_lease(durable
         (decision,) = durable_env.drop(dispatch.DECISION)
     owner = turn.options["kwargs"]["turn"]["turn"]
     with under(KEY_B), caplog.at_level(logging.WARNING, logger="durable.engine"):
-        assert remote_turns.apply(decision.options["kwargs"]) == "refused"
+        assert decisions.apply(decision.options["kwargs"]) == "refused"
     assert "payload_undecodable" in caplog.text
     assert Run.objects.filter(id=run.id).values_list("locked_by", flat=True).get() == owner
     assert not Checkpoint.objects.filter(run_id=run.id).exists()
     with under(KEY_A):
-        assert remote_turns.apply(decision.options["kwargs"]) == "suspended"
+        assert decisions.apply(decision.options["kwargs"]) == "suspended"
 
 
 def test_a_remote_worker_without_the_key_drops_the_turn(durable_env):
@@ -258,7 +258,7 @@ def test_a_remote_turn_without_a_codec_carries_plain_json(durable_env):
     (decision,) = durable_env.drop(dispatch.DECISION)
     (record,) = decision.options["kwargs"]["records"]
     assert record["input"] == {"args": [MARKER], "kwargs": {}}
-    assert remote_turns.apply(decision.options["kwargs"]) == "suspended"
+    assert decisions.apply(decision.options["kwargs"]) == "suspended"
     assert Checkpoint.objects.get(run_id=run.id).input == {"args": [MARKER], "kwargs": {}}
 
 

@@ -13,7 +13,7 @@ from referencing import Registry, Resource
 
 import durable
 from durable import dispatch, protocol
-from durable.engine import remote_turns
+from durable.engine import decisions, remote_turns
 from durable.errors import InvalidInput
 from durable.models import Checkpoint, Run
 
@@ -103,7 +103,7 @@ def test_a_decision_is_applied_with_the_writes_of_a_local_turn(durable_env):
     _validate(decision, "decision")
     assert decision["status"] == "suspended" and decision["dispatch"] == [0]
     assert not Checkpoint.objects.filter(run_id=run.id).exists()  # nothing written remotely
-    assert remote_turns.apply(decision) == "suspended"
+    assert decisions.apply(decision) == "suspended"
     step = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert step.name == "tests.rt_double" and step.enqueued_at is not None
     assert Run.objects.get(id=run.id).locked_by is None
@@ -119,10 +119,10 @@ def test_a_decision_is_applied_with_the_writes_of_a_local_turn(durable_env):
 def test_a_duplicated_decision_changes_nothing(durable_env):
     run, turn = _turn_sent(durable_env)
     decision = _decided(durable_env, turn)
-    assert remote_turns.apply(decision) == "suspended"
+    assert decisions.apply(decision) == "suspended"
     before = list(Checkpoint.objects.filter(run_id=run.id).values())
     sent = len(durable_env.pending())
-    assert remote_turns.apply(dict(decision)) == "refused"
+    assert decisions.apply(dict(decision)) == "refused"
     assert list(Checkpoint.objects.filter(run_id=run.id).values()) == before
     assert len(durable_env.pending()) == sent  # no second step message
 
@@ -140,12 +140,12 @@ def test_a_decision_whose_lease_was_taken_over_is_refused(durable_env):
     durable_env._handler(dispatch.ADVANCE)(*_take(durable_env, dispatch.ADVANCE).args)
     again = _take(durable_env, dispatch.REMOTE_TURN).options["kwargs"]["turn"]
     assert again["turn"] != stale["turn"]
-    assert remote_turns.apply(stale) == "refused"
+    assert decisions.apply(stale) == "refused"
     assert not Checkpoint.objects.filter(run_id=run.id).exists()
     assert Run.objects.get(id=run.id).locked_by == again["turn"]
     # The new turn's own decision is applied.
     durable_env._handler(dispatch.REMOTE_TURN)(turn=again)
-    assert remote_turns.apply(_take(durable_env, dispatch.DECISION).options["kwargs"]) == "suspended"
+    assert decisions.apply(_take(durable_env, dispatch.DECISION).options["kwargs"]) == "suspended"
     assert Checkpoint.objects.filter(run_id=run.id).count() == 1
 
 
@@ -168,7 +168,7 @@ def test_a_wake_during_the_remote_turn_makes_it_run_again(durable_env):
     run, turn = _turn_sent(durable_env)
     decision = _decided(durable_env, turn)
     durable.signal(run.id, "go", "early")
-    assert remote_turns.apply(decision) == "rerun"
+    assert decisions.apply(decision) == "rerun"
     assert not Checkpoint.objects.filter(run_id=run.id).exists()
     durable_env.run_until_idle()
     assert durable.result(run.id) == {"doubled": 10, "said": "early"}
@@ -226,6 +226,6 @@ def test_a_forged_decision_is_refused(durable_env):
         {**decision, "turn": ""},
         {**decision, "run_id": "nope"},
     ):
-        assert remote_turns.apply(forged) == "refused"
+        assert decisions.apply(forged) == "refused"
     assert not Checkpoint.objects.filter(run_id=run.id).exists()
-    assert remote_turns.apply(decision) == "suspended"
+    assert decisions.apply(decision) == "suspended"
