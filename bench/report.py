@@ -127,23 +127,32 @@ def rows(results: dict[str, Any]) -> list[dict[str, str]]:
     if "local" in results:
         r = results["local"]
         peer = r["dbos"]["throughput"]
-        peer_text = f"{peer['runs_per_s']['median']} runs/s (DBOS start_workflow)"
+        peer_text = f"{peer['runs_per_s']['median']} runs/s (DBOS start_workflow, then get_result of each)"
         n = peer["n"]
         labels = (
-            ("worker", "through the worker (2 processes)"),
-            ("in_process", f"in-process, {r['in_process']['threads']} threads"),
+            ("worker", "throughput", "through the worker (2 processes)"),
+            (
+                "worker",
+                "throughput_results",
+                "through the worker, a loop of `durable.start` then `durable.result` of each",
+            ),
+            ("in_process", "throughput", f"in-process, {r['in_process']['threads']} threads"),
         )
-        for key, label in labels:
-            mine = r[key]["throughput"]
-            value = r["compare"][f"{key}_over_dbos_throughput"]
+        goal = r["compare"].get("goal_min_ratio", 4.0)
+        for key, figure, label in labels:
+            if figure not in r[key]:  # a results file from before the figure was measured
+                continue
+            mine = r[key][figure]
+            suffix = "_results" if figure == "throughput_results" else ""
+            value = r["compare"][f"{key}{suffix}_over_dbos_throughput"]
             add(
                 f"3. Throughput, {n} local-step runs (10 steps each), durable {label} vs DBOS in-process",
                 f"{mine['runs_per_s']['median']} runs/s",
                 peer_text,
                 value,
                 "x DBOS",
-                ">= 3x",
-                _verdict(value, 3.0, False),
+                f">= {goal:g}x",
+                _verdict(value, goal, False),
                 _reps(mine["reps"], peer["reps"]),
             )
         for key, label in (("worker", "through the worker"), ("in_process", "in-process")):

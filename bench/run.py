@@ -52,7 +52,7 @@ BUDGET_SHARES = {
     "latency": 30,
     "throughput": 200,
     "broker": 200,
-    "local_worker": 85,
+    "local_worker": 130,
     "local_in_process": 60,
     "rss": 80,
 }

@@ -95,9 +95,10 @@ class RunQuerySet(BlockedRuns, DebouncedRuns, OrphanedRuns, RunTrees, models.Que
         return claimed[0] if claimed else None
 
     def ending(self, run_id: str) -> Run | None:
-        """The run's status, output and error only (the rest deferred), by one plain statement:
-        what a caller waiting for the run reads each time it looks."""
-        sql = f"SELECT id, status, output, error FROM {connections[self.db].ops.quote_name(Run._meta.db_table)} WHERE id = %s"
+        """The run's status, output and error, and the workflow and version that shape its output
+        (the rest deferred), by one plain statement: what a caller waiting for the run reads each
+        time it looks."""
+        sql = f"SELECT id, status, output, error, workflow, version FROM {connections[self.db].ops.quote_name(Run._meta.db_table)} WHERE id = %s"
         found = returned(Run, self.db, sql, [run_id])
         return found[0] if found else None
 

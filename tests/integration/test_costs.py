@@ -182,3 +182,12 @@ def test_a_dispatched_step_and_its_next_turn_commit_twice_or_three_times(durable
     # record, wake and claim, then the settle.
     assert written == (2 if FOLDED else 3)
     assert durable.result(run.id) == [0, 1]
+
+
+def test_waiting_for_a_finished_runs_result_reads_it_once(durable_env):
+    # Its status, output and what shapes the output (the workflow's version): one statement,
+    # however often a caller looks (three before: the workflow and version were loaded apart).
+    run = durable.start(local_flow, 2)
+    durable_env.run_until_idle()
+    read = statements(lambda: durable.result(run.id))
+    assert len(read) == 1, read
