@@ -37,7 +37,7 @@ from .api_entities import entity_state, signal_entity
 from .api_schedules import pause_schedule, resume_schedule, schedule, trigger_schedule
 from .api_updates import query, update
 from .definitions import Retry, Schedule, Singleton, Step, Workflow, step, workflow
-from .entities import entity
+from .entity_classes import entity
 from .errors import (
     ApplicationError,
     Cancelled,

@@ -163,10 +163,12 @@ def complete_step(token: str, output: Any = None, *, error: Any = None) -> None:
     error dict or a message) under the step's retry policy. A wrong or forged token raises
     ``InvalidInput``; one whose attempt was settled already raises ``DurableError``
     (code ``already_settled``). Either way nothing changes."""
-    from .engine import reported
+    from .engine import results_by_message
 
     # Tagged here, as a step's own return is: a completion sent as a message arrives tagged.
-    reported.complete_step(token, encode(output, what="the output passed to complete_step()"), error)
+    results_by_message.complete_step(
+        token, encode(output, what="the output passed to complete_step()"), error
+    )
 
 
 def heartbeat_step(token: str, progress: Any = None) -> bool:
@@ -176,9 +178,11 @@ def heartbeat_step(token: str, progress: Any = None) -> bool:
     changing nothing, once the attempt was completed or its run cancelled with ``interrupt=True``
     (stop the work); ``InvalidInput`` for a token that names no open attempt: forged, or its
     attempt failed (a timeout) and the position moved on."""
-    from .engine import reported
+    from .engine import results_by_message
 
-    return reported.heartbeat_step(token, encode(progress, what="the progress passed to heartbeat_step()"))
+    return results_by_message.heartbeat_step(
+        token, encode(progress, what="the progress passed to heartbeat_step()")
+    )
 
 
 def cancel(

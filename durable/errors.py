@@ -35,9 +35,9 @@ Control flow: never an error of the run, and never caught by a body's ``except E
         ├── ContinueAsNew              durable.replay.composition: ctx.continue_as_new() ends the run
         ├── Interrupted                durable.engine.leases: the turn's lease is gone, or it ran
         │                              past TURN_TIME_LIMIT
-        ├── LeaseLost                  durable.engine.writes: the lease was taken over; write nothing
+        ├── LeaseLost                  durable.engine.turn_writes: the lease was taken over; write nothing
         ├── _DatabaseLost              durable.engine.turn: the database failed a primitive's query
-        ├── _Stale                     durable.engine.writes: a guarded write matched no row
+        ├── _Stale                     durable.engine.turn_writes: a guarded write matched no row
         ├── NotAhead                   durable.replay.stopping: a turn replayed before its write
         │                              reached what only a turn holding the run may do
         ├── _EndOfHistory              durable.replay.check: a replay check walked the whole history

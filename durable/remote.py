@@ -4,7 +4,7 @@ Each remote step this process knows becomes a Celery task under the step's name:
 step's body in a step scope whose heartbeats leave as ``durable.heartbeat`` messages. Its result
 goes back the way any Celery task used as a step reports: the message's ``link`` on success, its
 ``link_error`` on failure (forwarded as a ``durable.step_result`` message, see
-``engine.reported.task_failed``). Nothing here touches the database.
+``engine.results_by_message.task_failed``). Nothing here touches the database.
 
 With ``DURABLE["CODEC"]`` set, the payloads of the messages (step arguments, results, progress,
 a turn's input, history and decision) travel sealed as the rows hold them: this process opens

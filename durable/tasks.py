@@ -9,15 +9,15 @@ from celery import shared_task
 from . import remote
 from .engine import (
     decisions,
-    entities,
+    entity_ops,
     lifecycle,
     redispatch,
     remote_turns,
-    reported,
+    results_by_message,
     steps,
     sweeps,
     turn,
-    wakes,
+    wake_batches,
 )
 
 # At-least-once delivery: a message is acknowledged only after the work, and redelivered when
@@ -46,7 +46,7 @@ def advance(self: Any, run_id: str) -> str:
 def advance_batch(self: Any, run_ids: list[str]) -> list[str]:
     """The turns of several runs, one after the other, as ``durable.advance`` runs each: a sweep
     sends its wakes this way. A turn that raises does not stop the others."""
-    return wakes.advance_batch(run_ids, redelivered=_was_redelivered(self))
+    return wake_batches.advance_batch(run_ids, redelivered=_was_redelivered(self))
 
 
 @shared_task(name="durable.run_step", bind=True, **_RELIABLE)
@@ -63,7 +63,7 @@ def probe(queue: str, sent_at: str) -> int:
 
 @shared_task(name="durable.apply_entity", **_RELIABLE)
 def apply_entity(name: str, key: str) -> int:
-    return entities.apply(name, key)
+    return entity_ops.apply(name, key)
 
 
 @shared_task(name="durable.sweep_entities", ignore_result=True)
@@ -103,7 +103,7 @@ def step_result(
     """Record a Celery task step's result; Celery calls it as the ``link`` of a task used as a
     step, and a worker in another language may send it itself (``error`` set means the attempt
     failed). Only with the attempt's ``token``, which durable sent with the task."""
-    return reported.step_result(run_id, seq, attempt, output, error, token)
+    return results_by_message.step_result(run_id, seq, attempt, output, error, token)
 
 
 @shared_task(name="durable.step_failed", ignore_result=True)
@@ -118,7 +118,7 @@ def step_failed(
     durable installed calls it in place with ``(request, exc, traceback)``; one that has not (a
     plain Celery worker) sends it as a message with only the failed task's id, the way Celery
     calls an errback it does not know. Either way the attempt is recorded as failed."""
-    return reported.task_failed(run_id, seq, attempt, failure, token)
+    return results_by_message.task_failed(run_id, seq, attempt, failure, token)
 
 
 @shared_task(name="durable.heartbeat", ignore_result=True)
@@ -131,7 +131,7 @@ def heartbeat(
     sent_at: float | None = None,
 ) -> bool:
     """A step's heartbeat sent as a message, for workers that only speak Celery."""
-    return reported.heartbeat(run_id, seq, attempt, progress, token, sent_at)
+    return results_by_message.heartbeat(run_id, seq, attempt, progress, token, sent_at)
 
 
 @shared_task(name="durable.remote_turn", **_RELIABLE)

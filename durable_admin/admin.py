@@ -441,5 +441,5 @@ class EventAdmin(DurableRows, admin.ModelAdmin):
 
 
 # Registered here so that installing durable_admin is enough (admin autodiscovery imports admin.py).
-from . import entities as _entities  # noqa: E402, F401
+from . import entity_admin as _entities  # noqa: E402, F401
 from . import schedules as _schedules  # noqa: E402, F401

@@ -33,7 +33,7 @@ from .. import connections as database
 from ..definitions import Step
 from ..errors import StepTimeout
 from ..models import Checkpoint, Run
-from ..models.ahead import Ahead
+from ..models.result_and_turn import RunAsTaken
 from ..replay.attempt import LATER, begin_async, conclude
 from ..replay.stepscope import StepInfo
 from ..statuses import Attempted
@@ -152,7 +152,7 @@ def launch(
     info: StepInfo,
     beats: Beats,
     began: float,
-    read: Ahead | None,
+    read: RunAsTaken | None,
     holder: str,
     *,
     inline: bool = True,

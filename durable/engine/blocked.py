@@ -21,8 +21,8 @@ from ..models import Run
 from ..models.blocked import NON_DETERMINISM
 from ..replay.history import Decision
 from ..replay.turnstate import TurnState
-from . import observe, writes
-from .writes import _Stale
+from . import observe, turn_writes
+from .turn_writes import _Stale
 
 log = logging.getLogger("durable.engine")
 
@@ -39,7 +39,7 @@ def park(run: Run, owner: str, outcome: Decision, state: TurnState, settings: co
     nothing of it and park the run; raise _Stale if a wake landed since the turn read the run."""
     db = settings.DATABASE
     # Attempts run in place ended whatever the body does next, as for a turn a wake refused.
-    writes.keep_held_results(run.id, owner, state, db)
+    turn_writes.keep_held_results(run.id, owner, state, db)
     now = clock.now()
     error = blocked_error(run, outcome.error or {}, now)
     wake_at = now + retry_after(error["details"]["parked"], settings)

@@ -18,7 +18,7 @@ from ..errors import PayloadUndecodable
 from ..models import Run, Status
 from ..replay import wire
 from ..statuses import Turned
-from . import namespaces, turn, writes
+from . import namespaces, turn, turn_writes
 
 log = logging.getLogger("durable.engine")
 
@@ -59,7 +59,7 @@ def apply(message: dict[str, Any]) -> str:
                 return Turned.REFUSED
             run.wakes = message.get("wakes", run.wakes)  # as the turn read them: a later wake reruns it
             turn.finish(run, owner, None, state, outcome, settings)
-    except writes._Stale:
+    except turn_writes._Stale:
         # A wake landed while the remote worker replayed: run the turn again on what is now true.
         with transaction.atomic(using=db):
             if Run.objects.using(db).release(run_id, owner, clock.now(), clock.now()):

@@ -19,12 +19,23 @@ from .. import asyncsteps, clock, conf, shutdown, tracing
 from ..definitions import Step, registry
 from ..errors import ErrorCode, WorkflowNotRegistered, step_timeout_error
 from ..models import HELD, AttemptError, Checkpoint, Claim, Fan, Run
-from ..models.ahead import Ahead
+from ..models.result_and_turn import RunAsTaken
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING
 from ..replay.stepscope import StepInfo
 from ..statuses import Attempted
-from . import ahead, asyncattempts, attempts, flow, handover, histories, leases, namespaces, observe, turn
+from . import (
+    asyncattempts,
+    attempts,
+    flow,
+    histories,
+    leases,
+    namespaces,
+    next_turn,
+    observe,
+    result_and_turn,
+    turn,
+)
 from .attempts import Beats
 
 T = TypeVar("T")
@@ -97,7 +108,7 @@ def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> At
     began = time.monotonic()
     key = (run_id, seq, attempt)
     try:
-        found = _persistently(lambda: ahead.held(run_id, seq, attempt, holder, settings), key)
+        found = _persistently(lambda: result_and_turn.held(run_id, seq, attempt, holder, settings), key)
         row, read = found or (None, None)
         if row is None:
             return Attempted.STALE
@@ -113,7 +124,7 @@ def _run(
     token: str,
     holder: str,
     began: float,
-    read: Ahead | None,
+    read: RunAsTaken | None,
     settings: conf.Settings,
     *,
     inline: bool = True,
@@ -184,16 +195,16 @@ def _start(
     holder: str,
     now: datetime,
     settings: conf.Settings,
-) -> tuple[Checkpoint | None, flow.Waits | flow.Refused | None, Ahead | None]:
+) -> tuple[Checkpoint | None, flow.Waits | flow.Refused | None, RunAsTaken | None]:
     """Start the attempt (None if the message is stale) and, under a fleet-wide limit, take its
     slot and rate token in the same transaction, or say why it waits instead of running; read
     its run too, for a turn ahead of the result, when ``ahead`` may write one."""
     until = now + settings.LEASE
     if not flow.any_limited():
-        row, read = ahead.take(run_id, seq, attempt, token, holder, now, until, settings)
+        row, read = result_and_turn.take(run_id, seq, attempt, token, holder, now, until, settings)
         return row, None, read
     with transaction.atomic(using=settings.DATABASE):
-        row, read = ahead.take(run_id, seq, attempt, token, holder, now, until, settings)
+        row, read = result_and_turn.take(run_id, seq, attempt, token, holder, now, until, settings)
         step = registry.steps.get(row.name) if row is not None else None
         if row is None or step is None or not step.limited:
             return row, None, read
@@ -224,7 +235,7 @@ def record(
     began: float | None = None,
     *,
     inline: bool = True,
-    read: Ahead | None = None,
+    read: RunAsTaken | None = None,
     ahead_only: bool = False,
 ) -> Attempted:
     """Record one attempt's result exactly once, then wake the run when it should be woken
@@ -237,10 +248,10 @@ def record(
     settings = conf.get()
     run_id, fan = row.run_id, row.fan
     key = (row.run_id, row.seq, row.attempt)
-    claim = handover.claim(settings, began) if inline else None
+    claim = next_turn.claim(settings, began) if inline else None
     if read is not None and claim is not None and _common_end(row, error, beats):
         written = _persistently(
-            lambda: ahead.record(
+            lambda: result_and_turn.record(
                 row, read, output, settings, began, lambda: _observe(row, output, None, None)
             ),
             key,
@@ -254,7 +265,7 @@ def record(
         return Attempted.UNRECORDED
     recorded, woken, joins_later, claimed, history, left = outcome
     if not recorded:
-        if claim is not None and (taken := handover.claimed_unseen(run_id, claim)) is not None:
+        if claim is not None and (taken := next_turn.claimed_unseen(run_id, claim)) is not None:
             turn.advance_claimed(taken, claim.owner)
         return Attempted.STALE
     if claimed is not None:
@@ -265,11 +276,11 @@ def record(
         # harmless replay).
         woken = _persistently(lambda: _wake_if_closed(run_id, fan, left, settings), key)
         if woken:
-            handover.next_turn(run_id, woken, settings, began, inline=inline)
+            next_turn.run_or_send(run_id, woken, settings, began, inline=inline)
     elif woken and not (claim is not None and attempts.serves(woken)):
         # (A claim refused on a queue served here would be refused to a turn as well: the turn
         # holding the run sees this wake when it settles, or the run is not admitted yet.)
-        handover.next_turn(run_id, woken, settings, began, inline=inline)
+        next_turn.run_or_send(run_id, woken, settings, began, inline=inline)
     return Attempted.COMPLETED if recorded == COMPLETED else Attempted.FAILED
 
 

@@ -16,7 +16,7 @@ from django.db import transaction
 from .. import clock, conf, dispatch, errors, wording
 from ..models import Checkpoint, Run, Status
 from ..models.base import commit_without_waiting
-from . import debounce, entities, flow, lifecycle, presence, redispatch, retention, schedules, singletons
+from . import debounce, entity_ops, flow, lifecycle, presence, redispatch, retention, schedules, singletons
 
 log = logging.getLogger("durable.engine")
 
@@ -211,7 +211,7 @@ SWEEPS = (
     ),
     Sweep(
         "durable.sweep_entities",
-        entities.sweep_entities,
+        entity_ops.sweep_entities,
         "ENTITY_SWEEP_INTERVAL",
         "prompted {} with ops pending",
         "entity key",

@@ -26,7 +26,7 @@ from ..statuses import Decided, Turned
 from . import (
     attempts,
     blocked,
-    entities,
+    entity_ops,
     events,
     flow,
     histories,
@@ -37,9 +37,9 @@ from . import (
     remote_turns,
     runs,
     streams,
-    writes,
+    turn_writes,
 )
-from .writes import LeaseLost, _Stale
+from .turn_writes import LeaseLost, _Stale
 
 T = TypeVar("T")
 
@@ -211,7 +211,7 @@ def give_back(run: Run, owner: str, settings: conf.Settings, state: TurnState | 
     error = errors.turn_time_limit_exhausted(run.recovery_attempts + 1, settings.TURN_TIME_LIMIT)
     with transaction.atomic(using=db):
         if state is not None:
-            writes.keep_held_results(run.id, owner, state, db)
+            turn_writes.keep_held_results(run.id, owner, state, db)
         became = Run.objects.using(db).give_back(
             run.id, owner, clock.now(), settings.MAX_RECOVERY_ATTEMPTS, error
         )
@@ -285,15 +285,15 @@ def _turn(
             with transaction.atomic(using=db):
                 if not Run.objects.using(db).renew(run.id, owner, clock.now(), settings.LEASE):
                     raise LeaseLost()
-                writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+                turn_writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
                 runs.start_children(run, current.children)
                 current.children.clear()
-                writes.hand_off(current)  # gates after the run's row, as a recorded result locks them
+                turn_writes.hand_off(current)  # gates after the run's row, as a recorded result locks them
         elif (
             current.consumed
             or current.exposed_changed
-            or writes.replies(current)
-            or entities.new_ops(current.unsaved())
+            or turn_writes.replies(current)
+            or entity_ops.new_ops(current.unsaved())
             or streams.new_writes(current.unsaved())
             or len(current.unsaved()) > 1
             or current.freed
@@ -301,11 +301,11 @@ def _turn(
             # Or an attempt's start with the result held back from the one before: one commit,
             # with the slot that result freed handed on in it.
             with transaction.atomic(using=db):
-                writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
-                writes.hand_off(current)
+                turn_writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+                turn_writes.hand_off(current)
         else:
-            writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
-        writes.mark_saved(current)
+            turn_writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
+        turn_writes.mark_saved(current)
 
     try:
         body_input = workflow.body_input(run.input)
@@ -320,13 +320,13 @@ def _turn(
     except leases.Interrupted:
         # Stopped (past TURN_TIME_LIMIT, say, in a body that never reached a primitive): a step
         # run in place before it completed, and stays so, rather than counting as lost.
-        writes.keep_held_results(run.id, owner, state, db)
+        turn_writes.keep_held_results(run.id, owner, state, db)
         raise
     except BaseException as exc:
         if shutdown.is_leaving(exc):
             # So does one whose worker is shutting down: a deploy must not run it again.
             leases.while_leaving(
-                "keep results of steps run in place", writes.keep_held_results, run.id, owner, state, db
+                "keep results of steps run in place", turn_writes.keep_held_results, run.id, owner, state, db
             )
         raise
     finally:
@@ -353,26 +353,26 @@ def finish(
     if outcome.blocked:
         blocked.park(run, owner, outcome, state, settings)  # nothing of the turn is written
         return
-    if settles_alone(run, state, outcome):
+    if only_the_settle_left(run, state, outcome):
         # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
-    elif outcome.status == Decided.SUSPENDED and (new := writes.lone_insert(run.id, state)):
+    elif outcome.status == Decided.SUSPENDED and (new := turn_writes.lone_insert(run.id, state)):
         # One new position (the next step's, say) and the settle: one statement on PostgreSQL.
         written = state.unsaved()
         _settle(run, owner, outcome, settings, state, inserting=new)
-        writes.send(run.id, state, settings, written, namespace=run.namespace)
-    elif _settles_on_its_own(run, outcome, state) and (
-        held := writes.lone_held_result(run.id, owner, state, settings.DATABASE)
+        turn_writes.send(run.id, state, settings, written, namespace=run.namespace)
+    elif _settle_tells_no_one(run, outcome, state) and (
+        held := turn_writes.lone_held_result(run.id, owner, state, settings.DATABASE)
     ):
         # The result of the step run in place and the settle: one statement on PostgreSQL. A
         # refused settle leaves the result written, as ``keep_held_results`` would.
         written = state.unsaved()
         _settle(run, owner, outcome, settings, state, rewriting=held)
-        writes.send(run.id, state, settings, written, namespace=run.namespace)
+        turn_writes.send(run.id, state, settings, written, namespace=run.namespace)
     else:
         try:
             with transaction.atomic(using=settings.DATABASE):
-                writes.write(run.id, state, settings, namespace=run.namespace)
+                turn_writes.write(run.id, state, settings, namespace=run.namespace)
                 runs.start_children(run, state.children)
                 state.children.clear()
                 if outcome.status == Decided.CONTINUED:
@@ -387,11 +387,11 @@ def finish(
                 if outcome.status == Decided.CONTINUED:
                     Signal.objects.using(settings.DATABASE).carry_over(run.id, outcome.output["continued_as"])
                 # After the settle: a gate is locked after the run's row, as a recorded result does.
-                writes.hand_off(state)
+                turn_writes.hand_off(state)
         except _Stale:
-            writes.keep_held_results(run.id, owner, state, settings.DATABASE)
+            turn_writes.keep_held_results(run.id, owner, state, settings.DATABASE)
             raise
-    writes.hand_off(state)  # a slot freed by the one statement above (the general write did its own)
+    turn_writes.hand_off(state)  # a slot freed by the one statement above (the general write did its own)
     if outcome.status == Decided.SUSPENDED and events.arrived_since(state.records):
         lifecycle.wake(run.id)
 
@@ -448,7 +448,7 @@ def facts(run: Run, body_input: Any) -> RunFacts:
     )
 
 
-def settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
+def only_the_settle_left(run: Run, state: TurnState, outcome: Decision) -> bool:
     """Whether the settle is the turn's only write left (and needs no transaction around it)."""
     if (
         state.unsaved()
@@ -459,11 +459,12 @@ def settles_alone(run: Run, state: TurnState, outcome: Decision) -> bool:
         or state.exposed_changed
     ):
         return False
-    return _settles_on_its_own(run, outcome, state)
+    return _settle_tells_no_one(run, outcome, state)
 
 
-def _settles_on_its_own(run: Run, outcome: Decision, state: TurnState) -> bool:
-    """Whether the settle needs no other write of the turn in its transaction."""
+def _settle_tells_no_one(run: Run, outcome: Decision, state: TurnState) -> bool:
+    """Whether the settle needs no other write of the turn in its transaction: it tells no parent
+    and no singleton line, and closes no children."""
     if outcome.status == Decided.SUSPENDED:
         return True
     # Else, in the settle's transaction, it tells its parent or its line, or closes its children.

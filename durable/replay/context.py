@@ -35,7 +35,7 @@ from ..values import decode
 from .attempt import LATER, beat_grace, run_attempt, split_traceback
 from .cancelling import Cancelling
 from .composition import Composition
-from .entities import Entities
+from .entity_calls import Entities
 from .history import COMPLETED, FAILED, PENDING, Limits, Record
 from .messages import Messages
 from .patches import PATCH, Patches

@@ -87,7 +87,7 @@ class TurnState:
     #: id(exception) -> positions whose failure it reports, to tell retry() what ended the run.
     raised: dict[int, list[int]] = field(default_factory=dict)
     #: ``ctx.logger``'s records, held back when a list (a turn replayed ahead of its write: they
-    #: are the run's only if the write is; see ``engine.ahead``); None: logged at once.
+    #: are the run's only if the write is; see ``engine.result_and_turn``); None: logged at once.
     logs: list[logging.LogRecord] | None = None
     #: False when ``records`` hold only what a turn changed (a remote turn's decision), not the
     #: whole history: what the history started is then asked of the database.

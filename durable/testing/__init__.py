@@ -90,7 +90,7 @@ class DurableEnv:
         """Run an existing Celery task sent as a step, eagerly, and report it as its link would."""
         from celery import current_app
 
-        from ..engine import reported
+        from ..engine import results_by_message
         from ..errors import error_dict
 
         run_id, seq, attempt, token = message.options["headers"]["durable"]
@@ -101,9 +101,9 @@ class DurableEnv:
             args=message.args, kwargs=message.options.get("kwargs")
         )
         if result.successful():
-            reported.step_result(run_id, seq, attempt, output=result.result, token=token)
+            results_by_message.step_result(run_id, seq, attempt, output=result.result, token=token)
         else:
-            reported.step_result(run_id, seq, attempt, error=error_dict(result.result), token=token)
+            results_by_message.step_result(run_id, seq, attempt, error=error_dict(result.result), token=token)
 
     def _run_remote_step(
         self, message: dispatch.Message, run_id: str, seq: int, attempt: int, token: str
@@ -112,7 +112,7 @@ class DurableEnv:
         heartbeats and its result as messages (durable.heartbeat, durable.step_result)."""
         from .. import codecs, remote
         from ..definitions import registry
-        from ..engine import reported
+        from ..engine import results_by_message
         from ..replay.attempt import run_attempt
         from ..replay.stepscope import StepInfo
 
@@ -122,19 +122,28 @@ class DurableEnv:
 
         def beat(progress: Any = None) -> None:
             sealed = None if progress is None else codecs.sealed(progress, conf.codec())
-            reported.heartbeat(run_id, seq, attempt, sealed, token)
+            results_by_message.heartbeat(run_id, seq, attempt, sealed, token)
 
         info = StepInfo(run_id, seq, attempt, step.name, secret=token)
         output, error, retryable = run_attempt(step, info, payload, beat)
         if error is not None and not retryable:
             error = {**error, "non_retryable": True}
         output = codecs.sealed(output, conf.codec()) if error is None else None
-        reported.step_result(run_id, seq, attempt, output=output, error=error, token=token)
+        results_by_message.step_result(run_id, seq, attempt, output=output, error=error, token=token)
 
     def _handler(self, task: str) -> Callable[..., Any]:
         if not self._handlers:
             from .. import remote
-            from ..engine import decisions, entities, redispatch, remote_turns, reported, steps, turn, wakes
+            from ..engine import (
+                decisions,
+                entity_ops,
+                redispatch,
+                remote_turns,
+                results_by_message,
+                steps,
+                turn,
+                wake_batches,
+            )
             from ..engine.sweeps import SWEEPS
 
             self._handlers = {
@@ -142,12 +151,12 @@ class DurableEnv:
                 dispatch.REMOTE_TURN: lambda turn: remote.run_turn(turn),
                 dispatch.DECISION: lambda **decision: decisions.apply(decision),
                 dispatch.TURN_HEARTBEAT: remote_turns.heartbeat,
-                dispatch.HEARTBEAT: reported.heartbeat,
-                dispatch.STEP_RESULT: reported.step_result,
+                dispatch.HEARTBEAT: results_by_message.heartbeat,
+                dispatch.STEP_RESULT: results_by_message.step_result,
                 dispatch.ADVANCE: turn.advance,
-                dispatch.ADVANCE_BATCH: wakes.advance_batch,
+                dispatch.ADVANCE_BATCH: wake_batches.advance_batch,
                 dispatch.RUN_STEP: steps.run_step,
-                dispatch.APPLY_ENTITY: entities.apply,
+                dispatch.APPLY_ENTITY: entity_ops.apply,
                 dispatch.PROBE: redispatch.probed,
                 **{sweep.task: sweep.run for sweep in SWEEPS},
             }

@@ -361,7 +361,7 @@ def test_every_run_completes_when_step_processes_die_and_connections_are_cut(
 
 # -- every step through the broker --------------------------------------------------------------
 # Each result is written with the next turn when that turn only starts the next step (see
-# ``engine.ahead``): the same kills and cuts, on runs of consecutive dispatched steps.
+# ``engine.result_and_turn``): the same kills and cuts, on runs of consecutive dispatched steps.
 
 BROKER_TEST = "test_every_run_of_dispatched_steps_completes_through_the_broker"
 BROKER_SETTINGS = {**SETTINGS, "EAGER_STEPS": False}

@@ -14,7 +14,7 @@ from django.test import override_settings
 
 import durable
 from durable import clock, dispatch
-from durable.engine import lifecycle, reported, steps
+from durable.engine import lifecycle, results_by_message, steps
 from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
@@ -170,9 +170,11 @@ def test_messages_without_the_attempts_token_change_nothing(durable_env):
     assert steps.run_step(run_id, seq, attempt) == "stale"
     assert steps.run_step(run_id, seq, attempt, "guessed") == "stale"
     # A durable step's result is recorded by the worker that ran it, never from a message.
-    assert reported.step_result(run_id, seq, attempt, output={"forged": True}) == "stale"
-    assert reported.step_result(run_id, seq, attempt, output={"forged": True}, token=token) == "stale"
-    assert reported.heartbeat(run_id, seq, attempt, {"forged": True}, token=token) is False
+    assert results_by_message.step_result(run_id, seq, attempt, output={"forged": True}) == "stale"
+    assert (
+        results_by_message.step_result(run_id, seq, attempt, output={"forged": True}, token=token) == "stale"
+    )
+    assert results_by_message.heartbeat(run_id, seq, attempt, {"forged": True}, token=token) is False
     row = _row(run_id)
     assert (row.status, row.output, row.started_at, row.progress) == ("pending", None, None, None)
     assert steps.run_step(run_id, seq, attempt, token) == "completed"
@@ -237,7 +239,7 @@ def test_heartbeat_progress_over_max_payload_bytes_is_refused(durable_env):
     other = durable.start(one, "b")
     durable_env.run_next()
     run_id, seq, attempt, token = _sent(durable_env).args
-    assert reported.heartbeat(run_id, seq, attempt, "x" * 2048, token=token) is False
+    assert results_by_message.heartbeat(run_id, seq, attempt, "x" * 2048, token=token) is False
     assert _row(other.id).progress is None
 
 
@@ -257,7 +259,7 @@ def test_a_string_error_from_a_foreign_worker_fails_the_step_cleanly(durable_env
     durable_env.run_next()
     durable_env.drop()
     token = _row(run.id).token
-    assert reported.step_result(run.id, 0, 1, error="it broke", token=token) == "failed"
+    assert results_by_message.step_result(run.id, 0, 1, error="it broke", token=token) == "failed"
     durable_env.run_until_idle()
     assert durable.get_run(run.id).status == "failed"
     assert _row(run.id).error == {"message": "it broke", "type": "Error", "code": None, "details": None}

@@ -11,7 +11,7 @@ from celery import shared_task
 
 import durable
 from durable import conf
-from durable.engine import reported
+from durable.engine import results_by_message
 from durable.engine.attempts import Beats
 from durable.models import Checkpoint
 
@@ -222,9 +222,9 @@ def test_a_celery_task_beating_by_message_is_told_to_stop(durable_env):
     durable_env.run_next()
     durable_env.drop()
     token = Checkpoint.objects.get(run_id=run.id, seq=0).token
-    assert reported.heartbeat(run.id, 0, 1, {"done": 1}, token=token) is True
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 1}, token=token) is True
     durable.cancel(run.id, interrupt=True)
-    assert reported.heartbeat(run.id, 0, 1, {"done": 2}, token=token) is False
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 2}, token=token) is False
     assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 1}
 
 

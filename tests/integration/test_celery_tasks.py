@@ -8,7 +8,7 @@ import pytest
 from celery import shared_task
 
 import durable
-from durable.engine import reported
+from durable.engine import results_by_message
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
@@ -65,10 +65,12 @@ def test_step_result_records_once_and_ignores_duplicates(durable_env):
     durable_env.run_next()
     durable_env.drop()
     token = Checkpoint.objects.get(run_id=run.id, seq=0).token
-    assert reported.step_result(run.id, 0, 1, output=666) == "stale"  # no token: not the link durable sent
-    assert reported.step_result(run.id, 0, 1, output=666, token="guessed") == "stale"
-    assert reported.step_result(run.id, 0, 1, output=2, token=token) == "completed"
-    assert reported.step_result(run.id, 0, 1, output=999, token=token) == "stale"
+    assert (
+        results_by_message.step_result(run.id, 0, 1, output=666) == "stale"
+    )  # no token: not the link durable sent
+    assert results_by_message.step_result(run.id, 0, 1, output=666, token="guessed") == "stale"
+    assert results_by_message.step_result(run.id, 0, 1, output=2, token=token) == "completed"
+    assert results_by_message.step_result(run.id, 0, 1, output=999, token=token) == "stale"
     assert Checkpoint.objects.get(run_id=run.id, seq=0).output == 2
 
 
@@ -79,15 +81,17 @@ def test_beats_taken_out_of_order_keep_the_progress_sent_last(durable_env):
     durable_env.drop()
     token = Checkpoint.objects.get(run_id=run.id, seq=0).token
     sent = time.time()
-    assert reported.heartbeat(run.id, 0, 1, {"done": 2}, token=token, sent_at=sent + 2) is True
-    assert reported.heartbeat(run.id, 0, 1, {"done": 1}, token=token, sent_at=sent + 1) is True  # alive
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 2}, token=token, sent_at=sent + 2) is True
+    assert (
+        results_by_message.heartbeat(run.id, 0, 1, {"done": 1}, token=token, sent_at=sent + 1) is True
+    )  # alive
     assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 2}
-    assert reported.heartbeat(run.id, 0, 1, {"done": 3}, token=token, sent_at=sent + 3) is True
-    assert reported.step_result(run.id, 0, 1, output=2, token=token) == "completed"
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 3}, token=token, sent_at=sent + 3) is True
+    assert results_by_message.step_result(run.id, 0, 1, output=2, token=token) == "completed"
     # Beats taken after the result: the one sent before the last kept is not kept over it.
-    assert reported.heartbeat(run.id, 0, 1, {"done": 2.5}, token=token, sent_at=sent + 2.5) is False
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 2.5}, token=token, sent_at=sent + 2.5) is False
     assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 3}
-    assert reported.heartbeat(run.id, 0, 1, {"done": 4}, token=token, sent_at=sent + 4) is False
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 4}, token=token, sent_at=sent + 4) is False
     assert Checkpoint.objects.get(run_id=run.id, seq=0).progress == {"done": 4}
 
 
@@ -96,7 +100,7 @@ def test_heartbeat_task_records_progress(durable_env):
     durable_env.run_next()
     durable_env.drop()
     token = Checkpoint.objects.get(run_id=run.id, seq=0).token
-    assert reported.heartbeat(run.id, 0, 1, {"done": 666}) is False  # no token
-    assert reported.heartbeat(run.id, 0, 1, {"done": 3}, token=token) is True
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 666}) is False  # no token
+    assert results_by_message.heartbeat(run.id, 0, 1, {"done": 3}, token=token) is True
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     assert row.progress == {"done": 3} and row.last_heartbeat_at is not None

@@ -9,7 +9,7 @@ from django.db import OperationalError, connection
 from django.test import override_settings
 
 import durable
-from durable.engine import steps, wakes
+from durable.engine import steps, wake_batches
 from durable.models import Checkpoint
 from durable.testing import wait_for
 
@@ -127,7 +127,7 @@ def test_a_batch_whose_first_turn_meets_a_dropped_connection_still_turns_the_oth
     ids = [durable.start(one_step, n).id for n in range(3)]
     durable_env.drop()  # their turns come in one batch instead
     _drop_this_process_connection()
-    outcomes = wakes.advance_batch(ids)
+    outcomes = wake_batches.advance_batch(ids)
     assert outcomes[0] == "error" and outcomes[1:] == ["suspended", "suspended"]
     # The run whose turn met the dropped session is prompted again once the database answers.
     assert [(m.task, m.args) for m in durable_env.pending()][0] == ("durable.advance", (ids[0],))

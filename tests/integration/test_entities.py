@@ -10,7 +10,7 @@ from django.db import transaction
 
 import durable
 from durable import dispatch
-from durable.engine import entities, turn
+from durable.engine import entity_ops, turn
 from durable.models import Checkpoint, Entity, EntityOp, OpStatus
 from tests.transitions import forging
 
@@ -267,18 +267,18 @@ def test_a_prompt_that_comes_twice_applies_nothing_twice(durable_env):
     (message,) = durable_env.pending()
     durable_env.messages.append(message)
     durable_env.run_until_idle()
-    assert entities.apply("tests.account", "a") == 0
+    assert entity_ops.apply("tests.account", "a") == 0
     assert balance("a") == 5
 
 
 def test_a_prompt_for_a_key_without_ops_creates_nothing_harmful(durable_env):
-    assert entities.apply("tests.account", "empty") == 0
+    assert entity_ops.apply("tests.account", "empty") == 0
     assert durable.entity_state("tests.account", "empty") == {"balance": 0, "log": []}
 
 
 def test_a_backlog_longer_than_a_batch_is_applied_in_order(durable_env, monkeypatch):
-    monkeypatch.setattr(entities, "BATCH", 3)
-    monkeypatch.setattr(entities, "MAX_BATCHES", 2)
+    monkeypatch.setattr(entity_ops, "BATCH", 3)
+    monkeypatch.setattr(entity_ops, "MAX_BATCHES", 2)
     for amount in range(1, 11):
         durable.signal_entity("tests.account", "a", "deposit", amount)
     durable_env.run_until_idle()

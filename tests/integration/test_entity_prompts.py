@@ -12,7 +12,7 @@ from django.test import override_settings
 
 import durable
 from durable import dispatch
-from durable.engine import entities
+from durable.engine import entity_ops
 from durable.models import EntityOp, EntityOpQuerySet, EntityPrompt, OpStatus
 
 pytestmark = pytest.mark.django_db
@@ -101,7 +101,7 @@ def test_ops_coalesced_into_a_lost_prompt_are_applied_by_the_sweep(durable_env):
 def test_a_stale_prompt_is_forgotten_even_when_its_ops_were_applied(durable_env):
     durable.signal_entity("tests.prompted", "a", "add", 1)
     durable_env.drop()
-    entities.apply("tests.prompted", "b")  # another key's applier leaves it alone
+    entity_ops.apply("tests.prompted", "b")  # another key's applier leaves it alone
     assert EntityPrompt.objects.filter(key="a").exists()
     durable_env.advance_time("10s")
     assert not EntityPrompt.objects.exists()
@@ -136,11 +136,11 @@ def test_ops_go_to_their_namespace_queue_and_only_its_sweep_repairs_them(durable
     durable_env.drop()  # a and c lose their prompts
     EntityOp.objects.update(created_at=durable_env.now() - timedelta(minutes=1))
     with override_settings(DURABLE={"NAMESPACE": "tenant-b"}):
-        assert entities.sweep_entities() == 0  # tenant-b's beat: none of these ops is its
+        assert entity_ops.sweep_entities() == 0  # tenant-b's beat: none of these ops is its
     with override_settings(DURABLE={"NAMESPACE": "tenant-a"}):
-        assert entities.sweep_entities() == 1
+        assert entity_ops.sweep_entities() == 1
     assert [(m.args[1], m.queue) for m in durable_env.pending()] == [("a", "durable.tenant-a")]
-    assert entities.sweep_entities() == 2  # a beat without a namespace sweeps them all
+    assert entity_ops.sweep_entities() == 2  # a beat without a namespace sweeps them all
     queued = [(m.args[1], m.queue) for m in durable_env.pending()]
     assert queued == [("a", "durable.tenant-a"), ("a", "durable.tenant-a"), ("c", "durable")]
     durable_env.run_until_idle()

@@ -12,7 +12,7 @@ from django.test import override_settings
 
 import durable
 from durable import dispatch
-from durable.engine import decisions, entities, reported, steps, turn, wakes
+from durable.engine import decisions, entity_ops, results_by_message, steps, turn, wake_batches
 from durable.models import Checkpoint, EntityOp, EntityPrompt, Run
 
 pytestmark = pytest.mark.django_db
@@ -87,7 +87,7 @@ def test_advance_of_another_namespace_is_refused(durable_env):
 def test_advance_batch_of_another_namespace_is_refused(durable_env):
     run_id = _theirs(durable_env)
     with _as(OURS):
-        assert wakes.advance_batch([run_id]) == ["foreign"]
+        assert wake_batches.advance_batch([run_id]) == ["foreign"]
     _untouched(run_id)
     assert not durable_env.pending()
 
@@ -143,13 +143,13 @@ def test_results_and_beats_of_another_namespace_are_refused(durable_env):
     row = Checkpoint.objects.get(run_id=run_id, seq=0)
     where = {"run_id": run_id, "seq": 0, "attempt": 1, "token": row.token}
     with _as(OURS):
-        assert reported.heartbeat(progress={"p": 1}, **where) is False
-        assert reported.step_result(output=666, **where) == "stale"
-        assert reported.step_result(error={"message": "no"}, **where) == "stale"
+        assert results_by_message.heartbeat(progress={"p": 1}, **where) is False
+        assert results_by_message.step_result(output=666, **where) == "stale"
+        assert results_by_message.step_result(error={"message": "no"}, **where) == "stale"
     now = Checkpoint.objects.get(pk=row.pk)
     assert (now.status, now.started_at, now.progress, now.attempt) == ("pending", None, None, 1)
     with _as(THEIRS):
-        assert reported.step_result(output=6, **where) == "completed"
+        assert results_by_message.step_result(output=6, **where) == "completed"
         durable_env.run_until_idle()
     assert durable.result(run_id) == 6
 
@@ -159,11 +159,11 @@ def test_an_entity_op_of_another_namespace_is_not_applied(durable_env):
         durable.signal_entity("tests.iso_counter", "k", "add", 5)
     durable_env.drop()
     with _as(OURS):
-        assert entities.apply("tests.iso_counter", "k") == 0
+        assert entity_ops.apply("tests.iso_counter", "k") == 0
     assert EntityOp.objects.get(entity="tests.iso_counter", key="k").status == "pending"
     assert EntityPrompt.objects.filter(name="tests.iso_counter", key="k").exists()  # not taken
     with _as(THEIRS):
-        assert entities.apply("tests.iso_counter", "k") == 1
+        assert entity_ops.apply("tests.iso_counter", "k") == 1
     assert durable.entity_state("tests.iso_counter", "k") == {"total": 5}
 
 
@@ -176,10 +176,10 @@ def test_an_applier_stops_at_the_first_op_of_another_namespace(durable_env):
         durable.signal_entity("tests.iso_counter", "k", "add", 100)
     durable_env.drop()
     with _as(OURS):
-        assert entities.apply("tests.iso_counter", "k") == 1  # its own, up to theirs, in order
+        assert entity_ops.apply("tests.iso_counter", "k") == 1  # its own, up to theirs, in order
     assert durable.entity_state("tests.iso_counter", "k") == {"total": 1}
     with _as(THEIRS):
-        assert entities.apply("tests.iso_counter", "k") == 1
+        assert entity_ops.apply("tests.iso_counter", "k") == 1
     with _as(OURS):
-        assert entities.apply("tests.iso_counter", "k") == 1
+        assert entity_ops.apply("tests.iso_counter", "k") == 1
     assert durable.entity_state("tests.iso_counter", "k") == {"total": 111}

@@ -14,7 +14,7 @@ from referencing import Registry, Resource
 
 import durable
 from durable import dispatch, protocol
-from durable.engine import reported
+from durable.engine import results_by_message
 from durable.models import Checkpoint
 
 pytestmark = pytest.mark.django_db
@@ -93,13 +93,15 @@ def test_the_reports_of_the_reference_worker_fit_the_schemas_and_are_recorded(du
     attempt = worker_module.Attempt(worker, header)
     beat = {**attempt.report(), "progress": {"done": 1}}
     _validate(beat, "heartbeat")
-    assert reported.heartbeat(**beat) is True
+    assert results_by_message.heartbeat(**beat) is True
     failed = worker.result_message(attempt, error=ValueError("x"))
     _validate(failed, "step_result")
     done = worker.result_message(attempt, output="HI")
     _validate(done, "step_result")
-    assert reported.step_result(**done) == "completed"
-    assert reported.step_result(**failed) == "stale"  # the attempt is settled: a late report changes nothing
+    assert results_by_message.step_result(**done) == "completed"
+    assert (
+        results_by_message.step_result(**failed) == "stale"
+    )  # the attempt is settled: a late report changes nothing
     durable_env.run_until_idle()
     assert durable.result(run.id) == "HI"
 
@@ -110,4 +112,4 @@ def test_a_report_without_its_token_fits_no_schema_and_is_dropped(durable_env):
     report = {"run_id": run.id, "seq": 0, "attempt": 1, "output": "forged"}
     with pytest.raises(jsonschema.ValidationError, match="token"):
         _validate(report, "step_result")
-    assert reported.step_result(**report) == "stale"
+    assert results_by_message.step_result(**report) == "stale"

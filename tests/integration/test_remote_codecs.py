@@ -18,7 +18,7 @@ from referencing import Registry, Resource
 
 import durable
 from durable import codecs, dispatch, protocol, remote
-from durable.engine import decisions, reported
+from durable.engine import decisions, results_by_message
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -134,7 +134,7 @@ def test_durable_remote_opens_the_arguments_and_seals_the_result_and_progress(du
         row = Checkpoint.objects.get(run_id=run.id)
         report = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token, "output": output}
         _validate(report, "step_result")
-        assert reported.step_result(**report) == "completed"
+        assert results_by_message.step_result(**report) == "completed"
         durable_env.run_until_idle()
         assert durable.result(run.id) == {"label": f"{MARKER}!"}
         assert Checkpoint.objects.get(pk=row.pk).progress == {"seen": MARKER}
@@ -163,13 +163,13 @@ def test_a_result_no_key_opens_is_refused_and_the_attempt_stays_open(durable_env
         where = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
         foreign = codecs.seal({"label": "forged"}, codecs.build([codecs.Fernet], [KEY_B]))
         with caplog.at_level(logging.WARNING, logger="durable.engine"):
-            assert reported.step_result(output=foreign, **where) == "stale"
+            assert results_by_message.step_result(output=foreign, **where) == "stale"
         assert "payload_undecodable" in caplog.text
-        assert not reported.heartbeat(progress=foreign, **where)
+        assert not results_by_message.heartbeat(progress=foreign, **where)
         still = Checkpoint.objects.get(pk=row.pk)
         assert (still.status, still.attempt, still.output) == ("pending", 1, None)
         sealed = codecs.seal({"label": "right"}, codecs.build([codecs.Zlib, codecs.Fernet], [KEY_A]))
-        assert reported.step_result(output=sealed, **where) == "completed"
+        assert results_by_message.step_result(output=sealed, **where) == "completed"
         durable_env.run_until_idle()
         assert durable.result(run.id) == {"label": "right"}
 

@@ -11,7 +11,7 @@ from django.test import override_settings
 
 import durable
 from durable import tasks
-from durable.engine import reported
+from durable.engine import results_by_message
 from durable.errors import InvalidInput
 from durable.models import Checkpoint
 
@@ -111,12 +111,12 @@ def test_a_heartbeat_message_marks_the_task_started_so_it_is_never_sent_again(du
     durable_env.drop()
     beat = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
     for _ in range(4):  # 12 minutes of a step that beats every 3, past STEP_REDISPATCH_AFTER (5m)
-        assert reported.heartbeat(progress={"done": 1}, **beat) is True
+        assert results_by_message.heartbeat(progress={"done": 1}, **beat) is True
         durable_env.advance_time("3m")
         assert not [m for m in durable_env.pending() if m.task == plain_add.name]
     now = Checkpoint.objects.get(pk=row.pk)
     assert now.started_at is not None and now.token == row.token and now.progress == {"done": 1}
-    assert reported.step_result(output=5, **beat) == "completed"
+    assert results_by_message.step_result(output=5, **beat) == "completed"
     durable_env.run_until_idle()
     assert durable.result(run.id) == 5
 
@@ -127,23 +127,23 @@ def test_a_beat_whose_attempt_ends_while_it_is_applied_keeps_its_progress(durabl
     run, row = _first_turn(durable_env, plain_flow, 1)
     durable_env.drop()
     beat = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
-    read = reported._task_attempt
+    read = results_by_message._task_attempt
 
     def read_then_result_lands(*args):
         found = read(*args)
-        monkeypatch.setattr(reported, "_task_attempt", read)
-        assert reported.step_result(output=5, **beat) == "completed"  # the other process
+        monkeypatch.setattr(results_by_message, "_task_attempt", read)
+        assert results_by_message.step_result(output=5, **beat) == "completed"  # the other process
         return found
 
-    monkeypatch.setattr(reported, "_task_attempt", read_then_result_lands)
-    assert reported.heartbeat(progress={"done": 9}, **beat) is False
+    monkeypatch.setattr(results_by_message, "_task_attempt", read_then_result_lands)
+    assert results_by_message.heartbeat(progress={"done": 9}, **beat) is False
     assert Checkpoint.objects.get(pk=row.pk).progress == {"done": 9}
 
 
 def test_heartbeats_that_stop_count_the_attempt_lost(durable_env):
     run, row = _first_turn(durable_env, plain_flow, 1)
     durable_env.drop()
-    reported.heartbeat(run.id, 0, 1, token=row.token)
+    results_by_message.heartbeat(run.id, 0, 1, token=row.token)
     durable_env.advance_time("6m")  # past the beat's window (STEP_REDISPATCH_AFTER)
     assert durable.result(run.id)["failed"] == "worker_lost"
 
@@ -194,11 +194,11 @@ def test_a_duplicated_or_forged_remote_result_changes_nothing(durable_env):
     run, row = _first_turn(durable_env, remote_flow, 2)
     durable_env.drop()
     where = {"run_id": run.id, "seq": 0, "attempt": 1}
-    assert reported.step_result(output=666, token="guessed", **where) == "stale"
-    assert reported.step_result(output=666, **where) == "stale"
-    assert reported.step_result(output=4, token=row.token, **where) == "completed"
-    assert reported.step_result(output=999, token=row.token, **where) == "stale"
-    assert reported.step_result(error={"message": "late"}, token=row.token, **where) == "stale"
+    assert results_by_message.step_result(output=666, token="guessed", **where) == "stale"
+    assert results_by_message.step_result(output=666, **where) == "stale"
+    assert results_by_message.step_result(output=4, token=row.token, **where) == "completed"
+    assert results_by_message.step_result(output=999, token=row.token, **where) == "stale"
+    assert results_by_message.step_result(error={"message": "late"}, token=row.token, **where) == "stale"
     durable_env.run_until_idle()
     assert durable.result(run.id) == 4
 
@@ -206,7 +206,7 @@ def test_a_duplicated_or_forged_remote_result_changes_nothing(durable_env):
 def test_a_remote_attempt_whose_beats_stop_is_retried(durable_env):
     run, row = _first_turn(durable_env, remote_flow, 3)
     durable_env.drop()
-    reported.heartbeat(run.id, 0, 1, token=row.token)
+    results_by_message.heartbeat(run.id, 0, 1, token=row.token)
     durable_env.advance_time("6m")
     lost = Checkpoint.objects.get(pk=row.pk)
     assert lost.attempt == 2 and lost.error["code"] == "worker_lost"
@@ -227,7 +227,7 @@ def test_a_step_on_a_remote_queue_is_a_remote_step(durable_env):
 def test_a_durable_step_result_sent_as_a_message_is_refused(durable_env):
     run, row = _first_turn(durable_env, remote_pool_flow, 5)  # not remote: REMOTE_QUEUES unset
     assert not row.input.get("remote")
-    assert reported.step_result(run.id, 0, 1, output=1, token=row.token) == "stale"
+    assert results_by_message.step_result(run.id, 0, 1, output=1, token=row.token) == "stale"
 
 
 @pytest.mark.parametrize(
@@ -255,8 +255,8 @@ def test_a_beat_window_covers_a_long_heartbeat_timeout():
     from durable import conf
 
     settings = conf.get()
-    assert reported._beat_window(pooled_triple.name, settings) == timedelta(minutes=5)
-    assert reported._beat_window("unknown", settings) == settings.STEP_REDISPATCH_AFTER
+    assert results_by_message._beat_window(pooled_triple.name, settings) == timedelta(minutes=5)
+    assert results_by_message._beat_window("unknown", settings) == settings.STEP_REDISPATCH_AFTER
 
 
 @durable.step(name="tests.remote_pool_limited", queue="gpu-limited", concurrency=2)
@@ -393,7 +393,9 @@ def test_progress_that_arrives_after_the_result_is_kept(durable_env):
     run, row = _first_turn(durable_env, remote_flow, 2)
     durable_env.drop()
     where = {"run_id": run.id, "seq": 0, "attempt": 1, "token": row.token}
-    assert reported.step_result(output=4, **where) == "completed"
-    assert reported.heartbeat(progress={"done": "all"}, **where) is False  # too late to keep it alive
-    assert reported.heartbeat(progress={"forged": 1}, **{**where, "token": "guessed"}) is False
+    assert results_by_message.step_result(output=4, **where) == "completed"
+    assert (
+        results_by_message.heartbeat(progress={"done": "all"}, **where) is False
+    )  # too late to keep it alive
+    assert results_by_message.heartbeat(progress={"forged": 1}, **{**where, "token": "guessed"}) is False
     assert Checkpoint.objects.get(pk=row.pk).progress == {"done": "all"}

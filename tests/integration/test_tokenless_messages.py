@@ -14,7 +14,7 @@ import pytest
 import durable
 from durable import celery as durable_celery
 from durable import tasks
-from durable.engine import reported, steps
+from durable.engine import results_by_message, steps
 from durable.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +43,7 @@ def _in_backoff(durable_env) -> tuple[str, Checkpoint]:
     durable_env.run_next()
     row = Checkpoint.objects.get(run_id=run.id, seq=0)
     durable_env.drop()
-    failed = reported.step_result(run.id, 0, 1, error={"message": "first try"}, token=row.token)
+    failed = results_by_message.step_result(run.id, 0, 1, error={"message": "first try"}, token=row.token)
     assert failed == "failed"
     durable_env.run_until_idle()
     row.refresh_from_db()
@@ -54,7 +54,7 @@ def _in_backoff(durable_env) -> tuple[str, Checkpoint]:
 @pytest.mark.parametrize("token", NO_TOKENS)
 def test_a_result_without_a_token_does_not_settle_an_attempt_in_backoff(durable_env, token):
     run_id, row = _in_backoff(durable_env)
-    assert reported.step_result(run_id, 0, 2, output="FORGED", token=token) == "stale"
+    assert results_by_message.step_result(run_id, 0, 2, output="FORGED", token=token) == "stale"
     durable_env.run_until_idle()
     assert Checkpoint.objects.get(pk=row.pk).status == "pending"
     assert Run.objects.get(id=run_id).status != "completed"
@@ -67,7 +67,7 @@ def test_a_failure_without_a_token_does_not_fail_an_attempt_in_backoff(durable_e
     run_id, row = _in_backoff(durable_env)
     where = {"run_id": run_id, "seq": 0, "attempt": 2, "token": token}
     assert tasks.step_failed.apply(args=("x",), kwargs=where).get() == "stale"
-    assert reported.step_result(run_id, 0, 2, error={"message": "FORGED"}, token=token) == "stale"
+    assert results_by_message.step_result(run_id, 0, 2, error={"message": "FORGED"}, token=token) == "stale"
     now = Checkpoint.objects.get(pk=row.pk)
     assert now.status == "pending" and now.attempt == 2 and now.error["message"] == "first try"
 
@@ -75,7 +75,7 @@ def test_a_failure_without_a_token_does_not_fail_an_attempt_in_backoff(durable_e
 @pytest.mark.parametrize("token", NO_TOKENS)
 def test_a_heartbeat_without_a_token_does_not_start_an_attempt_in_backoff(durable_env, token):
     run_id, row = _in_backoff(durable_env)
-    assert reported.heartbeat(run_id, 0, 2, progress={"forged": 1}, token=token) is False
+    assert results_by_message.heartbeat(run_id, 0, 2, progress={"forged": 1}, token=token) is False
     now = Checkpoint.objects.get(pk=row.pk)
     assert now.started_at is None and now.held_by is None and now.progress != {"forged": 1}
 

@@ -14,7 +14,7 @@ from django.test import override_settings
 
 import durable
 from durable import dispatch, tasks
-from durable.engine import sweeps, turn, wakes
+from durable.engine import sweeps, turn, wake_batches
 from durable.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -148,7 +148,7 @@ def test_a_run_whose_batch_message_is_lost_is_woken_again_by_the_timer_sweep(dur
         ["run-1", ""],
         ["run-1", "x" * 300],
         ["run-1", "nul\x00"],
-        ["run-1"] * (wakes.MAX_RUN_IDS + 1),
+        ["run-1"] * (wake_batches.MAX_RUN_IDS + 1),
     ],
     ids=[
         "a string",
@@ -183,7 +183,7 @@ def test_a_finished_run_in_a_batch_is_passed_over(durable_env):
     assert durable.result(done) == 0
     ids = _napping(durable_env, nap, 2)
     _due(durable_env)
-    assert wakes.advance_batch([done, *ids]) == ["busy", "completed", "completed"]
+    assert wake_batches.advance_batch([done, *ids]) == ["busy", "completed", "completed"]
 
 
 def test_a_batch_under_a_celery_time_limit_hands_over_the_turns_it_has_no_time_for(durable_env, monkeypatch):
@@ -209,7 +209,7 @@ def test_a_batch_stops_when_the_database_fails_two_turns_in_a_row(durable_env, m
 
     monkeypatch.setattr(turn, "_advance", the_database_is_gone)
     with caplog.at_level(logging.WARNING, logger="durable.engine"):
-        assert wakes.advance_batch(ids) == ["error", "error"]
+        assert wake_batches.advance_batch(ids) == ["error", "error"]
     assert "3 run(s) of the batch left to the timer sweep" in caplog.text
     monkeypatch.undo()
     durable_env.advance_time("5m")  # each swept run's safety-net wake

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import durable
-from durable.replay.entities import entity_op_id
+from durable.replay.entity_calls import entity_op_id
 from durable.replay.history import COMPLETED, FAILED, PENDING, Record
 
 from .replaykit import RUN, T0, turn

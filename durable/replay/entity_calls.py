@@ -1,7 +1,7 @@
 """Entity primitives of the replay context: ``ctx.signal_entity`` and ``ctx.call_entity``.
 
 Each sends one op, once per position: its op id derives from the run and the position, and the
-turn stores it in its own transaction (``engine/entities.py``), so a replay never sends it again.
+turn stores it in its own transaction (``engine/entity_ops.py``), so a replay never sends it again.
 ``call_entity`` waits for the op's result, which the applier records at the position.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..durations import parse_duration
-from ..entities import registry
+from ..entity_classes import registry
 from ..errors import InvalidInput, StepFailed, WaitTimeout
 from ..guards import plain_json, text
 from .history import COMPLETED, FAILED, Record

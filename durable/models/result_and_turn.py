@@ -25,7 +25,7 @@ from .runs import Run
 
 
 @dataclass
-class Ahead:
+class RunAsTaken:
     """The run of a taken attempt, as the take read it: its row, the row's version (PostgreSQL's
     ``xmin``: any write to the row changes it), and its positions (dicts of the fields asked)."""
 
@@ -45,7 +45,7 @@ def take(
     until: datetime,
     fields: tuple[str, ...],
     namespace: str | None = None,
-) -> tuple[Checkpoint | None, Ahead | None]:
+) -> tuple[Checkpoint | None, RunAsTaken | None]:
     """``CheckpointQuerySet.take``, reading the run too when it waits for this position alone:
     suspended, admitted, and no other position of it pending (a pending one may change without
     its run's row, a fan member's result say); not for a fan member or a limited step. The
@@ -68,7 +68,7 @@ def take(
 
 def held(
     db: str, run_id: str, seq: int, attempt: int, holder: str, fields: tuple[str, ...]
-) -> tuple[Checkpoint | None, Ahead | None]:
+) -> tuple[Checkpoint | None, RunAsTaken | None]:
     """The pending attempt ``holder`` holds (a turn took it for that process) and its run, read
     as ``take`` reads them: nothing written."""
     taken_columns, run_columns, reading = _reading(db, fields)
@@ -89,7 +89,7 @@ def _read(
     taken_columns: tuple[str, ...],
     run_columns: tuple[str, ...],
     fields: tuple[str, ...],
-) -> tuple[Checkpoint | None, Ahead | None]:
+) -> tuple[Checkpoint | None, RunAsTaken | None]:
     with connections[db].cursor() as cursor:
         cursor.execute(sql, [*params, Status.SUSPENDED, CheckpointStatus.PENDING])
         rows = cursor.fetchall()
@@ -103,7 +103,7 @@ def _read(
         return taken, None
     (run,) = instances(Run, db, run_columns, [row[split + 1 : -1]])
     ended = {"status": CheckpointStatus.PENDING}  # as before the take: the replay overwrites it
-    return taken, Ahead(run, version, read_back.positions(Checkpoint, row[-1], fields, -1, ended))
+    return taken, RunAsTaken(run, version, read_back.positions(Checkpoint, row[-1], fields, -1, ended))
 
 
 @functools.cache

@@ -16,8 +16,8 @@ from django.db import connections, transaction
 from django.db.models import Q
 
 from .. import clock, conf, dispatch, guards, routing
-from ..entities import Entity as Definition
-from ..entities import registry, version_key
+from ..entity_classes import Entity as Definition
+from ..entity_classes import registry, version_key
 from ..errors import InvalidInput, error_dict
 from ..models import Checkpoint, Entity, EntityOp, EntityPrompt, OpStatus, Run
 from ..replay.history import Record

@@ -13,7 +13,7 @@ from ..errors import _ControlFlow
 from ..models import AttemptError, Checkpoint, Fan, Run, Signal
 from ..replay.history import COMPLETED, PENDING, Record
 from ..replay.turnstate import TurnState
-from . import asyncattempts, entities, flow, observe, outbox, streams
+from . import asyncattempts, entity_ops, flow, observe, streams, turn_messages
 
 
 class LeaseLost(_ControlFlow):
@@ -98,7 +98,7 @@ def write(
     new = []
     answers = replies(state)
     written = state.unsaved()
-    entities.send_from_run(run_id, entities.new_ops(state.unsaved()))
+    entity_ops.send_from_run(run_id, entity_ops.new_ops(state.unsaved()))
     streams.write_from_run(run_id, state.unsaved(), db)
     for rec in state.unsaved():
         if rec.stored_as is None:
@@ -132,7 +132,7 @@ def write(
         if not Signal.objects.using(db).consume(signal.id, signal.consumed_seq or 0):
             raise _Stale()
     state.consumed.clear()
-    outbox.send(run_id, state.outgoing)
+    turn_messages.send(run_id, state.outgoing)
     state.outgoing.clear()
     send(run_id, state, settings, written, namespace=namespace)
 
@@ -196,7 +196,7 @@ def _lone(state: TurnState) -> Record | None:
     if len(unsaved) != 1 or state.consumed or state.children or state.outgoing:
         return None
     (rec,) = unsaved
-    return None if rec.failures or entities.new_ops(unsaved) or streams.new_writes(unsaved) else rec
+    return None if rec.failures or entity_ops.new_ops(unsaved) or streams.new_writes(unsaved) else rec
 
 
 def _row(run_id: str, rec: Record) -> Checkpoint:

@@ -26,7 +26,7 @@ def claim(settings: conf.Settings, began: float | None) -> Claim | None:
     return Claim(turn.new_owner(settings), settings.LEASE, None if served is None else frozenset(served))
 
 
-def next_turn(
+def run_or_send(
     run_id: str, queue: str, settings: conf.Settings, began: float | None = None, *, inline: bool = True
 ) -> None:
     """Run the next turn here when this worker serves the run's queue, else send it there.

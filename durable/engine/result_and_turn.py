@@ -2,7 +2,7 @@
 
 The worker that ran a step would record the result, wake and claim the run, replay its body and
 settle it with the next step's position: two statements, two commits. When the run waited for
-this step alone, the take read the run (see ``models.ahead``); the body is then replayed ahead of
+this step alone, the take read the run (see ``models.result_and_turn``); the body is then replayed ahead of
 any write, and if the turn only starts the next step, the result, the settle and the new position
 are one statement, fenced by the version of the run's row the take read; if it only completes a
 run that tells no parent and no singleton line, the result and the settle are. Anything else (a
@@ -25,14 +25,25 @@ from .. import clock, conf, dispatch, metrics, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
 from ..models import Checkpoint, Run, Status
-from ..models import ahead as rows
-from ..models.ahead import Ahead
+from ..models import result_and_turn as rows
+from ..models.result_and_turn import RunAsTaken
 from ..replay.core import replay
 from ..replay.history import COMPLETED, Decision
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
 from ..statuses import UNFINISHED, Attempted, CheckpointStatus, Decided
-from . import attempts, events, flow, handover, histories, lifecycle, observe, remote_turns, turn, writes
+from . import (
+    attempts,
+    events,
+    flow,
+    histories,
+    lifecycle,
+    next_turn,
+    observe,
+    remote_turns,
+    turn,
+    turn_writes,
+)
 
 
 def wanted(settings: conf.Settings) -> bool:
@@ -55,7 +66,7 @@ def take(
     now: datetime,
     until: datetime,
     settings: conf.Settings,
-) -> tuple[Checkpoint | None, Ahead | None]:
+) -> tuple[Checkpoint | None, RunAsTaken | None]:
     """``CheckpointQuerySet.take`` (of a run of this worker's namespace only); when ``wanted``,
     the run too, as it stands, if it waits for this position alone."""
     db, namespace = settings.DATABASE, settings.NAMESPACE
@@ -68,7 +79,7 @@ def take(
 
 def held(
     run_id: str, seq: int, attempt: int, holder: str, settings: conf.Settings
-) -> tuple[Checkpoint | None, Ahead | None]:
+) -> tuple[Checkpoint | None, RunAsTaken | None]:
     """The attempt a turn took for ``holder`` (still pending, held so) and, as ``take`` reads it
     when ``wanted``, its run."""
     db = settings.DATABASE
@@ -82,7 +93,7 @@ def held(
 
 def record(
     row: Checkpoint,
-    read: Ahead,
+    read: RunAsTaken,
     output: Any,
     settings: conf.Settings,
     began: float | None,
@@ -119,7 +130,7 @@ def _replayed(
     workflow: Workflow,
     body_input: Any,
     row: Checkpoint,
-    read: Ahead,
+    read: RunAsTaken,
     output: Any,
     now: datetime,
     settings: conf.Settings,
@@ -160,7 +171,7 @@ def _replayed(
         )
     except NotAhead:
         return None
-    ends = outcome.status == Decided.COMPLETED and turn.settles_alone(run, state, outcome)
+    ends = outcome.status == Decided.COMPLETED and turn.only_the_settle_left(run, state, outcome)
     if (
         lost
         or not (outcome.status == Decided.SUSPENDED or ends)
@@ -173,7 +184,7 @@ def _replayed(
 
 def _write(
     row: Checkpoint,
-    read: Ahead,
+    read: RunAsTaken,
     output: Any,
     now: datetime,
     settings: conf.Settings,
@@ -184,7 +195,7 @@ def _write(
 ) -> Attempted | None:
     run = read.run
     ends = outcome.status == Decided.COMPLETED
-    new = None if ends else writes.lone_insert(run.id, state)
+    new = None if ends else turn_writes.lone_insert(run.id, state)
     if new is None and not ends:
         return None
     run_fields = turn.run_fields(outcome)
@@ -215,7 +226,7 @@ def _write(
         at = clock.now()
         queue = Run.objects.using(settings.DATABASE).wake(run.id, at, at + settings.LEASE)
         if queue:
-            handover.next_turn(run.id, queue, settings, began)
+            next_turn.run_or_send(run.id, queue, settings, began)
         return Attempted.COMPLETED
     for line in state.logs or ():
         logging.getLogger(line.name).handle(line)
@@ -228,8 +239,8 @@ def _write(
         )
     else:
         observe.run_suspended(run, outcome.wake_at)
-    writes.send(run.id, state, settings, written, namespace=run.namespace)
-    writes.hand_off(state)  # a slot the replay freed (none, as a rule: that turn writes more)
+    turn_writes.send(run.id, state, settings, written, namespace=run.namespace)
+    turn_writes.hand_off(state)  # a slot the replay freed (none, as a rule: that turn writes more)
     if not ends and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return Attempted.COMPLETED
