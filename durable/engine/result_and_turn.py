@@ -43,7 +43,9 @@ from . import (
     remote_turns,
     turn,
     turn_writes,
+    write_plan,
 )
+from .write_plan import TurnPlan, TurnWrite
 
 
 def wanted(settings: conf.Settings) -> bool:
@@ -134,7 +136,7 @@ def _replayed(
     output: Any,
     now: datetime,
     settings: conf.Settings,
-) -> tuple[Decision, TurnState] | None:
+) -> tuple[Decision, TurnState, TurnPlan] | None:
     """The run's next turn, with this result, replayed before anything is written: its outcome
     and what it would write; None if it would do anything a turn holding the run must do."""
     run, db = read.run, settings.DATABASE
@@ -171,15 +173,15 @@ def _replayed(
         )
     except NotAhead:
         return None
-    ends = outcome.status == Decided.COMPLETED and turn.only_the_settle_left(run, state, outcome)
-    if (
-        lost
-        or not (outcome.status == Decided.SUSPENDED or ends)
-        or state.exposed_changed
-        or state.search_attributes is not None
-    ):
+    plan = write_plan.turn_plan(run, "", state, outcome, db)
+    # The turn's write fits the result's statement when it inserts the next position, or only
+    # ends a run (the statement writes no exposed values or search attributes).
+    fits = plan.kind == TurnWrite.INSERT_AND_SETTLE or (
+        plan.kind == TurnWrite.SETTLE and outcome.status == Decided.COMPLETED
+    )
+    if lost or not fits or state.exposed_changed or state.search_attributes is not None:
         return None
-    return outcome, state
+    return outcome, state, plan
 
 
 def _write(
@@ -192,12 +194,11 @@ def _write(
     recorded_as: Callable[[], None],
     outcome: Decision,
     state: TurnState,
+    plan: TurnPlan,
 ) -> Attempted | None:
     run = read.run
     ends = outcome.status == Decided.COMPLETED
-    new = None if ends else turn_writes.lone_insert(run.id, state)
-    if new is None and not ends:
-        return None
+    new = plan.inserting
     run_fields = turn.run_fields(outcome)
     written = state.unsaved()
     try:

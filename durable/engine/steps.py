@@ -35,8 +35,10 @@ from . import (
     observe,
     result_and_turn,
     turn,
+    write_plan,
 )
 from .attempts import Beats
+from .write_plan import ResultWrite
 
 T = TypeVar("T")
 
@@ -249,7 +251,9 @@ def record(
     run_id, fan = row.run_id, row.fan
     key = (row.run_id, row.seq, row.attempt)
     claim = next_turn.claim(settings, began) if inline else None
-    if read is not None and claim is not None and _common_end(row, error, beats):
+    unsaved = beats is not None and beats.unsaved is not None
+    plan = write_plan.result_plan(row, error, unsaved, ahead=read is not None and claim is not None)
+    if plan == ResultWrite.WITH_NEXT_TURN and read is not None:
         written = _persistently(
             lambda: result_and_turn.record(
                 row, read, output, settings, began, lambda: _observe(row, output, None, None)
@@ -258,9 +262,12 @@ def record(
         )
         if written is not None:
             return written
+        plan = ResultWrite.WITH_WAKE  # the replay declined: the result and the wake, as usual
     if ahead_only:
         claim, inline = None, False
-    outcome = _persistently(lambda: _record_once(row, step, output, error, retryable, beats, claim), key)
+    outcome = _persistently(
+        lambda: _record_once(row, step, output, error, retryable, beats, claim, plan), key
+    )
     if outcome is None:
         return Attempted.UNRECORDED
     recorded, woken, joins_later, claimed, history, left = outcome
@@ -313,10 +320,11 @@ def _record_once(
     retryable: bool,
     beats: Beats | None,
     claim: Claim | None,
+    plan: ResultWrite,
 ) -> _Written:
     """Write the result (``_Written`` says what that did), through a result too large to store."""
     try:
-        return _write_result(row, step, output, error, retryable, beats, claim)
+        return _write_result(row, step, output, error, retryable, beats, claim, plan)
     except DataError as exc:
         log.warning(
             "durable: the result of %s#%s attempt %s cannot be stored: %s",
@@ -331,7 +339,7 @@ def _record_once(
             "code": ErrorCode.UNSTORABLE_RESULT,
             "details": None,
         }
-        return _write_result(row, step, None, unstorable, False, None, claim)
+        return _write_result(row, step, None, unstorable, False, None, claim, ResultWrite.TRANSACTION)
 
 
 def _write_result(
@@ -342,6 +350,7 @@ def _write_result(
     retryable: bool,
     beats: Beats | None,
     claim: Claim | None,
+    plan: ResultWrite,
 ) -> _Written:
     settings = conf.get()
     db = settings.DATABASE
@@ -355,7 +364,7 @@ def _write_result(
     joins_later = False
     left: int | None = None  # the fan's members still open, when it keeps the count
     retry_at: datetime | None = None
-    if _common_end(row, error, beats):  # no transaction of its own needed
+    if plan != ResultWrite.TRANSACTION:  # no transaction of its own needed
         done = Checkpoint.objects.using(db).complete_and_wake(
             run_id, seq, attempt, output, now, now + settings.LEASE, claim, histories.RECORD_FIELDS
         )
@@ -407,12 +416,6 @@ def _write_result(
                 # (after the run's row, as everywhere a gate is locked).
                 flow.hand_off(row.flow_key)
     return _Written(recorded or None, woken, joins_later, claimed, None, left)
-
-
-def _common_end(row: Checkpoint, error: dict[str, Any] | None, beats: Beats | None) -> bool:
-    """Whether the attempt ends the common way: completed, outside a fan and a limit, no
-    progress left unsaved. Its result and the wake (and claim) are then all there is to write."""
-    return error is None and row.fan is None and (beats is None or beats.unsaved is None) and not row.flow_key
 
 
 def _observe(row: Checkpoint, output: Any, error: dict[str, Any] | None, retry_at: datetime | None) -> None:

@@ -38,8 +38,10 @@ from . import (
     runs,
     streams,
     turn_writes,
+    write_plan,
 )
 from .turn_writes import LeaseLost, _Stale
+from .write_plan import TurnWrite
 
 T = TypeVar("T")
 
@@ -350,24 +352,16 @@ def finish(
 
     The same writes whether the body was replayed here or on a remote worker (``remote_turns``);
     ``workflow`` is needed only to continue as new (looked up when None)."""
-    if outcome.blocked:
+    plan = write_plan.turn_plan(run, owner, state, outcome, settings.DATABASE)
+    if plan.kind == TurnWrite.PARK:
         blocked.park(run, owner, outcome, state, settings)  # nothing of the turn is written
         return
-    if only_the_settle_left(run, state, outcome):
-        # Nothing else to write: one autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
+    if plan.kind == TurnWrite.SETTLE:
+        # One autocommitted UPDATE, not BEGIN, UPDATE, COMMIT.
         _settle(run, owner, outcome, settings, state)
-    elif outcome.status == Decided.SUSPENDED and (new := turn_writes.lone_insert(run.id, state)):
-        # One new position (the next step's, say) and the settle: one statement on PostgreSQL.
+    elif plan.kind in (TurnWrite.INSERT_AND_SETTLE, TurnWrite.RESULT_AND_SETTLE):
         written = state.unsaved()
-        _settle(run, owner, outcome, settings, state, inserting=new)
-        turn_writes.send(run.id, state, settings, written, namespace=run.namespace)
-    elif _settle_tells_no_one(run, outcome, state) and (
-        held := turn_writes.lone_held_result(run.id, owner, state, settings.DATABASE)
-    ):
-        # The result of the step run in place and the settle: one statement on PostgreSQL. A
-        # refused settle leaves the result written, as ``keep_held_results`` would.
-        written = state.unsaved()
-        _settle(run, owner, outcome, settings, state, rewriting=held)
+        _settle(run, owner, outcome, settings, state, inserting=plan.inserting, rewriting=plan.rewriting)
         turn_writes.send(run.id, state, settings, written, namespace=run.namespace)
     else:
         try:
@@ -445,34 +439,6 @@ def facts(run: Run, body_input: Any) -> RunFacts:
     """What the replay core knows of ``run``."""
     return RunFacts(
         run.id, run.workflow, run.version, run.namespace or None, body_input, run.deadline, run.cancel_request
-    )
-
-
-def only_the_settle_left(run: Run, state: TurnState, outcome: Decision) -> bool:
-    """Whether the settle is the turn's only write left (and needs no transaction around it)."""
-    if (
-        state.unsaved()
-        or state.consumed
-        or state.dispatch
-        or state.children
-        or state.outgoing
-        or state.exposed_changed
-    ):
-        return False
-    return _settle_tells_no_one(run, outcome, state)
-
-
-def _settle_tells_no_one(run: Run, outcome: Decision, state: TurnState) -> bool:
-    """Whether the settle needs no other write of the turn in its transaction: it tells no parent
-    and no singleton line, and closes no children."""
-    if outcome.status == Decided.SUSPENDED:
-        return True
-    # Else, in the settle's transaction, it tells its parent or its line, or closes its children.
-    return (
-        outcome.status == Decided.COMPLETED
-        and not run.parent_id
-        and not run.singleton_key
-        and not lifecycle.started_children(state)
     )
 
 
