@@ -114,11 +114,6 @@ def _attempts_sent(name: str, key: str, op_id: str) -> int:
     return max(numbers) + 1 if numbers else 0
 
 
-def new_ops(records: list[Record]) -> list[Record]:
-    """The positions among ``records`` that send an op when first written."""
-    return [rec for rec in records if rec.kind == "entity" and rec.stored_as is None]
-
-
 def apply(name: str, key: str) -> int:
     """Apply the pending ops of (``name``, ``key``); return how many were applied."""
     settings = conf.get()

@@ -14,7 +14,7 @@ from ..models import TERMINAL, Run, StreamHead, StreamValue
 from ..models.streams import CLOSED
 from ..replay.history import Record
 from ..replay.stepscope import next_write
-from ..replay.streams import CLOSE, WRITE
+from ..replay.streams import CLOSE
 from ..values import decode
 
 #: Values one read takes at most.
@@ -24,15 +24,9 @@ BATCH = 500
 FIRST_PAUSE, LAST_PAUSE = 0.01, 0.5
 
 
-def new_writes(records: list[Record]) -> list[Record]:
-    """The positions among ``records`` that write to or close a stream when first written."""
-    return [rec for rec in records if rec.kind in (WRITE, CLOSE) and rec.stored_as is None]
-
-
-def write_from_run(run_id: str, records: list[Record], db: str) -> None:
-    """Append what the body wrote (or close what it closed), in the transaction that records
-    those positions."""
-    written = new_writes(records)
+def write_from_run(run_id: str, written: list[Record], db: str) -> None:
+    """Append what the body wrote (or close what it closed: ``TurnState.new_stream_writes``), in
+    the transaction that records those positions."""
     if not written:
         return  # most turns: nothing more on their path than this look
     heads = StreamHead.objects.using(db)

@@ -26,7 +26,6 @@ from ..statuses import Decided, Turned
 from . import (
     attempts,
     blocked,
-    entity_ops,
     events,
     flow,
     histories,
@@ -36,7 +35,6 @@ from . import (
     observe,
     remote_turns,
     runs,
-    streams,
     turn_writes,
     write_plan,
 )
@@ -295,8 +293,8 @@ def _turn(
             current.consumed
             or current.exposed_changed
             or turn_writes.replies(current)
-            or entity_ops.new_ops(current.unsaved())
-            or streams.new_writes(current.unsaved())
+            or current.new_entity_ops()
+            or current.new_stream_writes()
             or len(current.unsaved()) > 1
             or current.freed
         ):

@@ -98,8 +98,8 @@ def write(
     new = []
     answers = replies(state)
     written = state.unsaved()
-    entity_ops.send_from_run(run_id, entity_ops.new_ops(state.unsaved()))
-    streams.write_from_run(run_id, state.unsaved(), db)
+    entity_ops.send_from_run(run_id, state.new_entity_ops())
+    streams.write_from_run(run_id, state.new_stream_writes(), db)
     for rec in state.unsaved():
         if rec.stored_as is None:
             row = _row(run_id, rec)
@@ -196,7 +196,7 @@ def _lone(state: TurnState) -> Record | None:
     if len(unsaved) != 1 or state.consumed or state.children or state.outgoing:
         return None
     (rec,) = unsaved
-    return None if rec.failures or entity_ops.new_ops(unsaved) or streams.new_writes(unsaved) else rec
+    return None if rec.failures or state.new_entity_ops() or state.new_stream_writes() else rec
 
 
 def _row(run_id: str, rec: Record) -> Checkpoint:

@@ -16,6 +16,9 @@ from ..statuses import CheckpointStatus, Decided
 from ..values import encode
 
 PENDING, COMPLETED, FAILED = CheckpointStatus.PENDING, CheckpointStatus.COMPLETED, CheckpointStatus.FAILED
+#: Kinds of positions whose first write sends something beside their own row: an op to an
+#: entity, a value to a stream, a stream's close.
+ENTITY_OP, STREAM_WRITE, STREAM_CLOSE = "entity", "stream", "close_stream"
 
 
 @dataclass

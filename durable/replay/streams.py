@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, stored
+from .history import COMPLETED, STREAM_CLOSE, STREAM_WRITE, stored
 from .positions import Positions
 
 #: Kinds of the positions that write to and close a stream (named by the stream's key).
-WRITE, CLOSE = "stream", "close_stream"
+WRITE, CLOSE = STREAM_WRITE, STREAM_CLOSE
 #: The longest stream key (its column).
 KEY_LENGTH = 200
 

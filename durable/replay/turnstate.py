@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ..definitions import Step
 from .attempt import Result
-from .history import BufferedSignal, ChildStart, Outgoing, Record
+from .history import ENTITY_OP, STREAM_CLOSE, STREAM_WRITE, BufferedSignal, ChildStart, Outgoing, Record
 
 
 @dataclass(frozen=True)
@@ -105,3 +105,13 @@ class TurnState:
 
     def unsaved(self) -> list[Record]:
         return [r for r in self.records.values() if r.dirty or r.stored_as is None]
+
+    def new_entity_ops(self) -> list[Record]:
+        """The new positions that send an op to an entity with their first write."""
+        return [r for r in self.records.values() if r.kind == ENTITY_OP and r.stored_as is None]
+
+    def new_stream_writes(self) -> list[Record]:
+        """The new positions that write to or close a stream with their first write."""
+        return [
+            r for r in self.records.values() if r.kind in (STREAM_WRITE, STREAM_CLOSE) and r.stored_as is None
+        ]

@@ -1,0 +1,66 @@
+"""The write plans' table: how a step's result and a turn's outcome are committed (the paths
+themselves, and their statements, are pinned by test_costs.py and test_result_and_turn.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from durable.engine.write_plan import ResultWrite, TurnWrite, result_plan, turn_plan
+from durable.models import Checkpoint, Run
+from durable.replay.history import Decision, Record
+from durable.replay.turnstate import TurnState
+from durable.statuses import Decided
+
+
+def _position(**fields):
+    return Checkpoint(run_id="r", seq=1, kind="step", name="s", **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "unsaved", "ahead", "expected"),
+    [
+        ({}, None, False, True, ResultWrite.WITH_NEXT_TURN),
+        ({}, None, False, False, ResultWrite.WITH_WAKE),
+        ({}, {"message": "no"}, False, True, ResultWrite.TRANSACTION),
+        ({"fan": 1}, None, False, True, ResultWrite.TRANSACTION),
+        ({"flow_key": "c:s:k"}, None, False, True, ResultWrite.TRANSACTION),
+        ({}, None, True, True, ResultWrite.TRANSACTION),
+    ],
+    ids=["ahead", "common", "failed", "fan member", "limited", "progress unsaved"],
+)
+def test_a_results_plan(fields, error, unsaved, ahead, expected):
+    assert result_plan(_position(**fields), error, unsaved, ahead=ahead) == expected
+
+
+def _state(*records: Record) -> TurnState:
+    return TurnState(records={rec.seq: rec for rec in records})
+
+
+def _kept(seq: int) -> Record:
+    rec = Record(seq, "step", "s", status="completed")
+    rec.stored_as = ("completed", 1)
+    return rec
+
+
+def test_a_turns_plan():
+    run, child = Run(id="r"), Run(id="c", parent_id="p")
+    suspended, completed = Decision(Decided.SUSPENDED), Decision(Decided.COMPLETED, output=1)
+    blocked = Decision(Decided.FAILED, error={"message": "x"}, blocked=True)
+
+    assert turn_plan(run, "me", _state(_kept(0)), blocked, "default").kind == TurnWrite.PARK
+    assert turn_plan(run, "me", _state(_kept(0)), suspended, "default").kind == TurnWrite.SETTLE
+    assert turn_plan(run, "me", _state(_kept(0)), completed, "default").kind == TurnWrite.SETTLE
+    # A child tells its parent in the settle's transaction.
+    assert turn_plan(child, "me", _state(_kept(0)), completed, "default").kind == TurnWrite.TRANSACTION
+
+    one_new = turn_plan(run, "me", _state(_kept(0), Record(1, "step", "s")), suspended, "default")
+    assert one_new.kind == TurnWrite.INSERT_AND_SETTLE
+    assert one_new.inserting is not None and one_new.inserting.seq == 1
+
+    two_new = _state(_kept(0), Record(1, "step", "s"), Record(2, "step", "s"))
+    assert turn_plan(run, "me", two_new, suspended, "default").kind == TurnWrite.TRANSACTION
+
+    # A new position that sends an op or writes a stream sends it in the turn's transaction.
+    for kind in ("entity", "stream", "close_stream"):
+        sends = _state(_kept(0), Record(1, kind, "n"))
+        assert turn_plan(run, "me", sends, suspended, "default").kind == TurnWrite.TRANSACTION, kind
