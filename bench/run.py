@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import env  # noqa: E402
 
-FAMILIES = ("ceiling", "sweeps", "latency", "throughput", "broker", "local", "rss")
+FAMILIES = ("ceiling", "sweeps", "latency", "throughput", "broker", "plain", "local", "rss")
 
 FULL = {
     "n": 1000,
@@ -52,6 +52,7 @@ BUDGET_SHARES = {
     "latency": 30,
     "throughput": 200,
     "broker": 200,
+    "plain": 60,
     "local_worker": 130,
     "local_in_process": 60,
     "rss": 80,
@@ -118,7 +119,7 @@ def main() -> int:
         log(f"{name} done in {timings[name]} s (load average {loads[name]})")
         return results[name]
 
-    from bench import ceiling, dispatched, local, report, rss, sweeps
+    from bench import ceiling, dispatched, local, plain_chain, report, rss, sweeps
 
     p = params
     family("ceiling", lambda: ceiling.run(p["reps"], p["ceiling_s"]))
@@ -132,6 +133,12 @@ def main() -> int:
             family("broker", lambda: dispatched.broker(p["latency_reps"], p["n"], budget("broker")))
         finally:
             eager_off.stop()
+    if "plain" in only:
+        # The second anchor: a plain Celery app's chain, on a worker of its own of the same shape.
+        family(
+            "plain",
+            lambda: plain_chain.run(env.CONCURRENCY, p["latency_reps"], p["n"], p["reps"], budget("plain")),
+        )
     if only & {"latency", "throughput", "local"}:
         worker = env.Worker().start()
         try:

@@ -2,13 +2,14 @@
 
 The worker that ran a step would record the result, wake and claim the run, replay its body and
 settle it with the next step's position: two statements, two commits. When the run waited for
-this step alone, the take read the run (see ``models.result_and_turn``); the body is then replayed ahead of
-any write, and if the turn only starts the next step, the result, the settle and the new position
-are one statement, fenced by the version of the run's row the take read; if it only completes a
-run that tells no parent and no singleton line, the result and the settle are. Anything else (a
-wake, a claim or a turn in between, a turn that would run a local step, write anything more, or
-end the run otherwise) leaves it to the usual path, which records the result as if this were
-never tried.
+this step alone, the take read the run (see ``models.result_and_turn``); the body is then
+replayed ahead of any write, and if the turn only starts the next step (its plan,
+``write_plan.turn_plan``, inserts one position with the settle), the result, the settle and the
+new position are one statement, fenced by the version of the run's row the take read; if it only
+completes a run that tells no parent and no singleton line, the result and the settle are.
+Anything else (a wake, a claim or a turn in between, a turn that would run a local step, write
+anything more, or end the run otherwise) leaves it to the usual path, which records the result
+as if this were never tried.
 """
 
 from __future__ import annotations
