@@ -13,6 +13,7 @@ run row, and the chain's last task's result row (django-celery-results).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import durable
 from bench import workloads
@@ -106,17 +107,22 @@ def chains_many(n: int) -> dict[str, float]:
     return {"total_s": time.perf_counter() - t0, "send_s": sent}
 
 
-def latency(latency_reps: int, budget: float | None = None) -> dict:
-    """Family 1: one run at a time, start to result; durable and Celery interleaved."""
+def latency(latency_reps: int, budget: float | None = None, plain: Callable[[], float] | None = None) -> dict:
+    """Family 1: one run at a time, start to result; durable and Celery interleaved (``plain``:
+    the plain Celery app's chain too, its worker idle beside this one)."""
     truncate()
     for _ in range(3):  # warm-up: imports, connections, pool children
         durable_once("bench.dispatched10"), durable_once(TIMED), chain_once()
-    d, t, c, api = [], [], [], []
+        if plain is not None:
+            plain()
+    d, t, c, api, p = [], [], [], [], []
     reps = Reps(latency_reps, budget)
     for _ in reps:
         d.append(durable_once("bench.dispatched10"))
         t.append(durable_once(TIMED))
         c.append(chain_once())
+        if plain is not None:
+            p.append(plain())
     for _ in range(max(5, latency_reps // 4)):
         api.append(durable_api_once("bench.dispatched10"))
     d_s, t_s, c_s = summary(d), summary(t), summary(c)
@@ -127,6 +133,7 @@ def latency(latency_reps: int, budget: float | None = None) -> dict:
         "chain_s": c_s,
         "durable_via_result_api_s": summary(api),
         "ratio_durable_over_chain": ratio(d_s["median"], c_s["median"]),
+        **({"plain_chain_s": summary(p)} if p else {}),
         "goal_max_ratio": 1.5,
         "reps": reps.info(),
     }
@@ -157,7 +164,9 @@ def throughput(n: int, planned: int, budget: float | None = None) -> dict:
     }
 
 
-def broker(latency_reps: int, n: int, budget: float | None = None) -> dict:
+def broker(
+    latency_reps: int, n: int, budget: float | None = None, plain: Callable[[], float] | None = None
+) -> dict:
     """Families 1 and 2 again, on a worker started with EAGER_STEPS off (``env.Worker(settings=)``):
     every step crosses the broker, as a step on another worker's queue does. One at a time,
     interleaved with the chain, then ``n`` of each started at once (one repetition: at four times
@@ -165,11 +174,15 @@ def broker(latency_reps: int, n: int, budget: float | None = None) -> dict:
     truncate()
     for _ in range(3):
         durable_once("bench.dispatched10"), chain_once()
-    d, c = [], []
+        if plain is not None:
+            plain()
+    d, c, p = [], [], []
     reps = Reps(latency_reps, budget)
     for _ in reps:
         d.append(durable_once("bench.dispatched10"))
         c.append(chain_once())
+        if plain is not None:
+            p.append(plain())
     d_s, c_s = summary(d), summary(c)
     many_d, many_c = durable_many("bench.dispatched10", n), chains_many(n)
     return {
@@ -180,6 +193,7 @@ def broker(latency_reps: int, n: int, budget: float | None = None) -> dict:
         "durable_runs_per_s": round(n / many_d["total_s"], 1),
         "chain_per_s": round(n / many_c["total_s"], 1),
         "ratio_chain_over_durable": ratio(many_d["total_s"], many_c["total_s"]),
-        "goal_max_ratio": 2.5,
+        **({"plain_chain_s": summary(p)} if p else {}),
+        "goal_max_ratio": 1.5,
         "reps": reps.info(),
     }

@@ -118,6 +118,28 @@ def purge_queues() -> None:
                 conn.default_channel.queue_purge(queue)
 
 
+def worker_argv(app: str, name: str, concurrency: int, queues: str) -> list[str]:
+    """``celery -A app worker``, prefork, quiet, without the chatter between workers."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "--loglevel=WARNING",
+        "--pool=prefork",
+        f"--concurrency={concurrency}",
+        "-Q",
+        queues,
+        "-n",
+        f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
+
+
 class Worker:
     """A real ``celery -A project worker`` subprocess (prefork), with its process tree's RSS."""
 
@@ -133,27 +155,7 @@ class Worker:
         RESULTS.mkdir(parents=True, exist_ok=True)
         self.log_path = RESULTS / f"worker-{name}.log"
         self.log_path.write_text("")
-        argv = [
-            *wrap,
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "project",
-            "worker",
-            "--loglevel=WARNING",
-            "--pool=prefork",
-            f"--concurrency={concurrency}",
-            "-Q",
-            QUEUES,
-            "-n",
-            f"{name}@%h",
-            "--include",
-            "bench.workloads",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
+        argv = [*wrap, *worker_argv("project", name, concurrency, QUEUES), "--include", "bench.workloads"]
         self.concurrency = concurrency
         # ``settings``: environment the project's settings read (DURABLE_EAGER_STEPS, say).
         self.process = CeleryProcess(argv, {**os.environ, **ENV, **(settings or {})}, self.log_path, "")

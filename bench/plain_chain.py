@@ -8,15 +8,15 @@ prefetch 1, JSON), on a queue of its own: ``celery -A bench.plain_chain worker``
 ``DJANGO_SETTINGS_MODULE`` unset and Celery's Django fix-up off.
 
 Waited for as the suite waits for durable's runs: one look every 2 ms at the last task's result
-(one at a time), a count every 20 ms (many at once: the last task of each chain counts itself in
-Redis, one ``INCR``).
+(one at a time, interleaved with durable's runs and the Django-worker chain in families 1 and
+their broker twins, this worker idle beside theirs), a count every 20 ms (many at once, alone:
+the last task of each chain counts itself in Redis, one ``INCR``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 
 from celery import Celery, chain
@@ -68,24 +68,7 @@ class Worker:
         self.concurrency = concurrency
         self.log_path = env.RESULTS / "worker-plain.log"
         self.log_path.write_text("")
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "bench.plain_chain",
-            "worker",
-            "--loglevel=WARNING",
-            "--pool=prefork",
-            f"--concurrency={concurrency}",
-            "-Q",
-            QUEUE,
-            "-n",
-            "plain@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
+        argv = env.worker_argv("bench.plain_chain", "plain", concurrency, QUEUE)
         environment = {**os.environ, **env.ENV, "BENCH_REDIS": BROKER}
         environment.pop("DJANGO_SETTINGS_MODULE", None)
         self.process = CeleryProcess(argv, environment, self.log_path, "")
@@ -139,21 +122,13 @@ def many(n: int) -> dict[str, float]:
     return {"total_s": time.perf_counter() - t0, "send_s": sent}
 
 
-def run(concurrency: int, latency_reps: int, n: int, planned: int, budget: float | None = None) -> dict:
-    """The anchor's figures: one chain at a time, then ``n`` at once."""
+def at_once(n: int, planned: int, budget: float | None = None) -> dict:
+    """``n`` chains at once, repeated; the worker started (``Worker``) and warm."""
     from bench.stats import Reps, summary
 
-    worker = Worker(concurrency).start()
-    try:
-        for _ in range(3):
-            once()
-        sequential = [once() for _ in range(latency_reps)]
-        reps = Reps(planned, budget)
-        runs = [many(n) for _ in reps]
-    finally:
-        worker.stop()
+    reps = Reps(planned, budget)
+    runs = [many(n) for _ in reps]
     return {
-        "chain_s": summary(sequential),
         "n": n,
         "chain_per_s": summary([n / r["total_s"] for r in runs], 1),
         "chain_send_s": summary([r["send_s"] for r in runs]),

@@ -52,7 +52,7 @@ BUDGET_SHARES = {
     "latency": 30,
     "throughput": 200,
     "broker": 200,
-    "plain": 60,
+    "plain": 40,
     "local_worker": 130,
     "local_in_process": 60,
     "rss": 80,
@@ -126,58 +126,64 @@ def main() -> int:
     family("sweeps", lambda: sweeps.run(p["sweep_count"], p["reps"], budget("sweeps")))
     peer = family("dbos", lambda: local.dbos(p["n"], p["reps"], p["latency_reps"], budget("dbos")), "local")
     worker_rss = None
-    if "broker" in only:
-        # Its own worker, with EAGER_STEPS off: every step crosses the broker.
-        eager_off = env.Worker(name="broker", settings={"DURABLE_EAGER_STEPS": "0"}).start()
-        try:
-            family("broker", lambda: dispatched.broker(p["latency_reps"], p["n"], budget("broker")))
-        finally:
-            eager_off.stop()
-    if "plain" in only:
-        # The second anchor: a plain Celery app's chain, on a worker of its own of the same shape.
-        family(
-            "plain",
-            lambda: plain_chain.run(env.CONCURRENCY, p["latency_reps"], p["n"], p["reps"], budget("plain")),
-        )
-    if only & {"latency", "throughput", "local"}:
-        worker = env.Worker().start()
-        try:
-            family("latency", lambda: dispatched.latency(p["latency_reps"], budget("latency")))
-            family("throughput", lambda: dispatched.throughput(p["n"], p["reps"], budget("throughput")))
+    # The second anchor: a plain Celery app's chain, on a worker of its own of the same shape, idle
+    # beside durable's while families 1 and their broker twins interleave its chains with theirs.
+    plain = plain_chain.Worker(env.CONCURRENCY).start() if "plain" in only else None
+    once = plain_chain.once if plain is not None else None
+    try:
+        if "broker" in only:
+            # Its own worker, with EAGER_STEPS off: every step crosses the broker.
+            eager_off = env.Worker(name="broker", settings={"DURABLE_EAGER_STEPS": "0"}).start()
+            try:
+                family("broker", lambda: dispatched.broker(p["latency_reps"], p["n"], budget("broker"), once))
+            finally:
+                eager_off.stop()
+        if only & {"latency", "throughput", "local"}:
+            worker = env.Worker().start()
+            try:
+                family("latency", lambda: dispatched.latency(p["latency_reps"], budget("latency"), once))
+                family("throughput", lambda: dispatched.throughput(p["n"], p["reps"], budget("throughput")))
+                if "local" in only:
+                    via_worker = family(
+                        "local_worker",
+                        lambda: local.via_worker(
+                            p["n"], p["reps"], p["latency_reps"], budget("local_worker")
+                        ),
+                        "local",
+                    )
+                worker_rss = worker.rss()
+            finally:
+                worker.stop()
+            if "local" in only and "ceiling" in only:
+                # Again, next to the local families it is compared with: the families before (thousands
+                # of runs written, then truncated) leave PostgreSQL busier than it was at the start.
+                family("ceiling_local", lambda: ceiling.run(p["reps"], p["ceiling_s"]), "ceiling")
             if "local" in only:
-                via_worker = family(
-                    "local_worker",
-                    lambda: local.via_worker(p["n"], p["reps"], p["latency_reps"], budget("local_worker")),
+                inproc = family(
+                    "local_in_process",
+                    lambda: local.in_process(
+                        p["n"], p["reps"], p["latency_reps"], p["threads"], budget("local_in_process")
+                    ),
                     "local",
                 )
-            worker_rss = worker.rss()
-        finally:
-            worker.stop()
-        if "local" in only and "ceiling" in only:
-            # Again, next to the local families it is compared with: the families before (thousands
-            # of runs written, then truncated) leave PostgreSQL busier than it was at the start.
-            family("ceiling_local", lambda: ceiling.run(p["reps"], p["ceiling_s"]), "ceiling")
-        if "local" in only:
-            inproc = family(
-                "local_in_process",
-                lambda: local.in_process(
-                    p["n"], p["reps"], p["latency_reps"], p["threads"], budget("local_in_process")
-                ),
-                "local",
-            )
-            results["local"] = {
-                "worker": results.pop("local_worker"),
-                "in_process": results.pop("local_in_process"),
-            }
-            if peer is not None:
-                results["local"]["dbos"] = peer
-                results.pop("dbos")
-                results["local"]["compare"] = local.compare(via_worker, inproc, peer)
-                if "ceiling" in results:
-                    results["ceiling"]["next_to_local"] = results.pop("ceiling_local")
-                    results["ceiling"]["fractions"] = ceiling.fractions(
-                        results["ceiling"]["next_to_local"], results["local"], p["threads"]
-                    )
+                results["local"] = {
+                    "worker": results.pop("local_worker"),
+                    "in_process": results.pop("local_in_process"),
+                }
+                if peer is not None:
+                    results["local"]["dbos"] = peer
+                    results.pop("dbos")
+                    results["local"]["compare"] = local.compare(via_worker, inproc, peer)
+                    if "ceiling" in results:
+                        results["ceiling"]["next_to_local"] = results.pop("ceiling_local")
+                        results["ceiling"]["fractions"] = ceiling.fractions(
+                            results["ceiling"]["next_to_local"], results["local"], p["threads"]
+                        )
+        if plain is not None:
+            family("plain", lambda: plain_chain.at_once(p["n"], p["reps"], budget("plain")))
+    finally:
+        if plain is not None:
+            plain.stop()
     family("rss", lambda: rss.run(p["rss_first"], p["rss_last"], budget("rss")))
     env.truncate()
 
