@@ -39,7 +39,7 @@ from . import (
     write_plan,
 )
 from .turn_writes import LeaseLost, _Stale
-from .write_plan import TurnWrite
+from .write_plan import FlushWrite, TurnWrite
 
 T = TypeVar("T")
 
@@ -275,11 +275,10 @@ def _turn(
             raise LeaseLost()
 
     def flush(current: TurnState) -> None:
-        # A local step's record is one fenced INSERT; signals taken, replies, exposed values and
-        # entity ops sent need a transaction with their position, or a crash between could lose them.
         if leases.is_lost(run.id):
             raise LeaseLost()
-        if current.outgoing or current.children:
+        plan = write_plan.flush_plan(current)
+        if plan.kind == FlushWrite.WITH_MESSAGES:
             # Messages and children go with their positions or not at all: the renewal locks the
             # run's row, so no other worker can take the lease over before this commits.
             with transaction.atomic(using=db):
@@ -289,17 +288,14 @@ def _turn(
                 runs.start_children(run, current.children)
                 current.children.clear()
                 turn_writes.hand_off(current)  # gates after the run's row, as a recorded result locks them
-        elif (
-            current.consumed
-            or current.exposed_changed
-            or turn_writes.replies(current)
-            or current.new_entity_ops()
-            or current.new_stream_writes()
-            or len(current.unsaved()) > 1
-            or current.freed
-        ):
-            # Or an attempt's start with the result held back from the one before: one commit,
-            # with the slot that result freed handed on in it.
+        elif plan.kind == FlushWrite.RESULT_AND_START:
+            assert plan.pair is not None
+            turn_writes.write_result_and_start(
+                run.id, owner, plan.pair, current, settings, namespace=run.namespace
+            )
+        elif plan.kind == FlushWrite.TRANSACTION:
+            # Signals taken, replies, exposed values and entity ops sent go with their position,
+            # or a crash between could lose them; so does a slot a result freed, handed on.
             with transaction.atomic(using=db):
                 turn_writes.write(run.id, current, settings, fenced_by=owner, namespace=run.namespace)
                 turn_writes.hand_off(current)

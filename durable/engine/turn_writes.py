@@ -189,6 +189,50 @@ def lone_held_result(run_id: str, owner: str, state: TurnState, db: str) -> tupl
     return Checkpoint.objects.using(db).rewriting(run_id, rec.seq, rec.stored_as, owner, fields)
 
 
+def result_and_start(state: TurnState) -> tuple[Record, Record] | None:
+    """The held result of the step just run in place and the next position (an attempt's start,
+    say), when they are all a write before the turn's end has to write; else None."""
+    unsaved = state.unsaved()
+    if (
+        len(unsaved) != 2
+        or state.consumed
+        or state.exposed_changed
+        or state.freed
+        or state.new_entity_ops()
+        or state.new_stream_writes()
+        or flow.started_in_place(unsaved)
+    ):
+        return None
+    held, new = unsaved if unsaved[0].stored_as is not None else unsaved[::-1]
+    if not _held(held) or new.stored_as is not None or new.kind == "reply":
+        return None
+    if held.fan is not None or new.fan is not None or held.failures or new.failures:
+        return None
+    return held, new
+
+
+def write_result_and_start(
+    run_id: str,
+    owner: str,
+    pair: tuple[Record, Record],
+    state: TurnState,
+    settings: conf.Settings,
+    *,
+    namespace: str | None,
+) -> None:
+    """Write ``result_and_start``'s pair under ``owner``'s lease: one statement on PostgreSQL,
+    which commits alone; then send what the turn started. Raise _Stale if the write lost a race
+    (the result's position changed, or the lease)."""
+    held, new = pair
+    assert held.stored_as is not None  # a held result is stored, as pending
+    written = state.unsaved()
+    fields = {f: getattr(held, f) for f in _WRITTEN}
+    checkpoints = Checkpoint.objects.using(settings.DATABASE)
+    if not checkpoints.rewrite_and_insert(run_id, held.seq, held.stored_as, owner, fields, _row(run_id, new)):
+        raise _Stale()
+    send(run_id, state, settings, written, namespace=namespace)
+
+
 def _lone(state: TurnState) -> Record | None:
     """The turn's one unsaved position, when nothing else is left to write but the settle (a
     slot it frees is handed on after: ``hand_off``)."""

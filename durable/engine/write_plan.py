@@ -1,7 +1,8 @@
 """What a step's result and what a turn commit, decided once each, as a typed plan.
 
 A step's result is written one of three ways (``ResultWrite``), a turn's outcome one of five
-(``TurnWrite``). ``steps.record`` and ``turn.finish`` carry the plans out; the write of a result
+(``TurnWrite``), what a turn changed before its end one of four (``FlushWrite``).
+``steps.record``, ``turn.finish`` and the turn's flush carry the plans out; the write of a result
 with its run's next turn (``result_and_turn``) asks ``turn_plan`` of the turn it replayed, so a
 turn run by a worker holding the run and the same turn written ahead with a result never disagree
 about what fits one statement. The window in which a step that returned can still run again is
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..models import Checkpoint, Run
-from ..replay.history import Decision
+from ..replay.history import Decision, Record
 from ..replay.turnstate import TurnState
 from ..statuses import Decided
 from . import lifecycle, turn_writes
@@ -83,6 +84,49 @@ def turn_plan(run: Run, owner: str, state: TurnState, outcome: Decision, db: str
     ):
         return TurnPlan(TurnWrite.RESULT_AND_SETTLE, rewriting=held)
     return TurnPlan(TurnWrite.TRANSACTION)
+
+
+class FlushWrite(enum.StrEnum):
+    """How a turn commits what it changed before its end (before a step runs in place, after a
+    local step): under the lease, so a turn that lost it writes nothing."""
+
+    #: Positions with the messages or children they send or start: a transaction that renews
+    #: the lease first (locking the run's row, so no other worker can take it over meanwhile).
+    WITH_MESSAGES = "with_messages"
+    #: The held result of the step just run in place and the next position: one statement on
+    #: PostgreSQL, which commits alone; a transaction elsewhere.
+    RESULT_AND_START = "result_and_start"
+    #: Writes that go together (signals taken, replies, exposed values, entity ops, several
+    #: positions, slots handed on): one transaction.
+    TRANSACTION = "transaction"
+    #: One position (a local step's record, say): one fenced statement.
+    ALONE = "alone"
+
+
+@dataclass(frozen=True)
+class FlushPlan:
+    kind: FlushWrite
+    #: ``RESULT_AND_START``: the held result and the new position.
+    pair: tuple[Record, Record] | None = None
+
+
+def flush_plan(state: TurnState) -> FlushPlan:
+    """How a write of the turn's changes before its end commits them."""
+    if state.outgoing or state.children:
+        return FlushPlan(FlushWrite.WITH_MESSAGES)
+    if pair := turn_writes.result_and_start(state):
+        return FlushPlan(FlushWrite.RESULT_AND_START, pair=pair)
+    if (
+        state.consumed
+        or state.exposed_changed
+        or turn_writes.replies(state)
+        or state.new_entity_ops()
+        or state.new_stream_writes()
+        or len(state.unsaved()) > 1
+        or state.freed
+    ):
+        return FlushPlan(FlushWrite.TRANSACTION)
+    return FlushPlan(FlushWrite.ALONE)
 
 
 def _only_the_settle_left(run: Run, state: TurnState, outcome: Decision) -> bool:

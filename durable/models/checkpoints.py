@@ -366,6 +366,31 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         sql, params = updating(Checkpoint, self.db, fields, where, fence)
         return sql, [*params, run_id, owner]
 
+    def rewrite_and_insert(
+        self,
+        run_id: str,
+        seq: int,
+        expected: tuple[str, int],
+        owner: str,
+        fields: dict[str, Any],
+        row: Checkpoint,
+    ) -> bool:
+        """``rewrite`` under ``owner``'s lease, and insert ``row`` only if it wrote: one
+        autocommitted statement on PostgreSQL (a data-modifying WITH), one transaction elsewhere
+        (SQLite's, whose write lock keeps the fence the rewrite checked until it commits).
+        False, with nothing written, when the position changed or the lease was lost."""
+        if connections[self.db].vendor != "postgresql":
+            with transaction.atomic(using=self.db):
+                if not self.rewrite(run_id, seq, expected, owner=owner, **fields):
+                    return False
+                insert(Checkpoint, self.db, [row])
+                return True
+        rewrite, params = self.rewriting(run_id, seq, expected, owner, fields)
+        adding, adding_params = insertion(Checkpoint, self.db, [row], source="FROM rewritten")
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(f"WITH rewritten AS ({rewrite} RETURNING 1) {adding}", [*params, *adding_params])
+            return int(cursor.rowcount) == 1
+
     def history(self, run_id: str, fields: tuple[str, ...]) -> list[tuple[Any, ...]]:
         """``fields`` of ``run_id``'s positions in order, by one plain statement (a turn's read)."""
         return values_where(Checkpoint, self.db, fields, {"run": run_id}, ("seq",))

@@ -1,11 +1,12 @@
-"""The write plans' table: how a step's result and a turn's outcome are committed (the paths
+"""The write plans' table: how a step's result, a turn's outcome and its writes before its end
+are committed (the paths
 themselves, and their statements, are pinned by test_costs.py and test_result_and_turn.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from durable.engine.write_plan import ResultWrite, TurnWrite, result_plan, turn_plan
+from durable.engine.write_plan import FlushWrite, ResultWrite, TurnWrite, flush_plan, result_plan, turn_plan
 from durable.models import Checkpoint, Run
 from durable.replay.history import Decision, Record
 from durable.replay.turnstate import TurnState
@@ -64,3 +65,42 @@ def test_a_turns_plan():
     for kind in ("entity", "stream", "close_stream"):
         sends = _state(_kept(0), Record(1, kind, "n"))
         assert turn_plan(run, "me", sends, suspended, "default").kind == TurnWrite.TRANSACTION, kind
+
+
+def _held(seq: int, **fields) -> Record:
+    """The result of an attempt run in place, held back for the next write."""
+    rec = Record(seq, "step", "s", status="completed", **fields)
+    rec.stored_as, rec.dirty = ("pending", 1), True
+    return rec
+
+
+def test_a_flushs_plan():
+    assert flush_plan(_state(Record(0, "local", "s"))).kind == FlushWrite.ALONE
+
+    pair = flush_plan(_state(_held(0), Record(1, "step", "s")))
+    assert pair.kind == FlushWrite.RESULT_AND_START
+    assert pair.pair is not None and [rec.seq for rec in pair.pair] == [0, 1]
+
+    # Anything beside the pair goes in a transaction with it.
+    consumed = _state(_held(0), Record(1, "step", "s"))
+    consumed.consumed.append(object())
+    exposed = _state(_held(0), Record(1, "step", "s"))
+    exposed.exposed_changed = True
+    freed = _state(_held(0), Record(1, "step", "s"))
+    freed.freed.append("c:s:k")
+    members = _state(_held(0, fan=0), Record(1, "step", "s", fan=0))
+    three = _state(_held(0), Record(1, "step", "s"), Record(2, "step", "s"))
+    entity_op = _state(_held(0), Record(1, "entity", "n"))
+    for name, state in [
+        ("signal taken", consumed),
+        ("exposed value", exposed),
+        ("slot freed", freed),
+        ("fan members", members),
+        ("three positions", three),
+        ("entity op", entity_op),
+    ]:
+        assert flush_plan(state).kind == FlushWrite.TRANSACTION, name
+
+    messages = _state(_held(0), Record(1, "step", "s"))
+    messages.outgoing.append(object())
+    assert flush_plan(messages).kind == FlushWrite.WITH_MESSAGES
