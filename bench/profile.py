@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import env  # noqa: E402
 
+_WRITING = re.compile(r"\b(?:INSERT INTO|UPDATE|DELETE FROM)\b")
+
 
 class QueryTimer:
     """Times every SQL statement Django sends (``execute_wrapper``) and every commit, by phase."""
@@ -43,8 +45,10 @@ class QueryTimer:
         match = re.search(r'"?((?:durable|django)_\w+)"?', sql)
         verb = sql.split(None, 1)[0].upper()
         key = (self.phase, f"{verb} {match.group(1) if match else '?'}")
-        # A write outside any transaction commits by itself (autocommit): count it as a commit too.
-        implicit = verb in ("INSERT", "UPDATE", "DELETE") and not context["connection"].in_atomic_block
+        # A write outside any transaction commits by itself (autocommit): count it as a commit too,
+        # a data-modifying WITH included.
+        writes = verb in ("INSERT", "UPDATE", "DELETE") or (verb == "WITH" and _WRITING.search(sql))
+        implicit = bool(writes) and not context["connection"].in_atomic_block
         t0 = time.perf_counter()
         try:
             return execute(sql, params, many, context)
@@ -223,8 +227,7 @@ def in_process(runs: int, out: Path) -> list[str]:
 FRAMES = {
     "durable run_step task (durable/engine/steps.py run_step)": "run_step (durable/engine/steps.py",
     "durable turn (durable/engine/turn.py advance)": "advance (durable/engine/turn.py",
-    "  of which replay of the workflow body": "replay (durable/replay/context.py",
-    "  of which the lease keeper thread start/stop": "_LeaseKeeper",
+    "  of which replay of the workflow body": "replay (durable/replay/core.py",
     "opening a PostgreSQL connection (psycopg connect)": "connect (psycopg/connection.py",
     "closing it (Celery's Django fix-up, per task)": "_close_database (celery/fixups/django.py",
     "SQL execute (psycopg cursor.execute)": "execute (psycopg/cursor.py",
