@@ -110,6 +110,12 @@ def zombie(ctx, _):
     return ctx.step(loses_lease, ctx.run_id)
 
 
+@durable.workflow(name="tests.in_place.zombie_of_two")
+def zombie_of_two(ctx, _):
+    ctx.step(loses_lease, ctx.run_id)
+    return ctx.step(noted, "second")
+
+
 @durable.workflow(name="tests.in_place.woken")
 def woken(ctx, _):
     return ctx.step(wakes_its_run, ctx.run_id)
@@ -218,6 +224,16 @@ def test_a_step_run_in_place_by_a_turn_that_lost_its_lease_records_nothing(env):
     # was written before it ran, for the next holder of the lease to count as lost.
     (row,) = _rows(run.id).values()
     assert (row.status, row.output, row.attempt) == ("pending", None, 1)
+
+
+def test_a_result_and_the_next_start_written_by_a_turn_that_lost_its_lease_are_both_refused(env):
+    """The result of a step run in place and the next step's start are one write (one statement
+    on PostgreSQL): fenced together, neither lands, and the next step never runs here."""
+    run = durable.start(zombie_of_two)
+    assert turn.advance(run.id) == "lost"
+    assert RAN == ["ran"]
+    (row,) = _rows(run.id).values()
+    assert (row.seq, row.status, row.output, row.attempt) == (0, "pending", None, 1)
 
 
 def test_a_result_whose_settle_a_wake_refused_stands_and_the_step_does_not_run_again(env):
