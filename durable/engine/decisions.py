@@ -17,13 +17,13 @@ from .. import clock, conf, dispatch, routing
 from ..errors import PayloadUndecodable
 from ..models import Run, Status
 from ..replay import wire
-from ..statuses import Turned
+from ..statuses import Decided, Turned
 from . import namespaces, turn, turn_writes
 
 log = logging.getLogger("durable.engine")
 
 
-def apply(message: dict[str, Any]) -> str:
+def apply(message: dict[str, Any]) -> Turned | Decided:
     """Apply a ``durable.decision``; say what became of it: the run's new status, ``refused``
     (duplicated, or its lease was taken over) or ``rerun`` (a wake landed during the turn)."""
     settings = conf.get()
