@@ -197,10 +197,8 @@ def result_and_start(state: TurnState) -> tuple[Record, Record] | None:
         len(unsaved) != 2
         or state.consumed
         or state.exposed_changed
-        or state.freed
         or state.new_entity_ops()
         or state.new_stream_writes()
-        or flow.started_in_place(unsaved)
     ):
         return None
     held, new = unsaved if unsaved[0].stored_as is not None else unsaved[::-1]
@@ -222,15 +220,27 @@ def write_result_and_start(
 ) -> None:
     """Write ``result_and_start``'s pair under ``owner``'s lease: one statement on PostgreSQL,
     which commits alone; then send what the turn started. Raise _Stale if the write lost a race
-    (the result's position changed, or the lease)."""
+    (the result's position changed, or the lease).
+
+    A limited step started, or a slot the result freed, makes it a transaction: the pair's
+    statement first, then the new attempt's slot and rate token (``admit_in_place``) and the
+    freed slot handed on (gates after the rows, as always)."""
     held, new = pair
     assert held.stored_as is not None  # a held result is stored, as pending
+    db = settings.DATABASE
+    limited = flow.started_in_place([new])
+    if (limited or state.freed) and not connections[db].in_atomic_block:
+        with transaction.atomic(using=db):
+            return write_result_and_start(run_id, owner, pair, state, settings, namespace=namespace)
     written = state.unsaved()
     fields = {f: getattr(held, f) for f in _WRITTEN}
-    checkpoints = Checkpoint.objects.using(settings.DATABASE)
+    checkpoints = Checkpoint.objects.using(db)
     if not checkpoints.rewrite_and_insert(run_id, held.seq, held.stored_as, owner, fields, _row(run_id, new)):
         raise _Stale()
+    if limited:
+        flow.admit_in_place(run_id, limited, state)
     send(run_id, state, settings, written, namespace=namespace)
+    hand_off(state)
 
 
 def _lone(state: TurnState) -> Record | None:

@@ -94,10 +94,11 @@ class FlushWrite(enum.StrEnum):
     #: the lease first (locking the run's row, so no other worker can take it over meanwhile).
     WITH_MESSAGES = "with_messages"
     #: The held result of the step just run in place and the next position: one statement on
-    #: PostgreSQL, which commits alone; a transaction elsewhere.
+    #: PostgreSQL, which commits alone; a transaction elsewhere, and wherever a limited step's
+    #: slot is taken or a freed one handed on with them.
     RESULT_AND_START = "result_and_start"
     #: Writes that go together (signals taken, replies, exposed values, entity ops, several
-    #: positions, slots handed on): one transaction.
+    #: positions, slots handed on with them): one transaction.
     TRANSACTION = "transaction"
     #: One position (a local step's record, say): one fenced statement.
     ALONE = "alone"

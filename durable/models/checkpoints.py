@@ -380,7 +380,8 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         (SQLite's, whose write lock keeps the fence the rewrite checked until it commits).
         False, with nothing written, when the position changed or the lease was lost."""
         if connections[self.db].vendor != "postgresql":
-            with transaction.atomic(using=self.db):
+            # Inside the caller's transaction, when it has one (a failure raises through it).
+            with transaction.atomic(using=self.db, savepoint=False):
                 if not self.rewrite(run_id, seq, expected, owner=owner, **fields):
                     return False
                 insert(Checkpoint, self.db, [row])

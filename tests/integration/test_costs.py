@@ -31,6 +31,16 @@ def remote_noop(i):
     return i
 
 
+@durable.step(concurrency=5)
+def limited_noop(i):
+    return i
+
+
+@durable.workflow(name="tests.cost_limited")
+def limited_flow(ctx, n):
+    return [ctx.step(limited_noop, i) for i in range(n)]
+
+
 @durable.workflow(name="tests.cost_local")
 def local_flow(ctx, n):
     return [ctx.step(local_noop, i) for i in range(n)]
@@ -139,6 +149,26 @@ def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_en
     assert len(cost_ten) - len(cost_one) == (9 if FOLDED else 18), cost_ten
     assert durable.result(ten.id) == list(range(10))
     assert durable_env.pending() == []
+
+
+def test_a_limited_step_run_in_place_takes_its_slot_beside_its_start(durable_env):
+    """A step under a ``concurrency`` limit never reached: its start written with the result
+    before it (one statement on PostgreSQL), then its gate's lock and its slot, in one commit."""
+    first = durable.start(limited_flow, 1)
+    one, three = durable.start(limited_flow, 1), durable.start(limited_flow, 3)
+    durable_env.drop()
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"durable"}
+    try:
+        turn.advance(first.id)  # the gate's row is made once, by the key's first start
+        cost_one = statements(lambda: turn.advance(one.id))
+        cost_three = statements(lambda: turn.advance(three.id))
+    finally:
+        transport.served_queues = served
+    # Each further step: the result and the start (one statement on PostgreSQL, two elsewhere),
+    # the gate's lock, the slot's guarded UPDATE.
+    assert len(cost_three) - len(cost_one) == (6 if FOLDED else 8), cost_three
+    assert durable.result(three.id) == [0, 1, 2]
 
 
 def test_a_result_run_in_place_commits_with_the_next_write(durable_env):

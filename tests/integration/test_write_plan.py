@@ -81,20 +81,23 @@ def test_a_flushs_plan():
     assert pair.kind == FlushWrite.RESULT_AND_START
     assert pair.pair is not None and [rec.seq for rec in pair.pair] == [0, 1]
 
-    # Anything beside the pair goes in a transaction with it.
+    # A slot the result freed is handed on in the pair's own transaction.
+    freed = _state(_held(0), Record(1, "step", "s"))
+    freed.freed.append("c:s:k")
+    assert flush_plan(freed).kind == FlushWrite.RESULT_AND_START
+
+    # Anything else beside the pair goes in a transaction with it.
     consumed = _state(_held(0), Record(1, "step", "s"))
     consumed.consumed.append(object())
     exposed = _state(_held(0), Record(1, "step", "s"))
     exposed.exposed_changed = True
-    freed = _state(_held(0), Record(1, "step", "s"))
-    freed.freed.append("c:s:k")
     members = _state(_held(0, fan=0), Record(1, "step", "s", fan=0))
     three = _state(_held(0), Record(1, "step", "s"), Record(2, "step", "s"))
+    three.freed.append("c:s:k")
     entity_op = _state(_held(0), Record(1, "entity", "n"))
     for name, state in [
         ("signal taken", consumed),
         ("exposed value", exposed),
-        ("slot freed", freed),
         ("fan members", members),
         ("three positions", three),
         ("entity op", entity_op),
