@@ -1,6 +1,6 @@
 """The write plans' table: how a step's result, a turn's outcome and its writes before its end
-are committed (the paths
-themselves, and their statements, are pinned by test_costs.py and test_result_and_turn.py)."""
+are committed (the paths themselves, and their statements, are pinned by test_costs.py and
+test_result_and_turn.py)."""
 
 from __future__ import annotations
 
