@@ -235,7 +235,8 @@ def write_result_and_start(
     written = state.unsaved()
     fields = {f: getattr(held, f) for f in _WRITTEN}
     checkpoints = Checkpoint.objects.using(db)
-    if not checkpoints.rewrite_and_insert(run_id, held.seq, held.stored_as, owner, fields, _row(run_id, new)):
+    rewriting = checkpoints.rewriting(run_id, held.seq, held.stored_as, owner, fields)
+    if not checkpoints.rewrite_and_insert(rewriting, _row(run_id, new)):
         raise _Stale()
     if limited:
         flow.admit_in_place(run_id, limited, state)

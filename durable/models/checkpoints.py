@@ -366,27 +366,20 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         sql, params = updating(Checkpoint, self.db, fields, where, fence)
         return sql, [*params, run_id, owner]
 
-    def rewrite_and_insert(
-        self,
-        run_id: str,
-        seq: int,
-        expected: tuple[str, int],
-        owner: str,
-        fields: dict[str, Any],
-        row: Checkpoint,
-    ) -> bool:
-        """``rewrite`` under ``owner``'s lease, and insert ``row`` only if it wrote: one
-        autocommitted statement on PostgreSQL (a data-modifying WITH), one transaction elsewhere
-        (SQLite's, whose write lock keeps the fence the rewrite checked until it commits).
-        False, with nothing written, when the position changed or the lease was lost."""
+    def rewrite_and_insert(self, rewriting: tuple[str, list[Any]], row: Checkpoint) -> bool:
+        """Run ``rewriting`` (an UPDATE of one position, fenced as ``rewriting()`` makes it) and
+        insert ``row`` only if it changed that position: one autocommitted statement on
+        PostgreSQL (a data-modifying WITH), elsewhere in the caller's transaction or one of its
+        own (SQLite's write lock keeps the fence until it commits). False, nothing written, when
+        the position changed or the lease was lost."""
+        rewrite, params = rewriting
         if connections[self.db].vendor != "postgresql":
-            # Inside the caller's transaction, when it has one (a failure raises through it).
-            with transaction.atomic(using=self.db, savepoint=False):
-                if not self.rewrite(run_id, seq, expected, owner=owner, **fields):
+            with transaction.atomic(using=self.db, savepoint=False), connections[self.db].cursor() as cursor:
+                cursor.execute(rewrite, params)
+                if cursor.rowcount != 1:
                     return False
                 insert(Checkpoint, self.db, [row])
                 return True
-        rewrite, params = self.rewriting(run_id, seq, expected, owner, fields)
         adding, adding_params = insertion(Checkpoint, self.db, [row], source="FROM rewritten")
         with connections[self.db].cursor() as cursor:
             cursor.execute(f"WITH rewritten AS ({rewrite} RETURNING 1) {adding}", [*params, *adding_params])
