@@ -57,12 +57,17 @@ class _Armed:
             self.count += 1
             if self.count != self.n:
                 return
+        # Written whole beside the marker, then linked into place: the test polls the marker and
+        # must never read it created but still empty; the link also fails if another process of
+        # this worker died first.
+        draft = self.marker.with_name(f"{self.marker.name}.{os.getpid()}")
+        draft.write_text(f"{os.getpid()} {what[:200]}")
         try:
-            fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.link(draft, self.marker)
         except FileExistsError:
             return  # another process of this worker died already
-        os.write(fd, f"{os.getpid()} {what[:200]}".encode())
-        os.close(fd)
+        finally:
+            draft.unlink()
         os.kill(os.getpid(), signal.SIGKILL)
 
     def statement(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
