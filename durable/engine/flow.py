@@ -179,6 +179,22 @@ def started_in_place(records: Iterable[Record]) -> list[tuple[Record, Step]]:
     return found
 
 
+def slot_kept(started: list[tuple[Record, Step]], freed: list[str]) -> str | None:
+    """The key of the one slot a turn's result run in place freed, when the one limited attempt
+    it starts next needs a slot of that key and nothing more (no rate token): written together,
+    the attempt may keep the slot (``models.flow.keeping_slot``). Else None."""
+    if len(started) != 1 or len(freed) != 1:
+        return None
+    rec, step = started[0]
+    if step.concurrency is None or step.rate_limit is not None:
+        return None
+    try:
+        key = slot_key(step, rec.input)
+    except InvalidInput:
+        return None
+    return key if key == freed[0] else None
+
+
 def admit_in_place(run_id: str, started: list[tuple[Record, Step]], state: TurnState) -> None:
     """Called in the transaction of the turn's write that started them, after its rows: give
     each attempt its slot and rate token, as a worker's take would, or make it one sent but

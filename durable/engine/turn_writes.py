@@ -3,6 +3,7 @@ attempts, replies, signals taken, messages), fenced by its lease or by its final
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import connections, transaction
@@ -10,7 +11,8 @@ from django.db import connections, transaction
 from .. import clock, conf, dispatch, routing
 from ..definitions import registry
 from ..errors import _ControlFlow
-from ..models import AttemptError, Checkpoint, Fan, Run, Signal
+from ..models import HELD, AttemptError, Checkpoint, Fan, Run, Signal
+from ..models import flow as lines
 from ..replay.history import COMPLETED, PENDING, Record
 from ..replay.turnstate import TurnState
 from . import asyncattempts, entity_ops, flow, observe, streams, turn_messages
@@ -222,26 +224,36 @@ def write_result_and_start(
     which commits alone; then send what the turn started. Raise _Stale if the write lost a race
     (the result's position changed, or the lease).
 
-    A limited step started, or a slot the result freed, makes it a transaction: the pair's
-    statement first, then the new attempt's slot and rate token (``admit_in_place``) and the
-    freed slot handed on (gates after the rows, as always)."""
+    A limited step that needs the very slot the result freed, with nobody in its line, takes it
+    over in that same statement. Any other limited step started, or slot freed, makes it a
+    transaction: the pair's statement first, then the new attempt's slot and rate token
+    (``admit_in_place``) and the freed slot handed on (gates after the rows, as always)."""
     held, new = pair
     assert held.stored_as is not None  # a held result is stored, as pending
     db = settings.DATABASE
     limited = flow.started_in_place([new])
-    if (limited or state.freed) and not connections[db].in_atomic_block:
-        with transaction.atomic(using=db):
-            return write_result_and_start(run_id, owner, pair, state, settings, namespace=namespace)
     written = state.unsaved()
     fields = {f: getattr(held, f) for f in _WRITTEN}
     checkpoints = Checkpoint.objects.using(db)
     rewriting = checkpoints.rewriting(run_id, held.seq, held.stored_as, owner, fields)
-    if not checkpoints.rewrite_and_insert(rewriting, _row(run_id, new)):
-        raise _Stale()
-    if limited:
-        flow.admit_in_place(run_id, limited, state)
-    send(run_id, state, settings, written, namespace=namespace)
-    hand_off(state)
+    kept = flow.slot_kept(limited, state.freed)
+    if kept is not None:
+        new.flow, new.flow_key = HELD, kept
+        if checkpoints.rewrite_and_insert(
+            lines.keeping_slot(db, rewriting, kept, clock.now()), _row(run_id, new)
+        ):
+            state.freed.clear()
+            send(run_id, state, settings, written, namespace=namespace)
+            return
+        new.flow = new.flow_key = None  # someone waits for it, or the lease is lost: as below
+    together = (limited or state.freed) and not connections[db].in_atomic_block
+    with transaction.atomic(using=db) if together else nullcontext():
+        if not checkpoints.rewrite_and_insert(rewriting, _row(run_id, new)):
+            raise _Stale()
+        if limited:
+            flow.admit_in_place(run_id, limited, state)
+        send(run_id, state, settings, written, namespace=namespace)
+        hand_off(state)
 
 
 def _lone(state: TurnState) -> Record | None:
@@ -265,6 +277,7 @@ def _row(run_id: str, rec: Record) -> Checkpoint:
         task=rec.kind == "step" and bool((rec.input or {}).get("task")),
         fan=rec.fan,
         fail_fast=rec.fail_fast,
+        flow_key=rec.flow_key,
         **{f: getattr(rec, f) for f in _WRITTEN},
     )
 

@@ -94,8 +94,9 @@ class FlushWrite(enum.StrEnum):
     #: the lease first (locking the run's row, so no other worker can take it over meanwhile).
     WITH_MESSAGES = "with_messages"
     #: The held result of the step just run in place and the next position: one statement on
-    #: PostgreSQL, which commits alone; a transaction elsewhere, and wherever a limited step's
-    #: slot is taken or a freed one handed on with them.
+    #: PostgreSQL, which commits alone (a limited step keeps there the slot the result freed,
+    #: when nobody waits for it); a transaction elsewhere, and wherever a limited step's slot is
+    #: taken from its gate or a freed one handed on with them.
     RESULT_AND_START = "result_and_start"
     #: Writes that go together (signals taken, replies, exposed values, entity ops, several
     #: positions, slots handed on with them): one transaction.

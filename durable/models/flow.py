@@ -155,6 +155,22 @@ def hold_slot(
         return int(cursor.rowcount) == 1
 
 
+def keeping_slot(db: str, rewriting: tuple[str, list[Any]], key: str, now: datetime) -> tuple[str, list[Any]]:
+    """``rewriting`` (the fenced UPDATE of a result run in place) made to match only while its
+    position holds a live slot of ``key`` and nobody waits in the key's line: the next attempt,
+    inserted by the same statement (``Checkpoint.objects.rewrite_and_insert``), then takes that
+    slot over. The number of slots held stays what it was, so no gate is locked; one that finds
+    a waiter matches nothing, and the caller writes the usual way (the slot handed on to it)."""
+    sql, params = rewriting
+    ops = connections[db].ops
+    gates = ops.quote_name(FlowGate._meta.db_table)
+    sql += (
+        " AND flow = %s AND flow_key = %s AND (held_until IS NULL OR held_until >= %s)"
+        f" AND NOT EXISTS (SELECT 1 FROM {gates} WHERE key = %s AND waiting > 0)"
+    )
+    return sql, [*params, HELD, key, ops.adapt_datetimefield_value(now), key]
+
+
 def wait_in_line(db: str, run_id: str, seq: int, attempt: int, key: str, place: int, **sent: Any) -> bool:
     """Undo the start of an attempt that found no free slot: it waits, sent but unstarted, at
     ``place`` in the line of ``key`` until a freed slot is handed to it. ``sent``: the fields

@@ -151,9 +151,10 @@ def test_a_dispatched_step_run_in_place_costs_an_insert_and_an_update(durable_en
     assert durable_env.pending() == []
 
 
-def test_a_limited_step_run_in_place_takes_its_slot_beside_its_start(durable_env):
-    """A step under a ``concurrency`` limit never reached: its start written with the result
-    before it (one statement on PostgreSQL), then its gate's lock and its slot, in one commit."""
+def test_a_limited_step_run_in_place_keeps_the_slot_the_step_before_it_freed(durable_env):
+    """A step under a ``concurrency`` limit never reached, in sequence: the first takes its slot
+    under its gate's lock; each further one is written with the result before it, whose slot it
+    takes over in the same statement (nobody waits for it), no gate locked."""
     first = durable.start(limited_flow, 1)
     one, three = durable.start(limited_flow, 1), durable.start(limited_flow, 3)
     durable_env.drop()
@@ -165,10 +166,15 @@ def test_a_limited_step_run_in_place_takes_its_slot_beside_its_start(durable_env
         cost_three = statements(lambda: turn.advance(three.id))
     finally:
         transport.served_queues = served
-    # Each further step: the result and the start (one statement on PostgreSQL, two elsewhere),
-    # the gate's lock, the slot's guarded UPDATE.
-    assert len(cost_three) - len(cost_one) == (6 if FOLDED else 8), cost_three
+    # Each further step: the result and the start, the slot with them (one statement on
+    # PostgreSQL, two elsewhere).
+    assert len(cost_three) - len(cost_one) == (2 if FOLDED else 4), cost_three
+    assert _gate_reads(cost_three) == _gate_reads(cost_one), cost_three  # the first take, the last hand-off
     assert durable.result(three.id) == [0, 1, 2]
+
+
+def _gate_reads(sqls: list[str]) -> int:
+    return sum(sql.startswith("SELECT") and "durable_flowgate" in sql for sql in sqls)
 
 
 def test_a_result_run_in_place_commits_with_the_next_write(durable_env):

@@ -87,6 +87,20 @@ def lane_b(name):
     return name
 
 
+@durable.step(name="tests.limits_in_place.queued_behind", concurrency=1)
+def queued_behind(name):
+    """Its first attempt starts another run whose attempt of this step then waits in line for
+    the one slot, before this one returns."""
+    STARTED.append(name)
+    SEEN_HELD.append(_held("c:tests.limits_in_place.queued_behind:"))
+    if name == "a1":
+        waiter = durable.start(one_queued, "b")
+        TOKENS["waiter"] = waiter.id
+        turn.advance(waiter.id)
+        assert _row(waiter.id).flow == "waiting"
+    return name
+
+
 @durable.step(name="tests.limits_in_place.badkey", concurrency=durable.Concurrency(limit=1, key="{nope}"))
 def badkey(x):
     STARTED.append(x)
@@ -121,6 +135,16 @@ def in_lane_a(ctx, name):
 @durable.workflow(name="tests.limits_in_place.in_lane_b")
 def in_lane_b(ctx, name):
     return ctx.step(lane_b, name)
+
+
+@durable.workflow(name="tests.limits_in_place.two_queued")
+def two_queued(ctx, _):
+    return [ctx.step(queued_behind, "a1"), ctx.step(queued_behind, "a2")]
+
+
+@durable.workflow(name="tests.limits_in_place.one_queued")
+def one_queued(ctx, name):
+    return ctx.step(queued_behind, name)
 
 
 @durable.workflow(name="tests.limits_in_place.bad")
@@ -162,6 +186,18 @@ def test_a_limited_step_whose_slot_is_taken_waits_in_line_and_the_freed_slot_sen
     durable.complete_step(TOKENS.pop("second"), "second done")
     env.run_until_idle()
     assert durable.result(second.id) == "second done"
+
+
+def test_a_slot_freed_in_sequence_goes_to_the_attempt_in_line_not_to_the_runs_next_step(env):
+    """The next step of a run keeps the slot its step before freed only when nobody waits for it:
+    an attempt of another run in line gets it, and the next step waits behind that one."""
+    run = durable.start(two_queued)
+    env.run_next()
+    assert (_row(run.id, 1).flow, _row(run.id, 1).started_at) == ("waiting", None)
+    env.run_until_idle()
+    assert STARTED == ["a1", "b", "a2"] and SEEN_HELD == [1, 1, 1]
+    assert durable.result(run.id) == ["a1", "a2"]
+    assert durable.result(TOKENS["waiter"]) == "b"
 
 
 def test_a_rate_limited_step_over_its_rate_waits_for_its_token_on_the_runs_timer(env):
