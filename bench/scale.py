@@ -3,6 +3,7 @@
     .venv-bench/bin/python bench/scale.py            # fill once (kept), measure both, write results
     .venv-bench/bin/python bench/scale.py --refill   # fill again from scratch
     .venv-bench/bin/python bench/scale.py --empty-only   # the empty database alone, no fill
+    .venv-bench/bin/python bench/scale.py --size 10x     # ten times the history, and a day's retention
 
 The filled database (``durable_scale`` by default) holds 1,000,000 finished runs with ten
 completed steps each, and 100,000 runs waiting on a timer a month away with three positions
@@ -20,7 +21,13 @@ one after the other, in the same run:
 - ``backlog`` (filled database): 100,000 due timers drained, each time between two drains of
   10,000, and set against their mean.
 
-Writes bench/results/scale.json and scale.md, and the ``bench:scale`` table of docs/benchmarks.md.
+With ``--size 10x`` the filled database (``durable_scale_10x``) holds ten times that (10,000,000
+finished runs, 1,000,000 waiting, about 103,000,000 checkpoints, some 35 GiB), and its last round
+also measures a day's retention: 1,000,000 expired runs with ten checkpoints each, deleted by the
+retention sweep until none is left, with the dead tuples that leaves (``pg_stat_user_tables``).
+
+Writes bench/results/scale.json and scale.md, and the ``bench:scale`` table of docs/benchmarks.md
+(``scale-10x.*`` and ``bench:scale-10x`` with ``--size 10x``).
 """
 
 from __future__ import annotations
@@ -45,7 +52,12 @@ SWEEP_ROWS = 10_000
 #: Finished runs are kept 30 days; the filled ones finished within the last week, the ones the
 #: retention measurement inserts 60 days ago.
 RETENTION = [{"statuses": ["completed", "failed"], "max_age": "30d"}]
-GOALS = {"ratio": 1.5, "sweep_10k_s": 1.0, "backlog_ratio": 10.0}
+GOALS = {"ratio": 1.5, "sweep_10k_s": 1.0, "backlog_ratio": 10.0, "day_s": 60}
+#: The fills ``--size`` names: the filled database, its runs, and the day's retention measured.
+SIZES = {
+    "1x": {"db": "durable_scale", "runs": 1_000_000, "waiting": 100_000, "day": 0},
+    "10x": {"db": "durable_scale_10x", "runs": 10_000_000, "waiting": 1_000_000, "day": 1_000_000},
+}
 
 
 # -- the fill (plain psycopg, no Django) ----------------------------------------------------------
@@ -56,7 +68,7 @@ RUN_COLUMNS = (
 )
 CHECKPOINT_COLUMNS = (
     "run_id, seq, kind, name, status, attempt, queue, input, output, started_at, finished_at, fail_fast, "
-    "redispatches"
+    "redispatches, task"
 )
 
 
@@ -132,7 +144,7 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
                 conn.execute(
                     f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT {finished_id}, s, 'step', "
                     "'bench.step', 'completed', 1, '', jsonb_build_object('args', jsonb_build_array(i, s)), "
-                    "jsonb_build_object('value', i + s), t, t, false, 0 FROM generate_series(%s::int, %s::int) i, "
+                    "jsonb_build_object('value', i + s), t, t, false, 0, false FROM generate_series(%s::int, %s::int) i, "
                     f"generate_series(0, {steps - 1}) s, " + finished_at,
                     (first, last),
                 )
@@ -150,7 +162,7 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
                 "CASE WHEN s < 2 THEN 'step' ELSE 'sleep' END, CASE WHEN s < 2 THEN 'bench.step' ELSE 'sleep' END, "
                 "CASE WHEN s < 2 THEN 'completed' ELSE 'pending' END, 1, '', "
                 "jsonb_build_object('args', jsonb_build_array(i, s)), CASE WHEN s < 2 THEN '{\"value\": 1}'::jsonb END, "
-                "now(), CASE WHEN s < 2 THEN now() END, false, 0, CASE WHEN s = 2 THEN now() + interval '30 days' END "
+                "now(), CASE WHEN s < 2 THEN now() END, false, 0, false, CASE WHEN s = 2 THEN now() + interval '30 days' END "
                 "FROM generate_series(1, %s::int) i, generate_series(0, 2) s",
                 (waiting,),
             )
@@ -327,7 +339,7 @@ def _insert_swept(kind: str, count: int) -> None:
     if kind == "retention":
         _sql(
             f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT r.id, s, 'step', 'bench.step', "
-            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false, 0 FROM durable_run r, "
+            "'completed', 1, '', '{}', '{}', r.finished_at, r.finished_at, false, 0, false FROM durable_run r, "
             "generate_series(0, 9) s WHERE r.queue = %s AND r.status = 'completed'",
             (QUEUE,),
         )
@@ -393,6 +405,41 @@ def measure_sweep(kind: str, count: int, reps: int) -> dict:
     }
 
 
+def _dead_tuples() -> dict:
+    """Live and dead tuples of the history's tables, as PostgreSQL's statistics count them (this
+    backend's own counts flushed first)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        time.sleep(1.5)  # the statistics are shared at most once a second
+        cursor.execute(
+            "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables "
+            "WHERE relname IN ('durable_run', 'durable_checkpoint') ORDER BY relname"
+        )
+        return {name: {"live": live, "dead": dead} for name, live, dead in cursor.fetchall()}
+
+
+def measure_day(count: int) -> dict:
+    """A day's retention: ``count`` finished runs with ten checkpoints each, expired, deleted by
+    the retention sweep until none is left; the dead tuples that leaves for vacuum to chase."""
+    from durable.engine import retention
+
+    _insert_swept("retention", count)
+    _sql("VACUUM ANALYZE durable_run, durable_checkpoint")
+    before = _dead_tuples()
+    found, passes, t0 = 0, 0, time.perf_counter()
+    while found < count:
+        gone = retention.sweep_retention()
+        found, passes = found + gone, passes + 1
+        if not gone:
+            raise RuntimeError(f"the retention sweep stopped at {found} of {count}")
+    seconds = time.perf_counter() - t0
+    after = _dead_tuples()
+    _sql("VACUUM durable_run, durable_checkpoint")
+    return {"count": count, "seconds": round(seconds, 1), "passes": passes, "before": before, "after": after}
+
+
 def measure(db: str, params: dict) -> dict:
     _django(db)
     _delete_runs("queue = %s OR workflow = 'bench.local10'", (QUEUE,))
@@ -404,6 +451,8 @@ def measure(db: str, params: dict) -> dict:
         out[kind] = measure_sweep(kind, params["rows"], params["reps"])
     if params.get("backlog"):  # the last round of the filled database only
         out["backlog"] = measure_backlog(params["backlog"], params["rows"], params.get("backlog_reps", 1))
+    if params.get("day"):  # the last round of the filled database only
+        out["day"] = measure_day(params["day"])
     return out
 
 
@@ -443,6 +492,9 @@ def _pooled(measured: list[dict]) -> dict:
     backlog = [one["backlog"] for one in measured if "backlog" in one]
     if backlog:
         out["backlog"] = backlog[0]
+    day = [one["day"] for one in measured if "day" in one]
+    if day:
+        out["day"] = day[0]
     out["rounds"] = len(measured)
     return out
 
@@ -470,6 +522,18 @@ def rows(data: dict) -> list[dict]:
                 "ratio": round(f / e, 2),
             }
         )
+    if "day" in full:
+        day = full["day"]
+        dead = sum(table["dead"] for table in day["after"].values())
+        out.append(
+            {
+                "what": f"a day's retention (filled): {day['count']:,} expired runs with ten checkpoints each, "
+                f"{day['passes']} sweeps; {dead:,} dead tuples left",
+                "empty": "",
+                "filled": f"{day['seconds']:.1f} s",
+                "ratio": "",
+            }
+        )
     if "backlog" in full:
         b, t = full["backlog"], full["backlog"]["beside"]
         out.append(
@@ -485,7 +549,10 @@ def rows(data: dict) -> list[dict]:
 
 def table(data: dict) -> list[str]:
     lines = ["| Path | empty database | filled database | ratio |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['what']} | {r['empty']} | {r['filled']} | {r['ratio']}x |" for r in data["rows"]]
+    lines += [
+        f"| {r['what']} | {r['empty']} | {r['filled']} | {r['ratio']}{'x' if r['ratio'] != '' else ''} |"
+        for r in data["rows"]
+    ]
     return lines
 
 
@@ -527,11 +594,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--db", default="durable_scale", help="the filled database (kept between runs)")
+    parser.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="1x",
+        help="1x: 1,000,000 finished and 100,000 waiting runs (about 10 million checkpoints); 10x: ten "
+        "times that, in a database of its own, and a day's retention (1,000,000 expired runs) measured",
+    )
+    parser.add_argument("--db", help="the filled database, kept between runs (default: by --size)")
     parser.add_argument("--empty-db", default="durable_scale_empty")
     parser.add_argument("--refill", action="store_true", help="fill the database again")
-    parser.add_argument("--runs", type=int, default=1_000_000, help="finished runs of the fill")
-    parser.add_argument("--waiting", type=int, default=100_000, help="waiting runs of the fill")
+    parser.add_argument("--runs", type=int, help="finished runs of the fill (default: by --size)")
+    parser.add_argument("--waiting", type=int, help="waiting runs of the fill (default: by --size)")
+    parser.add_argument(
+        "--day", type=int, help="expired runs of the day's retention (default: by --size; 0: skip)"
+    )
     parser.add_argument("--n", type=int, default=200, help="start() and turn calls measured")
     parser.add_argument("--rows", type=int, default=SWEEP_ROWS, help="rows each sweep measurement handles")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each sweep measurement")
@@ -550,6 +627,11 @@ def main() -> int:
     if args.measure:
         print(json.dumps(measure(args.measure, json.loads(args.params))))
         return 0
+    size = SIZES[args.size]
+    args.db = args.db or size["db"]
+    args.runs = size["runs"] if args.runs is None else args.runs
+    args.waiting = size["waiting"] if args.waiting is None else args.waiting
+    args.day = size["day"] if args.day is None else args.day
 
     if args.empty_only:
         return empty_only(args)
@@ -558,6 +640,8 @@ def main() -> int:
         _ensure_db(db)
         _migrate(db)
     info = None if args.refill else filled(args.db)
+    if info is not None and (info["finished_runs"], info["waiting_runs"]) != (args.runs, args.waiting):
+        info = None  # filled to another size
     if info is None:
         log(f"filling {args.db} ({args.runs:,} finished runs, {args.waiting:,} waiting)")
         info = fill(args.db, args.runs, 10, args.waiting)
@@ -574,21 +658,23 @@ def main() -> int:
         for key, db in order if i % 2 == 0 else order[::-1]:
             last = i == args.rounds - 1 and key == "filled"
             log(f"round {i + 1} of {args.rounds}: measuring the {key} database {db}")
-            rounds[key].append(_measured(db, {**params, "backlog": args.backlog if last else 0}))
+            extra = {"backlog": args.backlog, "day": args.day} if last else {}
+            rounds[key].append(_measured(db, {**params, "backlog": 0, **extra}))
     for key, measured in rounds.items():
         data[key] = _pooled(measured)
     data["rows"] = rows(data)
     data["meta"] = {"line": machine_line(time.perf_counter() - started)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale.json").write_text(json.dumps(data, indent=2) + "\n")
+    name = "scale" if args.size == "1x" else f"scale-{args.size}"
+    (args.out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     text = markdown(data)
-    (args.out / "scale.md").write_text(text)
+    (args.out / f"{name}.md").write_text(text)
     from bench import report
 
     if args.out.resolve() == (ROOT / "bench" / "results").resolve() and report.update_tables(
-        "scale", "\n".join([data["meta"]["line"], "", *table(data)])
+        name, "\n".join([data["meta"]["line"], "", *table(data)])
     ):
-        log(f"rewrote the scale table in {report.TABLES}")
+        log(f"rewrote the {name} table in {report.TABLES}")
     print(text)
     return 0
 
