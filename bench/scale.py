@@ -524,11 +524,11 @@ def rows(data: dict) -> list[dict]:
         )
     if "day" in full:
         day = full["day"]
-        dead = sum(table["dead"] for table in day["after"].values())
+        dead = sum(day["after"][name]["dead"] - day["before"][name]["dead"] for name in day["after"])
         out.append(
             {
                 "what": f"a day's retention (filled): {day['count']:,} expired runs with ten checkpoints each, "
-                f"{day['passes']} sweeps; {dead:,} dead tuples left",
+                f"{day['passes']} sweeps; {dead:,} dead tuples it left",
                 "empty": "",
                 "filled": f"{day['seconds']:.1f} s",
                 "ratio": "",
@@ -566,17 +566,25 @@ def markdown(data: dict) -> str:
             "",
             f"Filled database: {fill['finished_runs']:,} finished runs, {fill['waiting_runs']:,} waiting runs, "
             f"{fill['checkpoints']:,} checkpoints, {fill['size_gib']} GiB, written by SQL in {fill['fill_s']:.0f} s "
-            f"({fill['filled_at']}). Figures are medians over {data['params']['rounds']} rounds that alternate the "
-            f"two databases: start and turn {data['params']['n']} calls a round, sweeps "
-            f"{data['params']['reps']} repetitions a round; every wake published to Redis and counted there. "
-            f"The backlog is drained {data['params']['backlog_reps']} times on the filled database, each time "
-            "between two drains of the smaller count: its ratio is the median of each drain against the mean "
-            "of its two neighbours.",
+            f"({fill['filled_at']}). Figures are medians over {_rounds(data['params']['rounds'])}, the two "
+            f"databases alternating: start and turn {data['params']['n']} calls a round, sweeps "
+            f"{data['params']['reps']} repetitions a round; every wake published to Redis and counted there."
+            + (
+                f" The backlog is drained {data['params']['backlog_reps']} times on the filled database, each "
+                "time between two drains of the smaller count: its ratio is the median of each drain against "
+                "the mean of its two neighbours."
+                if "backlog" in data["filled"]
+                else ""
+            ),
             "",
             *table(data),
             "",
         ]
     )
+
+
+def _rounds(n: int) -> str:
+    return "1 round" if n == 1 else f"{n} rounds"
 
 
 def machine_line(total: float) -> str:
