@@ -679,8 +679,11 @@ def main() -> int:
     (args.out / f"{name}.md").write_text(text)
     from bench import report
 
-    if args.out.resolve() == (ROOT / "bench" / "results").resolve() and report.update_tables(
-        name, "\n".join([data["meta"]["line"], "", *table(data)])
+    block = "\n".join([data["meta"]["line"], "", *table(data)])
+    if args.out.resolve() == (ROOT / "bench" / "results").resolve() and (
+        report.update_tables("scale", block)
+        if args.size == "1x"
+        else report.update_tables("scale-10x", block)
     ):
         log(f"rewrote the {name} table in {report.TABLES}")
     print(text)
