@@ -33,7 +33,7 @@ from .. import connections as database
 from ..definitions import Step
 from ..errors import StepTimeout
 from ..models import Checkpoint, Run
-from ..models.result_and_turn import RunAsTaken
+from ..models.result_and_turn import Held, RunAsTaken
 from ..replay.attempt import LATER, begin_async, conclude
 from ..replay.stepscope import StepInfo
 from ..statuses import Attempted
@@ -221,12 +221,15 @@ def launch(
     return Attempted.STARTED
 
 
-def launch_held(run_id: str, seq: int, attempt: int, token: str | None, holder: str) -> None:
-    """Start, once the write that took it commits, an attempt a turn took for this process."""
+def launch_held(
+    run_id: str, seq: int, attempt: int, token: str | None, holder: str, held: Held | None = None
+) -> None:
+    """Start, once the write that took it commits, an attempt a turn took for this process;
+    ``held``: the attempt and its run as that write read them back (else read after it)."""
     from . import steps
 
     assert token is not None  # every attempt sent or taken carries one
-    start = functools.partial(steps.run_held, run_id, seq, attempt, token, holder)
+    start = functools.partial(steps.run_held, run_id, seq, attempt, token, holder, held)
     transaction.on_commit(start, using=conf.get().DATABASE)
 
 

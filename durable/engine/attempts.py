@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections as databases
 from django.db import transaction
 
 from .. import asyncsteps, clock, conf, connections, dispatch
@@ -22,6 +23,15 @@ from ..statuses import FlowState
 from . import asyncattempts, flow, leases, timelimits
 
 log = logging.getLogger("durable.engine")
+
+
+def reads_run_with_take(settings: conf.Settings) -> bool:
+    """Whether this process reads the run with each take of an attempt (``result_and_turn``): a
+    worker that runs a run's next turn itself, on PostgreSQL (the fence is the row's version there)."""
+    served = dispatch.transport.served_queues  # None: every queue (the test harness)
+    return (
+        settings.INLINE_NEXT_TURN and served != set() and databases[settings.DATABASE].vendor == "postgresql"
+    )
 
 
 def serves(queue: str) -> bool:

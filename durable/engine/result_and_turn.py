@@ -20,9 +20,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError
 
-from .. import clock, conf, dispatch, metrics, tracing
+from .. import clock, conf, metrics, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
 from ..models import Checkpoint, Run, Status
@@ -49,17 +49,6 @@ from . import (
 from .write_plan import TurnPlan, TurnWrite
 
 
-def wanted(settings: conf.Settings) -> bool:
-    """Whether this process reads the run with each take: a worker that runs a run's next turn
-    itself, on PostgreSQL (the fence is the row's version there)."""
-    served = dispatch.transport.served_queues  # None: every queue (the test harness)
-    return (
-        settings.INLINE_NEXT_TURN
-        and served != set()
-        and connections[settings.DATABASE].vendor == "postgresql"
-    )
-
-
 def take(
     run_id: str,
     seq: int,
@@ -73,7 +62,7 @@ def take(
     """``CheckpointQuerySet.take`` (of a run of this worker's namespace only); when ``wanted``,
     the run too, as it stands, if it waits for this position alone."""
     db, namespace = settings.DATABASE, settings.NAMESPACE
-    if not wanted(settings):
+    if not attempts.reads_run_with_take(settings):
         return Checkpoint.objects.using(db).take(
             run_id, seq, attempt, token, holder, now, until, namespace
         ), None
@@ -86,7 +75,7 @@ def held(
     """The attempt a turn took for ``holder`` (still pending, held so) and, as ``take`` reads it
     when ``wanted``, its run."""
     db = settings.DATABASE
-    if not wanted(settings):
+    if not attempts.reads_run_with_take(settings):
         pending = Checkpoint.objects.using(db).filter(
             run_id=run_id, seq=seq, attempt=attempt, status=CheckpointStatus.PENDING, held_by=holder
         )

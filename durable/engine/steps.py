@@ -19,7 +19,7 @@ from .. import asyncsteps, clock, conf, shutdown, tracing
 from ..definitions import Step, registry
 from ..errors import ErrorCode, WorkflowNotRegistered, step_timeout_error
 from ..models import HELD, AttemptError, Checkpoint, Claim, Fan, Run
-from ..models.result_and_turn import RunAsTaken
+from ..models.result_and_turn import Held, RunAsTaken
 from ..replay.attempt import LATER, split_traceback
 from ..replay.history import COMPLETED, FAILED, PENDING
 from ..replay.stepscope import StepInfo
@@ -99,9 +99,12 @@ def run_step(run_id: str, seq: int, attempt: int, token: str | None = None) -> A
     return _run(row, token, holder, began, read, settings)
 
 
-def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> Attempted:
+def run_held(
+    run_id: str, seq: int, attempt: int, token: str, holder: str, held: Held | None = None
+) -> Attempted:
     """Run an attempt its turn took for this process (``holder``) in the write that recorded it,
-    without a message: an ``async def`` step, started on the loop beside the turn.
+    without a message: an ``async def`` step, started on the loop beside the turn. ``held``: the
+    attempt and its run as that write read them back; else they are read here.
 
     Not found pending and held so (settled, or its run ended, since that commit): nothing to do.
     Not started at all (this process died first, or the database failed the read): its hold
@@ -110,7 +113,9 @@ def run_held(run_id: str, seq: int, attempt: int, token: str, holder: str) -> At
     began = time.monotonic()
     key = (run_id, seq, attempt)
     try:
-        found = _persistently(lambda: result_and_turn.held(run_id, seq, attempt, holder, settings), key)
+        found = held or _persistently(
+            lambda: result_and_turn.held(run_id, seq, attempt, holder, settings), key
+        )
         row, read = found or (None, None)
         if row is None:
             return Attempted.STALE

@@ -19,6 +19,9 @@ from .. import clock, conf, dispatch, errors, metrics, shutdown, tracing
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered, _ControlFlow
 from ..models import FIRST_CLAIM, Checkpoint, Run, Signal, Status
+from ..models import result_and_turn as taken_rows
+from ..models.result_and_turn import Held
+from ..models.runs import settling
 from ..replay.core import replay
 from ..replay.history import Decision, Limits
 from ..replay.turnstate import RunFacts, TurnState
@@ -355,8 +358,10 @@ def finish(
         _settle(run, owner, outcome, settings, state)
     elif plan.kind in (TurnWrite.INSERT_AND_SETTLE, TurnWrite.RESULT_AND_SETTLE):
         written = state.unsaved()
-        _settle(run, owner, outcome, settings, state, inserting=plan.inserting, rewriting=plan.rewriting)
-        turn_writes.send(run.id, state, settings, written, namespace=run.namespace)
+        held = _settle(
+            run, owner, outcome, settings, state, inserting=plan.inserting, rewriting=plan.rewriting
+        )
+        turn_writes.send(run.id, state, settings, written, namespace=run.namespace, held=held)
     else:
         try:
             with transaction.atomic(using=settings.DATABASE):
@@ -444,14 +449,21 @@ def _settle(
     state: TurnState | None = None,
     inserting: Checkpoint | None = None,
     rewriting: tuple[str, list[Any]] | None = None,
-) -> None:
+) -> Held | None:
+    """Write the turn's outcome and let its lease go; raise _Stale when refused. What the settle
+    read back of an attempt it took for this process (``inserting``, held), if it read it."""
     fields = run_fields(outcome)
     if state is not None and state.search_attributes is not None:
         fields["search_attributes"] = state.search_attributes
     if state is not None and state.exposed_changed:
         fields["exposed"] = state.exposed
-    runs = Run.objects.using(settings.DATABASE)
-    if not runs.settle(
+    held: Held | None = None
+    if inserting is not None and inserting.held_by and attempts.reads_run_with_take(settings):
+        settle = settling(run.id, owner, run.wakes, clock.now(), fields)
+        held = taken_rows.settle_holding(settings.DATABASE, settle, inserting, histories.RECORD_FIELDS)
+        if held is None:
+            raise _Stale()
+    elif not Run.objects.using(settings.DATABASE).settle(
         run.id, owner, run.wakes, clock.now(), inserting=inserting, rewriting=rewriting, **fields
     ):
         raise _Stale()
@@ -475,6 +487,7 @@ def _settle(
         if state is not None and state.timers:
             # A timer due soon (a retry's backoff, a short sleep) fires on time without beat.
             dispatch.advance_at(run.id, run.queue or settings.DEFAULT_QUEUE, min(state.timers))
+    return held
 
 
 def run_fields(outcome: Decision) -> dict[str, Any]:

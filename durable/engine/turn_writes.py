@@ -13,6 +13,7 @@ from ..definitions import registry
 from ..errors import _ControlFlow
 from ..models import HELD, AttemptError, Checkpoint, Fan, Run, Signal
 from ..models import flow as lines
+from ..models.result_and_turn import Held
 from ..replay.history import COMPLETED, PENDING, Record
 from ..replay.turnstate import TurnState
 from . import asyncattempts, entity_ops, flow, observe, streams, turn_messages
@@ -140,10 +141,16 @@ def write(
 
 
 def send(
-    run_id: str, state: TurnState, settings: conf.Settings, written: list[Record], *, namespace: str | None
+    run_id: str,
+    state: TurnState,
+    settings: conf.Settings,
+    written: list[Record],
+    *,
+    namespace: str | None,
+    held: Held | None = None,
 ) -> None:
     """Send the attempts the turn started (after the commit that wrote them) and report the
-    positions it wrote."""
+    positions it wrote; ``held``: an attempt taken for this process as its write read it back."""
     for rec in state.dispatch:
         payload = rec.input or {}
         if payload.get("task") or payload.get("remote"):
@@ -163,7 +170,8 @@ def send(
             )
             continue
         if rec.held_by:
-            asyncattempts.launch_held(run_id, rec.seq, rec.attempt, rec.token, rec.held_by)
+            read = held if held is not None and held[0].seq == rec.seq else None
+            asyncattempts.launch_held(run_id, rec.seq, rec.attempt, rec.token, rec.held_by, read)
             continue
         dispatch.run_step(run_id, rec.seq, rec.attempt, rec.token, rec.queue)
     state.dispatch.clear()

@@ -34,6 +34,11 @@ class RunAsTaken:
     positions: list[dict[str, Any]]
 
 
+#: An attempt taken for this process, read back by the write that took it: its row, and its run
+#: as ``take`` reads one (None when the run does not wait for this attempt alone).
+Held = tuple[Checkpoint, RunAsTaken | None]
+
+
 def take(
     db: str,
     run_id: str,
@@ -82,6 +87,59 @@ def held(
     return _read(db, reading.format(taking=selecting), params, taken_columns, run_columns, fields)
 
 
+def settle_holding(
+    db: str,
+    settle: tuple[dict[str, Any], dict[str, Any]],
+    inserting: Checkpoint,
+    fields: tuple[str, ...],
+) -> Held | None:
+    """A turn's settle (``runs.settling``: its fields, its fence) with the insert of the one
+    position it wrote, an attempt it took for this process (``inserting``, held), reading back in
+    the same statement what ``held`` reads once the turn commits: the attempt's row and, when the
+    run waits for it alone, the run and its positions. None when the settle was refused (nothing
+    written). So a turn that starts an ``async def`` step here commits and reads once, not twice.
+
+    The statement's reads see the table as it began: the positions read are those before the
+    insert, to which the inserted one is added as its RETURNING gives it."""
+    taken_columns, run_columns, _ = _reading(db, fields)
+    ops = connections[db].ops
+    quote = ops.quote_name
+    positions = quote(Checkpoint._meta.db_table)
+    listed = ", ".join(quote(Checkpoint._meta.get_field(name).column) for name in fields)
+    settling, params = updating(Run, db, *settle)
+    adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
+    # As ``_reading`` reads a take's run: waiting (the settle suspends it), admitted, the attempt
+    # no fan member nor limited, and no other position of the run pending.
+    alone = (
+        f"s.{quote('status')} = %s AND s.{quote('admitted')} AND a.{quote('fan')} IS NULL "
+        f"AND a.{quote('flow_key')} IS NULL AND NOT EXISTS (SELECT 1 FROM {positions} o "
+        f"WHERE o.{quote('run_id')} = s.{quote('id')} AND o.{quote('status')} = %s)"
+    )
+    sql = (
+        f"WITH settled AS ({settling} RETURNING xmin::text AS durable_version, "
+        + ", ".join(map(quote, run_columns))
+        + f"), added AS ({adding} RETURNING "
+        + ", ".join(map(quote, taken_columns))
+        + f", json_build_array({listed}) AS durable_position) SELECT "
+        + ", ".join(f"a.{quote(c)}" for c in taken_columns)
+        + f", CASE WHEN {alone} THEN s.durable_version END, "
+        + ", ".join(f"s.{quote(c)}" for c in run_columns)
+        + f", CASE WHEN {alone} THEN (SELECT json_agg(json_build_array({listed}) ORDER BY seq) "
+        f"FROM {positions} WHERE {quote('run_id')} = s.{quote('id')}) END, a.durable_position "
+        "FROM settled s CROSS JOIN added a"
+    )
+    checks = [Status.SUSPENDED, CheckpointStatus.PENDING]
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, [*params, *adding_params, *checks, *checks])
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    (row,) = rows
+    seq = fields.index("seq")
+    found = sorted([*(row[-2] or []), row[-1]], key=lambda values: values[seq])
+    return _as_taken(db, row, taken_columns, run_columns, fields, found, {})
+
+
 def _read(
     db: str,
     sql: str,
@@ -96,14 +154,28 @@ def _read(
     if not rows:
         return None, None
     (row,) = rows
+    ended = {"status": CheckpointStatus.PENDING}  # as before the take: the replay overwrites it
+    return _as_taken(db, row, taken_columns, run_columns, fields, row[-1], ended)
+
+
+def _as_taken(
+    db: str,
+    row: tuple[Any, ...],
+    taken_columns: tuple[str, ...],
+    run_columns: tuple[str, ...],
+    fields: tuple[str, ...],
+    found: Any,
+    ended: dict[str, Any],
+) -> Held:
+    """A row read as the attempt's columns, the run's version (None: the run was not read) and
+    the run's columns, with its positions (``found``) read as JSON."""
     split = len(taken_columns)
     (taken,) = instances(Checkpoint, db, taken_columns, [row[:split]])
     version = row[split]
     if version is None:
         return taken, None
-    (run,) = instances(Run, db, run_columns, [row[split + 1 : -1]])
-    ended = {"status": CheckpointStatus.PENDING}  # as before the take: the replay overwrites it
-    return taken, RunAsTaken(run, version, read_back.positions(Checkpoint, row[-1], fields, -1, ended))
+    (run,) = instances(Run, db, run_columns, [row[split + 1 : split + 1 + len(run_columns)]])
+    return taken, RunAsTaken(run, version, read_back.positions(Checkpoint, found, fields, -1, ended))
 
 
 @functools.cache

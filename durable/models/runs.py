@@ -39,6 +39,15 @@ FIRST_CLAIM = "+first"
 RUN_ENDED = "durable_run_ended"
 
 
+def settling(
+    run_id: str, owner: str, wakes: int, now: datetime, fields: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a turn's settle writes (its ``fields`` and the lease let go) and the row it writes
+    them to: the run still held by ``owner``, running, with no wake since ``wakes``."""
+    fields = {"recovery_attempts": 0, **fields, "locked_by": None, "locked_until": None, "updated_at": now}
+    return fields, {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
+
+
 @dataclass(frozen=True)
 class Claim:
     """Who takes a run's turn lease, for how long, and only on which queues (None: any)."""
@@ -128,9 +137,7 @@ class RunQuerySet(BlockedRuns, DebouncedRuns, OrphanedRuns, RunTrees, models.Que
 
         Refused (False) when the lease was lost or a wake arrived since the turn read the run.
         """
-        fields.setdefault("recovery_attempts", 0)
-        fields.update(locked_by=None, locked_until=None, updated_at=now)
-        where = {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
+        fields, where = settling(run_id, owner, wakes, now, fields)
         if rewriting is not None:
             return self._settle_rewriting(rewriting, fields, where)
         if inserting is None:

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 import durable
 from durable import conf
-from durable.engine import result_and_turn
+from durable.engine import attempts
 from durable.models import result_and_turn as rows
 
 pytestmark = [
@@ -236,7 +236,7 @@ def test_a_fan_member_is_recorded_the_usual_way_and_reads_no_run(durable_env, mo
 
 @override_settings(DURABLE={"INLINE_NEXT_TURN": False})
 def test_a_worker_that_sends_every_turn_records_the_usual_way(durable_env):
-    assert not result_and_turn.wanted(conf.get())
+    assert not attempts.reads_run_with_take(conf.get())
     run = durable.start(logs_between)
     with CaptureQueriesContext(connection) as captured:
         durable_env.run_until_idle()
