@@ -16,6 +16,8 @@ from django.db.models import Exists, OuterRef
 
 from .. import clock, conf
 from ..models import Event, Run, Status
+from ..models.base import commit_without_waiting
+from ..models.offloads import any_offloaded
 from ..signals import run_evicting
 from ..statuses import TERMINAL, UNFINISHED
 from . import offloads, presence
@@ -87,6 +89,11 @@ def delete_trees(root_ids: list[str]) -> int:
     db = conf.get().DATABASE
     runs = Run.objects.using(db)
     with transaction.atomic(using=db):
+        offloaded = any_offloaded(db)
+        if not offloaded:
+            # A pass a crash undoes is done again by the next one. Not with objects offloaded:
+            # they are purged once the commit returns, and must not outlive a lost delete.
+            commit_without_waiting(db)
         # Locked, and still finished: a retry() racing this pass either reopened the run first
         # (then it is not deleted) or waits and finds it gone.
         roots = list(
@@ -98,7 +105,8 @@ def delete_trees(root_ids: list[str]) -> int:
         if not doomed:
             return 0
         # Each tree read root first, a level at a time: reversed, every run goes after its subtree.
-        return runs.delete_in_order([run_id for root in doomed for run_id, _ in reversed(trees[root])])
+        doomed_ids = [run_id for root in doomed for run_id, _ in reversed(trees[root])]
+        return runs.delete_in_order(doomed_ids, offloaded=offloaded)
 
 
 def _trees(roots: list[str]) -> dict[str, list[tuple[str, str]]]:

@@ -142,6 +142,11 @@ def fetched(reference: dict[str, Any]) -> Any:
     return json.loads(data)
 
 
+def any_offloaded(db: str) -> bool:
+    """Whether any payload is offloaded (or released and not purged yet) in ``db``."""
+    return bool(OffloadedPayload.objects.using(db).exists())
+
+
 def release(queryset: models.QuerySet[Any], fields: Sequence[str]) -> None:
     """Mark released the objects that ``fields`` of ``queryset``'s rows refer to, in the
     transaction that deletes those rows (call it inside one, before the delete), and delete them

@@ -7,7 +7,10 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
+from django.db.models.signals import post_delete
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from durable import clock, conf
 from durable.engine import retention
@@ -134,3 +137,65 @@ def test_advance_time_applies_retention_as_beat_would(durable_env):
         assert _ids() == ["done"]
         durable_env.advance_time("2d")
     assert _ids() == []
+
+
+def test_a_run_continued_as_new_outlives_the_run_it_continued(durable_env):
+    _run("old", age_days=40)
+    successor = _run("successor", status="suspended")
+    Run.objects.filter(id="successor").update(continued_from_id="old")
+    assert _sweep({"max_age": "30d"}) == 1
+    successor.refresh_from_db()
+    assert successor.continued_from_id is None
+    assert _ids() == ["successor"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tree_deleted_commits_whole(durable_env):
+    _run("root", age_days=10)
+    _run("child", age_days=10, parent="root")
+    _run("grandchild", age_days=10, parent="child")
+    _run("other", age_days=10)
+    # Each pass commits its batches: the references between the runs are checked there.
+    assert _sweep({"max_age": "1d"}) == 4
+    assert _ids() == []
+    assert not Checkpoint.objects.exists() and not Signal.objects.exists()
+
+
+def test_a_receiver_of_django_s_delete_signals_hears_every_row_the_sweep_deletes(durable_env):
+    heard: list[tuple[str, int]] = []
+
+    def noted(sender, instance, **kwargs):
+        heard.append((instance.run_id, instance.seq))
+
+    _run("old", age_days=40)
+    post_delete.connect(noted, sender=Checkpoint)
+    try:
+        assert _sweep({"max_age": "30d"}) == 1
+    finally:
+        post_delete.disconnect(noted, sender=Checkpoint)
+    assert heard == [("old", 0)]
+
+
+@pytest.mark.parametrize("runs", [3, 30])
+def test_a_batch_is_deleted_in_statements_as_many_whatever_its_size_and_no_payload_is_read(
+    durable_env, runs, monkeypatch
+):
+    monkeypatch.setattr(retention, "BATCH", runs)
+    for i in range(runs):
+        _run(f"r{i:02}", age_days=40)
+    with CaptureQueriesContext(connection) as captured:
+        assert _sweep({"max_age": "30d"}) == runs
+    statements = [q["sql"] for q in captured.captured_queries]
+    # Nothing is offloaded: the doomed rows' payloads are never read to look for references.
+    assert not [sql for sql in statements if '"input"' in sql or '"output"' in sql]
+    writes = [
+        sql
+        for sql in statements
+        if sql.startswith(("DELETE", "UPDATE"))
+        and "durable_event" not in sql
+        and "durable_presence" not in sql
+    ]
+    # One statement per table a run's rows live in, and one setting null the references of the
+    # runs that continued them, for the whole batch, whatever its size.
+    assert len(writes) == 8
+    assert len([sql for sql in writes if '"durable_checkpoint"' in sql]) == 1
