@@ -59,8 +59,9 @@ def take(
     until: datetime,
     settings: conf.Settings,
 ) -> tuple[Checkpoint | None, RunAsTaken | None]:
-    """``CheckpointQuerySet.take`` (of a run of this worker's namespace only); when ``wanted``,
-    the run too, as it stands, if it waits for this position alone."""
+    """``CheckpointQuerySet.take`` (of a run of this worker's namespace only); when this process
+    reads the run with each take (``attempts.reads_run_with_take``), the run too, as it stands,
+    if it waits for this position alone."""
     db, namespace = settings.DATABASE, settings.NAMESPACE
     if not attempts.reads_run_with_take(settings):
         return Checkpoint.objects.using(db).take(
@@ -72,8 +73,8 @@ def take(
 def held(
     run_id: str, seq: int, attempt: int, holder: str, settings: conf.Settings
 ) -> tuple[Checkpoint | None, RunAsTaken | None]:
-    """The attempt a turn took for ``holder`` (still pending, held so) and, as ``take`` reads it
-    when ``wanted``, its run."""
+    """The attempt a turn took for ``holder`` (still pending, held so) and, as ``take`` reads
+    it, its run."""
     db = settings.DATABASE
     if not attempts.reads_run_with_take(settings):
         pending = Checkpoint.objects.using(db).filter(
