@@ -7,7 +7,6 @@ workers is one ``Transport``: the test harness installs its own (see ``durable.t
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -15,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connections, transaction
 
@@ -83,20 +81,16 @@ def time_limit() -> float | None:
     if not current_task:
         return None
     hard, soft = current_task.request.timelimit or (None, None)
+    app = current_task.app.conf
     limits = (
         hard,
         soft,
         current_task.time_limit,
         current_task.soft_time_limit,
-        *_app_limits(current_task.app),
+        app.task_time_limit,
+        app.task_soft_time_limit,
     )
     return min((float(x) for x in limits if x), default=None)
-
-
-@functools.lru_cache(maxsize=4)
-def _app_limits(app: Celery) -> tuple[float | None, float | None]:
-    # Asked by every turn; a lookup in Celery's layered settings costs more than the rest of it.
-    return app.conf.task_time_limit, app.conf.task_soft_time_limit
 
 
 @dataclass

@@ -44,7 +44,11 @@ def settling(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a turn's settle writes (its ``fields`` and the lease let go) and the row it writes
     them to: the run still held by ``owner``, running, with no wake since ``wakes``."""
-    fields = {"recovery_attempts": 0, **fields, "locked_by": None, "locked_until": None, "updated_at": now}
+    # In the caller's order, then the lease's: the crash-point explorations name a statement by
+    # its first columns.
+    fields = {**fields}
+    fields.setdefault("recovery_attempts", 0)
+    fields.update(locked_by=None, locked_until=None, updated_at=now)
     return fields, {"id": run_id, "locked_by": owner, "wakes": wakes, "status": Status.RUNNING}
 
 
