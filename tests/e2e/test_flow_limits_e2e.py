@@ -281,7 +281,18 @@ def test_a_fan_of_thirty_never_starts_more_than_five_in_any_second(fleet, ledger
     starts = sorted(at for e, _, at, _ in _ledger(ledger_dir) if e == "start")
     assert len(starts) == 30
     print(f"\nstarts (s after the first): {[round(t - starts[0], 2) for t in starts]}")
-    assert max(sum(1 for t in starts if s <= t < s + 1) for s in starts) <= 5
+    # The limit holds for the starts as the gate stamps them, in the take's transaction. A body
+    # begins a little later, after a lag RATE_SLACK allows for but a loaded machine can exceed
+    # (its first five began up to 0.39 s after their stamps in a CI rehearsal), so the bodies'
+    # own clocks are not the measure.
+    taken = sorted(
+        at.timestamp()
+        for at in Checkpoint.objects.filter(run_id=run.id, name=five_a_second.name).values_list(
+            "started_at", flat=True
+        )
+    )
+    assert len(taken) == 30
+    assert max(sum(1 for t in taken if s <= t < s + 1) for s in taken) <= 5
     print(f"\n30 starts at 5/s took {took:.1f}s, from first to last start {starts[-1] - starts[0]:.1f}s")
     assert starts[-1] - starts[0] >= 5  # six seconds' worth of tokens: 5 now, 5 each second after
     assert took < 10  # about 7 s here: each start counts 1.1 s (RATE_SLACK), then the hand-offs
