@@ -99,6 +99,10 @@ class Settings:
     #: A turn runs a dispatched step it awaits itself, under its lease, when this worker consumes
     #: the step's queue (see docs/architecture.md, "Eager steps").
     EAGER_STEPS: bool = True
+    #: In a process that serves no queue, the first turn of a run started outside a transaction
+    #: is published by a thread of the process, close starts together (``publish_behind``);
+    #: False publishes it in the caller, before ``start()`` returns.
+    PUBLISH_IN_THREAD: bool = True
     #: The most async step attempts one worker process runs at once on its loop (its tasks
     #: wait for a slot past that).
     ASYNC_STEPS_PER_PROCESS: int = 100
@@ -196,7 +200,7 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
                 f"fails), got {raw['ON_NONDETERMINISM']!r}",
             )
         )
-    for key in ("INLINE_NEXT_TURN", "EAGER_STEPS"):
+    for key in ("INLINE_NEXT_TURN", "EAGER_STEPS", "PUBLISH_IN_THREAD"):
         if key in raw and not isinstance(raw[key], bool):
             found.append((key, f"must be True or False, got {raw[key]!r}"))
     queues = raw.get("REMOTE_QUEUES", ())

@@ -17,7 +17,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connections, transaction
 
-from . import clock, codecs, conf, routing, tracing
+from . import clock, codecs, conf, publish_behind, routing, tracing
 from .definitions import registry
 
 log = logging.getLogger("durable.dispatch")
@@ -111,18 +111,23 @@ class Transport:
     may_wait: bool = True
     #: Whether one thread per process renews its leases and holds (not under a frozen clock).
     keep_alive: bool = True
+    #: Whether a first turn asked for outside a transaction leaves from this process's publishing
+    #: thread, gathered with others (``publish_behind``): in a process that serves no queue.
+    behind: bool = False
 
     def serves(self, queue: str) -> bool:
         """Whether this process consumes ``queue``."""
         return self.served_queues is None or queue in self.served_queues
 
 
-transport = Transport()
+transport = Transport(behind=True)
 
 
 def install(new: Transport) -> Transport:
-    """Make ``new`` this process's transport; return the one it replaces."""
+    """Make ``new`` this process's transport; return the one it replaces. The first turns the
+    publishing thread holds leave first, by the transport they were handed over under."""
     global transport
+    flush()
     previous, transport = transport, new
     return previous
 
@@ -213,6 +218,24 @@ def advance(run_id: str, queue: str) -> None:
     transaction.on_commit(_Wakes([message]), using=db)
 
 
+def first_turn(run_id: str, queue: str) -> None:
+    """Ask for the first turn of ``run_id``, just created: as ``advance`` does, except that a
+    process serving no queue, outside a transaction, hands it to its publishing thread
+    (``publish_behind``). Only a first turn goes there: the run's ``wake_at`` backs it up."""
+    settings = conf.get()
+    connection = connections[settings.DATABASE]
+    if (
+        transport.behind
+        and settings.PUBLISH_IN_THREAD
+        and not connection.in_atomic_block
+        and connection.get_autocommit()
+        and not tracing.headers()  # a traced wake leaves on its own, with its trace
+    ):
+        _behind.put(_claims(queue), run_id)
+    else:
+        advance(run_id, queue)
+
+
 class _Wakes:
     """The on-commit hook of wakes asked for one after another in a transaction."""
 
@@ -226,6 +249,32 @@ class _Wakes:
             _publish(self.messages[0])
         else:
             _publish_many(_wake_messages((message.queue, message.args[0]) for message in self.messages))
+
+
+def _publish_lots(wakes: list[publish_behind.Wake]) -> None:
+    """Send the wakes a publishing thread gathered (``publish_behind``), in its lots."""
+    _publish_many(_wake_messages(wakes, publish_behind.lots))
+
+
+def _carry_app() -> Callable[[], None]:
+    """What makes the caller's Celery app current in the publishing thread too."""
+    from celery import current_app
+
+    return current_app._get_current_object().set_current
+
+
+_behind = publish_behind.publisher(_publish_lots, _carry_app)
+
+
+def hurry() -> None:
+    """A caller is about to wait for a run: send the first turns this process holds now."""
+    _behind.hurry()
+
+
+def flush(timeout: float | None = 10.0) -> bool:
+    """Wait until the first turns handed to this process's publishing thread have left (or
+    failed to); False if some were still held after ``timeout`` seconds."""
+    return _behind.flush(timeout)
 
 
 REMOTE_TURN = "durable.remote_turn"
@@ -284,15 +333,18 @@ def advance_many(runs: Iterable[tuple[str, str]]) -> None:
         transaction.on_commit(lambda: _publish_many(messages), using=conf.get().DATABASE)
 
 
-def _wake_messages(claims: Iterable[tuple[str, str]]) -> list[Message]:
-    """The messages asking for the turns of ``(claiming queue, run_id)``, in ``shares`` per queue."""
+def _wake_messages(
+    claims: Iterable[tuple[str, str]], share_out: Callable[[list[str]], list[list[str]]] | None = None
+) -> list[Message]:
+    """The messages asking for the turns of ``(claiming queue, run_id)``, shared out per queue by
+    ``share_out`` (``shares`` unless given)."""
     by_queue: dict[str, list[str]] = {}
     for queue, run_id in claims:
         by_queue.setdefault(queue, []).append(run_id)
     return [
         Message(ADVANCE, (share[0],), queue) if len(share) == 1 else Message(ADVANCE_BATCH, (share,), queue)
         for queue, run_ids in by_queue.items()
-        for share in shares(run_ids)
+        for share in (share_out or shares)(run_ids)
     ]
 
 

@@ -109,7 +109,10 @@ def _waited(timeout: Any, seconds: float) -> str:
 
 def result_wait(run_id: str, timeout: Any) -> ResultWait:
     """Check ``result``'s arguments; the wait they describe."""
+    from . import dispatch
+
     run_id_of(run_id)
+    dispatch.hurry()  # the run waited for may be among the first turns this process holds
     try:
         limit = None if timeout is None else parse_duration(timeout, what="timeout").total_seconds()
     except ValueError as exc:

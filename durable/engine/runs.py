@@ -237,7 +237,7 @@ def create(
         if placed:
             singletons.admit(placed["singleton_key"], definition.name)
         elif not delay:
-            dispatch.advance(run.id, queue)
+            dispatch.first_turn(run.id, queue)
     return run.id
 
 
