@@ -59,18 +59,32 @@ class Publisher:
         self._last, self._gap = 0.0, 1.0
 
     def put(self, queue: str, run_id: str) -> None:
-        """Publish the wake of ``run_id`` on ``queue`` soon, from this process's thread."""
+        """Publish the wake of ``run_id`` on ``queue`` soon, from this process's thread (from the
+        caller's, when no thread can be started: the run is committed, so this never raises)."""
         with self._lock:
-            self._pending.append((queue, run_id))
-            now = time.monotonic()
-            self._gap = 0.7 * self._gap + 0.3 * min(now - self._last, 1.0)
-            self._last = now
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, args=(self._bind(),), name="durable-publisher", daemon=True
-                )
-                self._thread.start()
-            self._lock.notify_all()
+            threaded = self._thread is not None or self._started()
+            if threaded:
+                self._pending.append((queue, run_id))
+                now = time.monotonic()
+                self._gap = 0.7 * self._gap + 0.3 * min(now - self._last, 1.0)
+                self._last = now
+                self._lock.notify_all()
+        if not threaded:
+            self._send([(queue, run_id)])
+
+    def _started(self) -> bool:
+        try:
+            thread = threading.Thread(
+                target=self._loop, args=(self._bind(),), name="durable-publisher", daemon=True
+            )
+            thread.start()
+        except Exception:  # noqa: BLE001 - e.g. at interpreter shutdown: publish in the caller
+            log.warning(
+                "durable: no thread to publish first turns from; sending in the caller", exc_info=True
+            )
+            return False
+        self._thread = thread
+        return True
 
     def hurry(self) -> None:
         """Publish what is held now, without lingering for more."""
@@ -85,12 +99,25 @@ class Publisher:
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending and not self._busy, timeout)
 
+    def _send(self, lot: list[Wake]) -> None:
+        try:
+            self._publish(lot)
+        except Exception:  # noqa: BLE001 - a wake is a hint: the timer sweep sends what did not leave
+            log.warning(
+                "durable: could not send %d first turn(s); a sweep will retry", len(lot), exc_info=True
+            )
+
     def forked(self) -> None:
         """In a forked child: no thread, and nothing of the parent's to send (the parent sends it)."""
         self._reset()
 
     def _loop(self, bound: Callable[[], None]) -> None:
-        bound()
+        try:
+            bound()
+        except Exception:  # noqa: BLE001 - publish with this thread's own app rather than not at all
+            log.warning(
+                "durable: the publishing thread could not take the caller's Celery app", exc_info=True
+            )
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending)
@@ -99,11 +126,7 @@ class Publisher:
                 lot, self._pending = self._pending, []
                 self._busy, self._hurried = True, False
             try:
-                self._publish(lot)
-            except Exception:  # noqa: BLE001 - a wake is a hint: the timer sweep sends what did not leave
-                log.warning(
-                    "durable: could not send %d first turn(s); a sweep will retry", len(lot), exc_info=True
-                )
+                self._send(lot)
             finally:
                 with self._lock:
                     self._busy = False

@@ -112,6 +112,19 @@ def test_a_publish_that_raises_is_logged_and_the_next_lot_still_leaves(caplog):
     assert "could not send 1 first turn(s)" in caplog.text
 
 
+def test_with_no_thread_to_be_had_the_caller_publishes(monkeypatch, caplog):
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    recorder = Recorder()
+    publisher = recorder.publisher()
+    publisher.put("q", "r1")  # does not raise: the run is committed
+    assert recorder.wakes == [("q", "r1")]
+    assert recorder.threads == {threading.current_thread().name}
+    assert "sending in the caller" in caplog.text
+
+
 def test_flush_waits_for_the_lot_being_published_and_says_when_it_timed_out():
     hold = threading.Event()
     recorder = Recorder(hold)
