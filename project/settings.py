@@ -276,6 +276,7 @@ _DURABLE_FROM_ENV = {
     "ENTITY_OPS_KEPT": int,
     "PRESENCE_INTERVAL": str,
     "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
+    "PUBLISH_IN_THREAD": lambda value: value.lower() in ("1", "true", "yes", "on"),
     "ASYNC_STEPS_PER_PROCESS": int,
     "ON_NONDETERMINISM": str,
     # The bearer token Prometheus sends to /metrics/ (durable.metrics_view).
