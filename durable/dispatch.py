@@ -197,10 +197,11 @@ def _remote_queues() -> set[str]:
     return set(conf.get().REMOTE_QUEUES) | registry.remote_turn_queues()
 
 
-def advance(run_id: str, queue: str) -> None:
+def advance(run_id: str, queue: str, *, behind: bool = False) -> None:
     """Ask a worker on ``queue`` to run the next turn of ``run_id``, after the commit. Wakes asked
     for back to back in one transaction (a loop of ``durable.start`` in ``atomic()``, say) leave
-    together after it, shared out as ``advance_many`` shares a sweep's."""
+    together after it, shared out as ``advance_many`` shares a sweep's; ``behind``: from this
+    process's publishing thread, once the commit has shared them out."""
     db = conf.get().DATABASE
     message = traced(Message(ADVANCE, (run_id,), _claims(queue)))
     if message.options:  # a traced wake leaves on its own, with its trace
@@ -212,48 +213,59 @@ def advance(run_id: str, queue: str) -> None:
         savepoints, last, _ = hooks[-1]
         # Only under the same savepoints: a rolled-back savepoint drops its hooks, and with
         # them its wakes, as it drops its runs.
-        if isinstance(last, _Wakes) and savepoints == set(connection.savepoint_ids):
+        if isinstance(last, _Wakes) and last.behind == behind and savepoints == set(connection.savepoint_ids):
             last.messages.append(message)
             return
-    transaction.on_commit(_Wakes([message]), using=db)
+    transaction.on_commit(_Wakes([message], behind), using=db)
 
 
 def first_turn(run_id: str, queue: str) -> None:
     """Ask for the first turn of ``run_id``, just created: as ``advance`` does, except that a
-    process serving no queue, outside a transaction, hands it to its publishing thread
-    (``publish_behind``). Only a first turn goes there: the run's ``wake_at`` backs it up."""
+    process serving no queue hands it to its publishing thread (``publish_behind``): at once
+    outside a transaction, at the commit inside one. Only a first turn goes there: the run's
+    ``wake_at`` backs it up."""
     settings = conf.get()
     connection = connections[settings.DATABASE]
-    if (
-        transport.behind
-        and settings.PUBLISH_IN_THREAD
-        and not connection.in_atomic_block
-        and connection.get_autocommit()
-        and not tracing.headers()  # a traced wake leaves on its own, with its trace
-    ):
+    # A traced wake leaves on its own, with its trace.
+    if not (transport.behind and settings.PUBLISH_IN_THREAD) or tracing.headers():
+        advance(run_id, queue)
+    elif connection.in_atomic_block:
+        advance(run_id, queue, behind=True)
+    elif connection.get_autocommit():
         _behind.put(_claims(queue), run_id)
     else:
         advance(run_id, queue)
 
 
 class _Wakes:
-    """The on-commit hook of wakes asked for one after another in a transaction."""
+    """The on-commit hook of wakes asked for one after another in a transaction; ``behind``:
+    handed to the publishing thread once shared out."""
 
-    __slots__ = ("messages",)
+    __slots__ = ("behind", "messages")
 
-    def __init__(self, messages: list[Message]) -> None:
-        self.messages = messages
+    def __init__(self, messages: list[Message], behind: bool = False) -> None:
+        self.messages, self.behind = messages, behind
 
     def __call__(self) -> None:
-        if len(self.messages) == 1:
-            _publish(self.messages[0])
+        shared = (
+            self.messages
+            if len(self.messages) == 1
+            else _wake_messages((message.queue, message.args[0]) for message in self.messages)
+        )
+        if self.behind:
+            _behind.put_ready(shared)
+        elif len(shared) == 1:
+            _publish(shared[0])
         else:
-            _publish_many(_wake_messages((message.queue, message.args[0]) for message in self.messages))
+            _publish_many(shared)
 
 
-def _publish_lots(wakes: list[publish_behind.Wake]) -> None:
-    """Send the wakes a publishing thread gathered (``publish_behind``), in its lots."""
-    _publish_many(_wake_messages(wakes, publish_behind.lots))
+def _publish_lots(items: list[publish_behind.Item]) -> None:
+    """Send what a publishing thread gathered (``publish_behind``): wakes in its lots, and the
+    messages a commit shared out as they are."""
+    wakes = [item for item in items if isinstance(item, tuple)]
+    ready = [item for item in items if isinstance(item, Message)]
+    _publish_many(_wake_messages(wakes, publish_behind.lots) + ready)
 
 
 def _carry_app() -> Callable[[], None]:

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("durable.dispatch")
 
@@ -38,6 +39,8 @@ BURST_GAP = 0.003
 EXIT_WAIT = 5.0
 
 Wake = tuple[str, str]  # (claiming queue, run id)
+#: What the thread is handed: a wake to gather into a lot, or a message ready to leave as it is.
+Item = Any
 
 
 class Publisher:
@@ -47,13 +50,13 @@ class Publisher:
     thread that hands over the first wake and returns what the publishing thread runs before its
     first publish (Celery's current app is per thread: the caller's must be the one used)."""
 
-    def __init__(self, publish: Callable[[list[Wake]], None], bind: Callable[[], Callable[[], None]]) -> None:
+    def __init__(self, publish: Callable[[list[Item]], None], bind: Callable[[], Callable[[], None]]) -> None:
         self._publish, self._bind = publish, bind
         self._reset()
 
     def _reset(self) -> None:
         self._lock = threading.Condition()
-        self._pending: list[Wake] = []
+        self._pending: list[Item] = []
         self._busy = self._hurried = False
         self._thread: threading.Thread | None = None
         self._last, self._gap = 0.0, 1.0
@@ -61,16 +64,26 @@ class Publisher:
     def put(self, queue: str, run_id: str) -> None:
         """Publish the wake of ``run_id`` on ``queue`` soon, from this process's thread (from the
         caller's, when no thread can be started: the run is committed, so this never raises)."""
+        self._hand_over([(queue, run_id)], ready=False)
+
+    def put_ready(self, items: list[Item]) -> None:
+        """Publish ``items`` (messages a commit shared out already) now, from the thread."""
+        self._hand_over(items, ready=True)
+
+    def _hand_over(self, items: list[Item], *, ready: bool) -> None:
         with self._lock:
             threaded = self._thread is not None or self._started()
             if threaded:
-                self._pending.append((queue, run_id))
-                now = time.monotonic()
-                self._gap = 0.7 * self._gap + 0.3 * min(now - self._last, 1.0)
-                self._last = now
+                self._pending.extend(items)
+                if ready:
+                    self._hurried = True
+                else:
+                    now = time.monotonic()
+                    self._gap = 0.7 * self._gap + 0.3 * min(now - self._last, 1.0)
+                    self._last = now
                 self._lock.notify_all()
         if not threaded:
-            self._send([(queue, run_id)])
+            self._send(items)
 
     def _started(self) -> bool:
         try:
@@ -99,7 +112,7 @@ class Publisher:
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending and not self._busy, timeout)
 
-    def _send(self, lot: list[Wake]) -> None:
+    def _send(self, lot: list[Item]) -> None:
         try:
             self._publish(lot)
         except Exception:  # noqa: BLE001 - a wake is a hint: the timer sweep sends what did not leave
@@ -141,7 +154,7 @@ def lots(run_ids: list[str]) -> list[list[str]]:
 _publishers: list[Publisher] = []
 
 
-def publisher(publish: Callable[[list[Wake]], None], bind: Callable[[], Callable[[], None]]) -> Publisher:
+def publisher(publish: Callable[[list[Item]], None], bind: Callable[[], Callable[[], None]]) -> Publisher:
     """A publisher whose thread is reset in forked children and waited for at exit."""
     made = Publisher(publish, bind)
     _publishers.append(made)

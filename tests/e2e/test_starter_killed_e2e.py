@@ -46,15 +46,18 @@ def square_flow(ctx, n):
 durable_worker_options, short_reconcile = settings_fixtures(SETTINGS)
 
 STARTER = f"""
-import json, sys, time
+import contextlib, json, sys, time
 import django
 django.setup()
+from django.db import transaction
 import durable
 from {__name__} import square_flow
 ids, slowest = [], 0.0
 for n in range({RUNS}):
     began = time.monotonic()
-    ids.append(durable.start(square_flow, n).id)
+    # as a view under ATOMIC_REQUESTS, or a script's loop
+    with transaction.atomic() if sys.argv[1] == "atomic" else contextlib.nullcontext():
+        ids.append(durable.start(square_flow, n).id)
     slowest = max(slowest, time.monotonic() - began)
 print(json.dumps({{"ids": ids, "slowest": slowest}}), flush=True)
 time.sleep(600)
@@ -90,13 +93,14 @@ def stalled_broker() -> Iterator[str]:
         listener.close()
 
 
+@pytest.mark.parametrize("how", ["alone", "atomic"])
 def test_runs_whose_starter_died_before_publishing_are_turned_by_the_timer_sweep(
-    redis_broker, durable_worker, stalled_broker
+    how, redis_broker, durable_worker, stalled_broker
 ):
     durable_worker.start_beat()
     env = {**durable_worker.env, "CELERY_BROKER_URL": stalled_broker}
     starter = subprocess.Popen(
-        [sys.executable, "-c", STARTER],
+        [sys.executable, "-c", STARTER, how],
         env=env,
         cwd=os.getcwd(),
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
-"""In a process that serves no queue, a run started outside a transaction has its first turn
-published by the process's publishing thread, with the Celery app the caller had; inside a
-transaction it leaves at the commit, from the caller's thread, as before."""
+"""In a process that serves no queue, a run's first turn is published by the process's publishing
+thread, with the Celery app the caller had: at once outside a transaction, after the commit
+inside one. A worker publishes in place, as before."""
 
 from __future__ import annotations
 
@@ -57,12 +57,35 @@ def test_a_loop_of_starts_leaves_in_batches_of_at_most_eight(monkeypatch):
     assert max(len(message.args[0]) for message in sent.messages) == publish_behind.BATCH
 
 
-def test_starts_in_a_transaction_leave_at_its_commit_from_the_callers_thread():
+def test_starts_in_a_transaction_leave_from_the_thread_after_its_commit():
     sent = Sent()
     with dispatch.using(dispatch.Transport(send=sent, behind=True)):
         with transaction.atomic():
             ids = [noop.start().id for _ in range(3)]
             assert dispatch.flush(10)
+            assert sent.messages == []
+        assert dispatch.flush(10)
+    assert sorted(sent.woken) == sorted(ids)
+    assert sent.threads == {"durable-publisher"}
+
+
+def test_starts_in_a_rolled_back_savepoint_send_nothing():
+    sent = Sent()
+    with dispatch.using(dispatch.Transport(send=sent, behind=True)):
+        with transaction.atomic():
+            kept = noop.start().id
+            with pytest.raises(RuntimeError), transaction.atomic():
+                noop.start()
+                raise RuntimeError("the inner block failed")
+        assert dispatch.flush(10)
+    assert sent.woken == [kept]
+
+
+def test_a_worker_publishes_a_transactions_first_turns_at_its_commit_itself():
+    sent = Sent()
+    with dispatch.using(dispatch.Transport(send=sent)):
+        with transaction.atomic():
+            ids = [noop.start().id for _ in range(3)]
             assert sent.messages == []
         assert sorted(sent.woken) == sorted(ids)
     assert sent.threads == {threading.current_thread().name}
