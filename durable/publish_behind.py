@@ -1,6 +1,7 @@
 """First turns published behind the caller, in lots: a process that serves no queue (a web
-process, a script, a shell) hands the wakes of the runs it starts outside a transaction to one
-thread of its own, which publishes them.
+process, a script, a shell) hands the wakes of the runs it starts to one thread of its own, which
+publishes them: those started outside a transaction as they come, those started inside one as
+its commit shared them out (``put_ready``).
 
 The caller pays its commit and not a Celery publish (0.5 to 1 ms each), and a broker that is
 slow or down stalls that thread, not the request. When starts come close together (a loop of
