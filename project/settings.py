@@ -254,6 +254,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
+
+def _switch(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
 # Any DURABLE key can be set from the environment as DURABLE_<KEY> (tests and the chaos suite
 # use this to shorten intervals for the worker subprocesses they start).
 _DURABLE_FROM_ENV = {
@@ -275,8 +280,8 @@ _DURABLE_FROM_ENV = {
     "ENTITY_SWEEP_INTERVAL": str,
     "ENTITY_OPS_KEPT": int,
     "PRESENCE_INTERVAL": str,
-    "EAGER_STEPS": lambda value: value.lower() in ("1", "true", "yes", "on"),
-    "PUBLISH_IN_THREAD": lambda value: value.lower() in ("1", "true", "yes", "on"),
+    "EAGER_STEPS": _switch,
+    "PUBLISH_IN_THREAD": _switch,
     "ASYNC_STEPS_PER_PROCESS": int,
     "ON_NONDETERMINISM": str,
     # The bearer token Prometheus sends to /metrics/ (durable.metrics_view).
