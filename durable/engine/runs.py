@@ -216,7 +216,7 @@ def create(
     # A pending run always carries a wake: its delay, or the safety net if the send is lost; a
     # singleton's run waiting in its key's line has only its delay (it is not claimable yet).
     wake_at = now + delay if delay else (None if placed else now + settings.RECONCILE_INTERVAL)
-    run = _runs().create(
+    run = _runs().add(
         id=run_id or ids.run_id(),
         workflow=definition.name,
         version=definition.version,

@@ -112,7 +112,13 @@ def all_columns(model: type[models.Model], db: str) -> str:
     column, where one of ``*`` fails ("cached plan must not change result type") until its
     connection closes."""
     ops = connections[db].ops
-    return ", ".join(ops.quote_name(f.column) for f in model._meta.concrete_fields)
+    return ", ".join(ops.quote_name(c) for c in column_names(model))  # type: ignore[arg-type]  # a class hashes
+
+
+@functools.cache
+def column_names(model: type[models.Model]) -> tuple[str, ...]:
+    """The columns ``all_columns`` names, in its order."""
+    return tuple(f.column for f in model._meta.concrete_fields)
 
 
 def update_where(
@@ -139,24 +145,40 @@ def updating(
 ) -> tuple[str, list[Any]]:
     """``update_where``'s statement and its parameters (those of ``extra`` not included)."""
     connection = connections[db]
-    ops = connection.ops
     meta = model._meta
-    setting = [meta.get_field(name) for name in fields]
-    matching = [meta.get_field(name) for name in where]
-    assignments = ", ".join(f"{ops.quote_name(f.column)} = %s" for f in setting)
-    conditions = " AND ".join(f"{ops.quote_name(f.column)} = %s" for f in matching)
-    params = [f.get_db_prep_save(fields[f.name], connection) for f in setting]
-    params += [f.get_db_prep_value(where[f.name], connection) for f in matching]
-    return f"UPDATE {ops.quote_name(meta.db_table)} SET {assignments} WHERE {conditions}{extra}", params
+    sql = _update_statement(model, db, tuple(fields), tuple(where), extra)  # type: ignore[arg-type]  # a class hashes
+    params = [meta.get_field(name).get_db_prep_save(value, connection) for name, value in fields.items()]
+    params += [meta.get_field(name).get_db_prep_value(value, connection) for name, value in where.items()]
+    return sql, params
 
 
-def returned(model: type[M], db: str, sql: str, params: list[Any] | tuple[Any, ...]) -> list[M]:
+@functools.lru_cache(maxsize=256)
+def _update_statement(
+    model: type[models.Model], db: str, fields: tuple[str, ...], where: tuple[str, ...], extra: str
+) -> str:
+    ops = connections[db].ops
+    meta = model._meta
+    assignments = ", ".join(f"{ops.quote_name(meta.get_field(name).column)} = %s" for name in fields)
+    conditions = " AND ".join(f"{ops.quote_name(meta.get_field(name).column)} = %s" for name in where)
+    return f"UPDATE {ops.quote_name(meta.db_table)} SET {assignments} WHERE {conditions}{extra}"
+
+
+def returned(
+    model: type[M],
+    db: str,
+    sql: str,
+    params: list[Any] | tuple[Any, ...],
+    columns: tuple[str, ...] | None = None,
+) -> list[M]:
     """The rows ``sql`` returns (``RETURNING`` every column, or some) as ``model`` instances:
     what ``raw()`` builds, without setting up a raw query each time (on the paths every step
-    takes, that cost more than the statement)."""
+    takes, that cost more than the statement). ``columns``: what ``sql`` returns, when the caller
+    knows (``column_names`` for ``all_columns``); else they are read from the row description,
+    which builds an object per column of every statement."""
     with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
-        columns = tuple(column[0] for column in cursor.description)
+        if columns is None:
+            columns = tuple(column[0] for column in cursor.description)
         rows = cursor.fetchall()
     return instances(model, db, columns, rows)
 
@@ -208,24 +230,41 @@ def converted(
 
 
 def insertion(
-    model: type[models.Model], db: str, rows: list[models.Model], *, source: str | None = None
+    model: type[models.Model],
+    db: str,
+    rows: list[models.Model],
+    *,
+    source: str | None = None,
+    keyed: bool = False,
 ) -> tuple[str, list[Any]]:
-    """The ``INSERT`` of ``rows`` (primary keys left to the database) and its parameters.
+    """The ``INSERT`` of ``rows`` and its parameters: primary keys left to the database, or
+    with ``keyed`` written as the rows hold them.
 
     With ``source``, one row is inserted by ``INSERT ... SELECT <its values> <source>``: written
     only when ``source`` (``FROM``/``WHERE`` SQL) yields a row, and in the same statement."""
+    if source is not None and len(rows) != 1:
+        raise ValueError("an INSERT ... SELECT writes one row")
     connection = connections[db]
-    ops = connection.ops
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    fields = _inserted_fields(model, keyed)  # type: ignore[arg-type]  # a class hashes
+    params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
+    return _insert_statement(model, db, len(rows), source, keyed), params  # type: ignore[arg-type]  # a class hashes
+
+
+@functools.cache
+def _inserted_fields(model: type[models.Model], keyed: bool) -> tuple[models.Field[Any, Any], ...]:
+    return tuple(f for f in model._meta.concrete_fields if keyed or not f.primary_key)
+
+
+@functools.lru_cache(maxsize=256)
+def _insert_statement(model: type[models.Model], db: str, rows: int, source: str | None, keyed: bool) -> str:
+    ops = connections[db].ops
+    fields = _inserted_fields(model, keyed)  # type: ignore[arg-type]  # a class hashes
     columns = ", ".join(ops.quote_name(f.column) for f in fields)
     placeholders = ", ".join(["%s"] * len(fields))
-    params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
     head = f"INSERT INTO {ops.quote_name(model._meta.db_table)} ({columns}) "
     if source is not None:
-        if len(rows) != 1:
-            raise ValueError("an INSERT ... SELECT writes one row")
-        return f"{head}SELECT {placeholders} {source}", params
-    return head + "VALUES " + ", ".join([f"({placeholders})"] * len(rows)), params
+        return f"{head}SELECT {placeholders} {source}"
+    return head + "VALUES " + ", ".join([f"({placeholders})"] * rows)
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from .base import (
     RETRYABLE,
     all_columns,
     chunked,
+    column_names,
     insert,
     insertion,
     instances,
@@ -107,7 +108,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         is stale, settled or already started (a redelivery never runs an attempt twice as
         itself), or its run has finished or (with ``namespace``) is of another namespace."""
         taking = self.taking(run_id, seq, attempt, token, holder, now, until, namespace=namespace)
-        taken = returned(Checkpoint, self.db, *taking)
+        taken = returned(Checkpoint, self.db, *taking, column_names(Checkpoint))
         return taken[0] if taken else None
 
     def taking(
