@@ -66,7 +66,7 @@ def test_a_start_is_one_insert_that_writes_what_the_orm_would(durable_env):
     assert first.deadline - first.created_at == second.deadline - second.created_at
 
 
-def test_the_instance_a_start_returns_is_saved_and_its_run_finishes(durable_env):
+def test_a_run_written_by_its_own_insert_runs_to_its_end(durable_env):
     run = _start()
     durable_env.run_until_idle()
     row = Run.objects.get(id=run.id)
