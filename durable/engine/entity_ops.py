@@ -51,8 +51,9 @@ def send(
     caller: tuple[str, int] | None = None,
     namespace: str | None = None,
 ) -> None:
-    """Store an op in the caller's transaction; its key is prompted after the commit. The same
-    ``op_id`` again for this key is dropped. ``namespace``: the sender's (``DURABLE["NAMESPACE"]``
+    """Store an op in the caller's transaction; its key is prompted after the commit, unless the
+    statement found the key's prompt on its way (outside a transaction). The same ``op_id`` again
+    for this key is dropped. ``namespace``: the sender's (``DURABLE["NAMESPACE"]``
     when None)."""
     settings = conf.get()
     namespace = namespace if namespace is not None else (settings.NAMESPACE or "")
@@ -61,13 +62,13 @@ def send(
     )
     if caller is not None:
         row.caller_run_id, row.caller_seq = caller
-    EntityOp.objects.using(settings.DATABASE).send(row)
-    prompt(name, key, namespace)
+    if not EntityOp.objects.using(settings.DATABASE).send(row):
+        prompt(name, key, namespace)
 
 
 def prompt(name: str, key: str, namespace: str) -> None:
     """After the commit, prompt the key's applier, unless a prompt sent earlier and not yet taken
-    will see this commit's ops (``EntityPrompt``): a busy key gets a message per batch of ops."""
+    will see this commit's ops (``EntityPrompt``): a busy key gets a message per busy spell."""
     prompts = EntityPrompt.objects.using(conf.get().DATABASE)
     dispatch.apply_entity(
         name,
@@ -125,25 +126,33 @@ def apply(name: str, key: str) -> int:
         return 0
     if settings.NAMESPACE and not _ours(name, key, settings):
         return 0
-    # Taken before the pending ops are read: an op committed after this sends a prompt of its own.
-    EntityPrompt.objects.using(settings.DATABASE).take(name, key)
-    if not EntityOp.objects.using(settings.DATABASE).waiting(name, key):
-        # Most prompts of a busy key find their op applied by an earlier batch: one indexed read,
-        # no lock, no transaction. An op committed after this read sends a prompt of its own.
-        return 0
+    ops = EntityOp.objects.using(settings.DATABASE)
+    prompts = EntityPrompt.objects.using(settings.DATABASE)
     total = 0
     for _ in range(MAX_BATCHES):
+        if not ops.waiting(name, key):
+            # The prompt is taken only once nothing waits: until then the senders of the key's
+            # new ops find it and send no message, and this loop applies their ops. An op
+            # committed before the take is seen by the read after it; one committed after it
+            # sends a prompt of its own.
+            prompts.take(name, key)
+            if not ops.waiting(name, key):
+                return total
         with transaction.atomic(using=settings.DATABASE):
             done = _apply_batch(definition, key, settings, careful=False)
         if done is None:  # rolled back: an op that used the database raised
             with transaction.atomic(using=settings.DATABASE):
                 done = _apply_batch(definition, key, settings, careful=True)
         assert done is not None
-        applied, more = done
-        total += applied
-        if not more:
+        total += done
+        if not done:
+            # What waits is not this worker's to apply (newer code wrote the state, or the next
+            # op is another namespace's), or another applier took it: an applier that applies,
+            # or the sweep, takes it from here.
+            prompts.take(name, key)
             return total
     # The rest in a message of its own, to the queue of the namespace this one came in.
+    prompts.take(name, key)
     namespace = next(iter(ops_namespaces(name, key)), settings.NAMESPACE or "")
     prompt(name, key, namespace)
     return total
@@ -175,11 +184,9 @@ def _served(batch: list[EntityOp], settings: conf.Settings) -> list[EntityOp]:
     return batch
 
 
-def _apply_batch(
-    definition: Definition, key: str, settings: conf.Settings, *, careful: bool
-) -> tuple[int, bool] | None:
-    """Apply a batch of the key's pending ops: (how many, whether more may wait). None when the
-    batch was rolled back to run again ``careful`` (see ``_run``)."""
+def _apply_batch(definition: Definition, key: str, settings: conf.Settings, *, careful: bool) -> int | None:
+    """Apply a batch of the key's pending ops; return how many. None when the batch was rolled
+    back to run again ``careful`` (see ``_run``)."""
     db, now = settings.DATABASE, clock.now()
     ops = EntityOp.objects.using(db)
     obj = definition.instance(key)
@@ -193,7 +200,7 @@ def _apply_batch(
         for op in batch:
             op.result, op.error = None, exc.to_dict()
         _settle(definition, key, batch, now, settings)
-        return len(batch), len(batch) == BATCH
+        return len(batch)
     if version_key(row.version) > version_key(definition.version):
         log.warning(
             "durable: entity %s:%s was written by version %s; this worker has %s and leaves it alone",
@@ -202,10 +209,10 @@ def _apply_batch(
             row.version,
             definition.version,
         )
-        return 0, False
+        return 0
     batch = _served(ops.next_pending(definition.name, key, BATCH), settings)
     if not batch:
-        return 0, False
+        return 0
     state = row.state
     for op in batch:
         outcome = _run(definition, obj, op, state, settings, careful=careful)
@@ -220,7 +227,7 @@ def _apply_batch(
         # Once per ENTITY_OPS_KEPT ops: the key's history stays bounded at a cost per op that
         # does not grow with it.
         ops.prune(definition.name, key, keep)
-    return len(batch), len(batch) == BATCH
+    return len(batch)
 
 
 def _settle(

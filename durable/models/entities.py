@@ -6,6 +6,7 @@ The op row is the truth (its Celery message only a prompt): an op is applied whe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from django.db import connections, models, transaction
 
 from . import offloads
+from .base import all_columns, column_names, insertion, returned, unflushed
 from .payloads import PayloadField
 
 
@@ -42,26 +44,32 @@ class EntityQuerySet(models.QuerySet["Entity"]):
         return row
 
     def _locked(self, name: str, key: str, now: datetime) -> Entity | None:
-        locked: Entity | None
-        if connections[self.db].features.has_select_for_update:
-            locked = self.select_for_update().filter(name=name, key=key).first()
-            return locked
+        connection = connections[self.db]
+        if connection.features.has_select_for_update:
+            sql = _statement(self.db, "lock")
+            rows = returned(Entity, self.db, sql, [name, key], column_names(Entity))
+            return rows[0] if rows else None
         # SQLite has no row locks: a write first takes the database's write lock, so no other
         # applier reads the state until this transaction ends.
         if not self.filter(name=name, key=key).update(updated_at=now):
             return None
-        locked = self.filter(name=name, key=key).first()
+        locked: Entity | None = self.filter(name=name, key=key).first()
         return locked
 
     def write(self, row: Entity, state: Any, version: str, applied: int, last_op: int, now: datetime) -> None:
         """Store the state after ``applied`` more ops, the last of them ``last_op`` (row locked)."""
-        self.filter(id=row.id).update(
-            state=state,
-            version=version,
-            applied=models.F("applied") + applied,
-            last_op=last_op,
-            updated_at=now,
-        )
+        connection = connections[self.db]
+        meta = Entity._meta
+        params = [
+            meta.get_field("state").get_db_prep_save(state, connection),
+            version,
+            applied,
+            last_op,
+            meta.get_field("updated_at").get_db_prep_save(now, connection),
+            row.id,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(_statement(self.db, "write"), params)
 
 
 class Entity(models.Model):
@@ -91,21 +99,29 @@ class Entity(models.Model):
 
 
 class EntityOpQuerySet(models.QuerySet["EntityOp"]):
-    def send(self, op: EntityOp) -> None:
-        """Store a new op; one whose (entity, key, op_id) is already stored is dropped.
+    def send(self, op: EntityOp) -> bool:
+        """Store a new op; one whose (entity, key, op_id) is already stored is dropped. Return
+        whether the key's prompt was found on its way by the same statement: the op then needs
+        no prompt of its own.
 
-        One ``INSERT ... ON CONFLICT DO NOTHING``: outside a transaction it commits by itself, in
-        one round trip (``bulk_create`` wraps it in BEGIN and COMMIT of its own)."""
+        One ``INSERT ... ON CONFLICT DO NOTHING``, committed by itself outside a transaction.
+        There, on PostgreSQL, the statement also reads the key's ``EntityPrompt`` ``FOR KEY
+        SHARE``: the applier's take (a ``DELETE``) waits for this commit, so the applier's read
+        after its take sees this op. Inside a transaction that lock would hold the applier
+        until the caller commits: the prompt is looked for after the commit instead."""
+        sql, params = insertion(EntityOp, self.db, [op])
         connection = connections[self.db]
-        quote = connection.ops.quote_name
-        fields = [field for field in EntityOp._meta.concrete_fields if not field.primary_key]
-        values = [field.get_db_prep_save(getattr(op, field.attname), connection) for field in fields]
-        sql = (
-            f"INSERT INTO {quote(EntityOp._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-            f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT DO NOTHING"
+        alone = (
+            connection.vendor == "postgresql"
+            and connection.get_autocommit()
+            and not connection.in_atomic_block
         )
         with connection.cursor() as cursor:
-            cursor.execute(sql, values)
+            if not alone:
+                cursor.execute(f"{sql} ON CONFLICT DO NOTHING", params)
+                return False
+            cursor.execute(_statement(self.db, "send").format(insert=sql), [*params, op.entity, op.key])
+            return cursor.fetchone() is not None
 
     def serving(self, namespace: str | None) -> EntityOpQuerySet:
         """The ops sent in ``namespace``; all of them when None (a process that serves them all)."""
@@ -113,12 +129,14 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
 
     def waiting(self, name: str, key: str) -> bool:
         """Whether the key has an op pending."""
-        waiting: bool = self.filter(entity=name, key=key, status=OpStatus.PENDING).exists()
-        return waiting
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(_statement(self.db, "waiting"), [name, key, OpStatus.PENDING])
+            return cursor.fetchone() is not None
 
     def next_pending(self, name: str, key: str, limit: int) -> list[EntityOp]:
         """The key's pending ops in arrival order (read under the entity's lock)."""
-        return list(self.filter(entity=name, key=key, status=OpStatus.PENDING).order_by("id")[:limit])
+        sql = _statement(self.db, "pending")
+        return returned(EntityOp, self.db, sql, [name, key, OpStatus.PENDING, limit], column_names(EntityOp))
 
     def settle(self, ops: list[EntityOp], now: datetime) -> bool:
         """Mark ``ops`` applied, or failed where they carry an ``error``, with their ``result``,
@@ -222,21 +240,21 @@ class EntityPromptQuerySet(models.QuerySet["EntityPrompt"]):
         yet taken by an applier (that one will see ops committed before this call).
 
         ``ON CONFLICT DO NOTHING`` takes no lock and writes nothing when the row exists, so a
-        sender whose prompt is coalesced pays one read-only round trip."""
+        sender whose prompt is coalesced pays one read-only round trip. Committed without waiting
+        for the disk: a crash that forgets a claim only lets the next sender prompt again."""
         connection = connections[self.db]
-        quote = connection.ops.quote_name
         at = EntityPrompt._meta.get_field("sent_at").get_db_prep_save(now, connection)
-        sql = (
-            f"INSERT INTO {quote(EntityPrompt._meta.db_table)} ({quote('name')}, {quote('key')}, "
-            f"{quote('sent_at')}) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
-        )
         with connection.cursor() as cursor:
-            cursor.execute(sql, [name, key, at])
+            cursor.execute(_statement(self.db, "claim", unflushed(self.db)), [name, key, at])
             return int(cursor.rowcount) == 1
 
     def take(self, name: str, key: str) -> None:
-        """An applier starts on the key: later ops need a prompt of their own."""
-        self.filter(name=name, key=key).delete()
+        """An applier found nothing waiting on the key: later ops need a prompt of their own. One
+        statement, committed by itself outside a transaction (the ORM's ``delete()`` wraps it in
+        one), without waiting for the disk: a crash that forgets it leaves a prompt the sweep
+        expires."""
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(_statement(self.db, "take", unflushed(self.db)), [name, key])
 
     def expire(self, before: datetime) -> int:
         """Forget the prompts sent before ``before`` and never taken (lost with the broker's
@@ -249,8 +267,8 @@ class EntityPrompt(models.Model):
     """A prompt for an entity key that was sent and not yet taken by an applier.
 
     While it exists, the senders of the key's new ops send no message of their own: the applier
-    of that prompt deletes the row before it reads the pending ops, so it sees every op
-    committed before a sender found the row. One message per batch of ops, not one per op.
+    deletes the row only once it finds no op waiting, and reads once more after, so it sees every
+    op committed before a sender found the row. One message per busy spell of a key, not per op.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -267,3 +285,37 @@ class EntityPrompt(models.Model):
 
     def __str__(self) -> str:
         return f"prompt {self.name}:{self.key}"
+
+
+@functools.cache
+def _statement(db: str, kind: str, unflushed: str = "") -> str:
+    """The entity path's hand-written statements, built once per database: an op and its prompt
+    are sent, and a key's ops applied, far more often than the ORM compiles a query cheaply.
+    ``unflushed``: ``base.unflushed`` for a claim or a take, in autocommit on PostgreSQL."""
+    quote = connections[db].ops.quote_name
+    entity, op, prompt = (quote(m._meta.db_table) for m in (Entity, EntityOp, EntityPrompt))
+    mine = f"{quote('name')} = %s AND {quote('key')} = %s"
+    ops_of_key = f"{quote('entity')} = %s AND {quote('key')} = %s AND {quote('status')} = %s"
+    statements = {
+        "lock": f"SELECT {all_columns(Entity, db)} FROM {entity} WHERE {mine} FOR UPDATE",
+        "write": (
+            f"UPDATE {entity} SET {quote('state')} = %s, {quote('version')} = %s, "
+            f"{quote('applied')} = {quote('applied')} + %s, {quote('last_op')} = %s, "
+            f"{quote('updated_at')} = %s WHERE {quote('id')} = %s"
+        ),
+        "waiting": f"SELECT 1 FROM {op} WHERE {ops_of_key} LIMIT 1",
+        "pending": (
+            f"SELECT {all_columns(EntityOp, db)} FROM {op} WHERE {ops_of_key} ORDER BY {quote('id')} LIMIT %s"
+        ),
+        "send": (
+            "WITH sent AS ({insert} ON CONFLICT DO NOTHING RETURNING 1) "
+            f"SELECT 1 FROM {prompt} WHERE {mine} FOR KEY SHARE"
+        ),
+        "claim": (
+            f"INSERT INTO {prompt} ({quote('name')}, {quote('key')}, {quote('sent_at')}) "
+            + (f"SELECT %s, %s, %s {unflushed}" if unflushed else "VALUES (%s, %s, %s)")
+            + " ON CONFLICT DO NOTHING"
+        ),
+        "take": f"DELETE FROM {prompt} {unflushed.replace('FROM', 'USING', 1)}WHERE {mine}",
+    }
+    return statements[kind]

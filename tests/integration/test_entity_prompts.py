@@ -4,16 +4,20 @@ their namespace, whose queue they are applied on and whose sweep repairs them.""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 import durable
 from durable import dispatch
 from durable.engine import entity_ops
-from durable.models import EntityOp, EntityOpQuerySet, EntityPrompt, OpStatus
+from durable.models import EntityOp, EntityOpQuerySet, EntityPrompt, OpStatus, entities
+from durable.models.base import insertion
+from durable.models.entities import EntityPromptQuerySet
 
 pytestmark = pytest.mark.django_db
 
@@ -61,29 +65,56 @@ def test_ops_committed_while_a_prompt_waits_share_it(durable_env):
     assert state("a")["seen"] == [1, 2, 3, 4, 5]
 
 
-def test_an_op_committed_after_the_applier_took_the_prompt_sends_its_own(durable_env, monkeypatch):
-    """The applier takes the prompt before it reads the pending ops: an op committed while it
-    applies (here: between its read and its commit) cannot be left waiting for it."""
+def commits_now(n):
+    """Send op ``add(n)`` to key a as another connection would: its commit, and so its prompt's
+    claim, happen now, while the applier under test is still at work."""
+    durable.signal_entity("tests.prompted", "a", "add", n)
+    _, after_commit, _ = connection.run_on_commit.pop()
+    after_commit()
+
+
+def test_an_op_committed_while_the_applier_works_is_applied_by_it(durable_env, monkeypatch):
+    """The applier keeps the key's prompt until it finds nothing waiting: an op committed while
+    it applies (here: between its read and its commit) finds the prompt, sends no message, and
+    is applied by the same applier."""
     read = EntityOpQuerySet.next_pending
-    late = []
 
     def read_then_a_sender_commits(self, name, key, limit):
         batch = read(self, name, key, limit)
-        if not late:
-            late.append(durable.signal_entity("tests.prompted", "a", "add", 100))
-            # That sender is another connection in production: its commit, and so its prompt's
-            # claim, happen now, while this applier is still at work.
-            _, after_commit, _ = connection.run_on_commit.pop()
-            after_commit()
+        if len(batch) == 1 and batch[0].arg == 1:
+            commits_now(100)
         return batch
 
     durable.signal_entity("tests.prompted", "a", "add", 1)
     monkeypatch.setattr(EntityOpQuerySet, "next_pending", read_then_a_sender_commits)
     durable_env.run_next()
-    assert state("a")["seen"] == [1]
-    assert prompts(durable_env) == [("tests.prompted", "a")]  # the late op's own prompt
-    durable_env.run_until_idle()
     assert state("a")["seen"] == [1, 100]
+    assert prompts(durable_env) == []
+    assert not EntityPrompt.objects.exists()
+
+
+def test_an_op_committed_as_the_applier_takes_the_prompt_is_never_left_waiting(durable_env, monkeypatch):
+    """Its last read found nothing: an op committed before its take found the prompt and sent
+    nothing, so the applier reads again after the take; one committed after it sends its own."""
+    take = EntityPromptQuerySet.take
+    takes = []
+
+    def senders_commit_around_the_take(self, name, key):
+        takes.append(key)
+        if len(takes) == 1:
+            commits_now(100)
+        take(self, name, key)
+        if len(takes) == 1:
+            commits_now(200)
+
+    durable.signal_entity("tests.prompted", "a", "add", 1)
+    monkeypatch.setattr(EntityPromptQuerySet, "take", senders_commit_around_the_take)
+    durable_env.run_next()
+    assert state("a")["seen"] == [1, 100, 200]
+    assert prompts(durable_env) == [("tests.prompted", "a")]  # 200's own, sent after the take
+    durable_env.run_until_idle()
+    assert state("a")["seen"] == [1, 100, 200]
+    assert not EntityPrompt.objects.exists()
 
 
 def test_ops_coalesced_into_a_lost_prompt_are_applied_by_the_sweep(durable_env):
@@ -145,3 +176,70 @@ def test_ops_go_to_their_namespace_queue_and_only_its_sweep_repairs_them(durable
     assert queued == [("a", "durable.tenant-a"), ("a", "durable.tenant-a"), ("c", "durable")]
     durable_env.run_until_idle()
     assert not EntityOp.objects.filter(status=OpStatus.PENDING).exists()
+
+
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="a send outside a transaction locks the prompt on PostgreSQL"
+)
+
+
+def an_op(n):
+    return EntityOp(
+        entity="tests.prompted", key="a", op="add", op_id=f"op-{n}", arg=n, created_at=timezone.now()
+    )
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_send_outside_a_transaction_that_finds_the_prompt_needs_none_of_its_own():
+    ops = EntityOp.objects.all()
+    assert ops.send(an_op(1)) is False  # no prompt on its way: the caller claims one after
+    EntityPrompt.objects.create(name="tests.prompted", key="a", sent_at=timezone.now())
+    assert ops.send(an_op(2)) is True
+    with transaction.atomic():
+        assert ops.send(an_op(3)) is False  # in a transaction: looked for after the commit
+    assert EntityOp.objects.count() == 3
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_the_take_waits_for_a_send_that_found_the_prompt_so_the_read_after_it_sees_the_op():
+    """A send that found the prompt sends no message: the applier's take must not pass it until
+    its op is committed, or the applier's last read would miss the op and nobody would apply it."""
+    EntityPrompt.objects.create(name="tests.prompted", key="a", sent_at=timezone.now())
+    found, release, seen = threading.Event(), threading.Event(), []
+
+    def sender():
+        # The send statement, held open between its lock and its commit.
+        sql, params = insertion(EntityOp, "default", [an_op(1)])
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    entities._statement("default", "send").format(insert=sql),
+                    [*params, "tests.prompted", "a"],
+                )
+                assert cursor.fetchone() is not None
+                found.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def applier():
+        try:
+            EntityPrompt.objects.take("tests.prompted", "a")
+            seen.append(EntityOp.objects.waiting("tests.prompted", "a"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=sender)]
+    threads[0].start()
+    assert found.wait(10)
+    threads.append(threading.Thread(target=applier))
+    threads[1].start()
+    threads[1].join(0.5)
+    assert threads[1].is_alive() and not seen  # the take waits for the sender's commit
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert seen == [True]
+    assert not EntityPrompt.objects.exists()
