@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import conf, guards
-from .values import encode
+from .values import stored
 
 #: The first pause of a caller that polls for a run's end; each next one is longer, up to LAST_POLL.
 FIRST_POLL = 0.005
@@ -27,7 +27,7 @@ def column_length(model: str, field: str) -> int:
 
 def payload_of(value: Any, what: str) -> Any:
     """``value`` as stored: tagged JSON (``durable.values``), refused before anything is written."""
-    return guards.json_value(encode(value, what=what), what, max_bytes=conf.get().MAX_PAYLOAD_BYTES)
+    return stored(value, what=what, max_bytes=conf.get().MAX_PAYLOAD_BYTES)
 
 
 def run_id_of(run_id: Any, *, reserved_ok: bool = True) -> str:

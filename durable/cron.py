@@ -24,8 +24,7 @@ class Schedule:
     def __post_init__(self) -> None:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-        from .guards import json_value
-        from .values import encode
+        from .values import stored
 
         _check_cron(self.cron)
         try:
@@ -38,7 +37,7 @@ class Schedule:
             raise InvalidInput(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
         # Tagged like any workflow input, so each tick's run receives the types given here.
         what = "the schedule's input"
-        object.__setattr__(self, "input", json_value(encode(self.input, what=what), what))
+        object.__setattr__(self, "input", stored(self.input, what=what))
 
 
 def _check_cron(cron: Any) -> None:

@@ -23,7 +23,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import InvalidInput
-from .guards import MAX_DEPTH
+from .guards import MAX_DEPTH, json_value
 
 #: The key that marks a tagged value. A user dict that holds it is escaped (tag "dict").
 TAG = "__durable__"
@@ -45,6 +45,14 @@ def encode(value: Any, *, what: str) -> Any:
     if kind is int or kind is str or kind is bool or value is None or _is_plain(value):
         return value  # the fast path: only containers are walked, nothing is copied
     return _encode(value, what, "")
+
+
+def stored(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
+    """``value`` as a row or a message stores it: tagged JSON, refused (``InvalidInput`` naming
+    ``what``) when a part has no JSON form or the whole is not JSON a database keeps (see
+    ``guards.json_value``: NUL characters, lone surrogates, too deep, more than ``max_bytes``).
+    Every boundary that stores a value calls this one function."""
+    return json_value(encode(value, what=what), what, max_bytes=max_bytes)
 
 
 def decode(data: Any) -> Any:

@@ -32,7 +32,7 @@ from ..models import (
 from ..models.base import IDS_PER_STATEMENT, chunked
 from ..replay.history import ChildStart
 from ..replay.searchattributes import check_search_attributes
-from ..values import encode
+from ..values import stored
 from . import singletons
 
 log = logging.getLogger("durable.engine")
@@ -171,9 +171,9 @@ def startable(workflow: Workflow | str, version: str | None) -> Workflow:
 def checked_input(definition: Workflow, input: Any, max_bytes: int) -> Any:
     """``input`` as a new run of ``definition`` stores it, refused with a clear error first."""
     what = f"the input of workflow {definition.name!r}"
-    stored = guards.json_value(encode(input, what=what), what, max_bytes=max_bytes)
-    definition.check_input(stored)
-    return stored
+    checked = stored(input, what=what, max_bytes=max_bytes)
+    definition.check_input(checked)
+    return checked
 
 
 def first_search_attributes(definition: Workflow, mapping: Any, max_bytes: int) -> dict[str, Any]:

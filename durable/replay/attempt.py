@@ -30,8 +30,8 @@ from ..errors import (
     error_dict,
     step_timeout_error,
 )
-from ..values import decode
-from .history import roundtrip, stored
+from ..values import decode, stored
+from .history import roundtrip
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")

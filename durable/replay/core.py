@@ -15,9 +15,10 @@ from .. import shutdown
 from ..definitions import Workflow, body_scope
 from ..errors import ErrorCode, InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
+from ..values import stored
 from . import asyncbody, asynccontext, cancelling, saga, stopping
 from .context import Context
-from .history import Decision, Limits, stored
+from .history import Decision, Limits
 from .turnstate import InPlaceRunner, LocalLimits, RunFacts, TurnState
 
 

@@ -13,7 +13,6 @@ from typing import Any
 from ..errors import InvalidInput
 from ..guards import json_value
 from ..statuses import CheckpointStatus, Decided
-from ..values import encode
 
 PENDING, COMPLETED, FAILED = CheckpointStatus.PENDING, CheckpointStatus.COMPLETED, CheckpointStatus.FAILED
 #: Kinds of positions whose first write sends something beside their own row: an op to an
@@ -154,13 +153,6 @@ def roundtrip(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
     (not JSON, NUL characters, lone surrogates, nested too deep, more than ``max_bytes``: see
     ``guards.json_value``)."""
     return json_value(value, what, max_bytes=max_bytes)
-
-
-def stored(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
-    """Return ``value`` as it is stored: tagged JSON (``durable.values``), so a Decimal, a datetime
-    or a UUID comes back typed; refused as ``roundtrip`` refuses, or when a part has no JSON form.
-    One encoding checks it all: the size too, when ``max_bytes`` is given."""
-    return json_value(encode(value, what=what), what, max_bytes=max_bytes)
 
 
 def check_size(value: Any, limit: int, *, what: str) -> None:

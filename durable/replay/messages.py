@@ -14,10 +14,10 @@ from typing import Any
 
 from ..definitions import Workflow
 from ..errors import DurableError, InvalidInput, RunFinished, RunNotFound
-from ..guards import json_value, text
 from ..guards import run_id as checked_run_id
+from ..guards import text
 from ..statuses import TERMINAL
-from ..values import encode
+from ..values import stored
 from .composition import _workflow
 from .history import COMPLETED, FAILED, Outgoing, Record
 from .positions import Positions
@@ -109,7 +109,7 @@ class Messages(Positions):
     # -- internals --------------------------------------------------------------------------
 
     def _payload(self, value: Any, what: str) -> Any:
-        return json_value(encode(value, what=what), what, max_bytes=self._limits.max_payload_bytes)
+        return stored(value, what=what, max_bytes=self._limits.max_payload_bytes)
 
     def _find_run(self, run_id: str) -> tuple[str, str] | None:
         find = self._turn.find_run

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..definitions import Step
 from ..errors import DurableError
 from ..routing import queue_in
-from .history import PENDING, Limits, Record, roundtrip, stored
+from ..values import stored
+from .history import PENDING, Limits, Record, roundtrip
 
 if TYPE_CHECKING:
     from .turnstate import RunFacts, TurnState

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, stored
+from ..values import stored
+from .history import COMPLETED
 from .positions import Positions
 from .waits import NAME_LENGTH
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from .history import COMPLETED, STREAM_CLOSE, STREAM_WRITE, stored
+from ..values import stored
+from .history import COMPLETED, STREAM_CLOSE, STREAM_WRITE
 from .positions import Positions
 
 #: Kinds of the positions that write to and close a stream (named by the stream's key).

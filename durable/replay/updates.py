@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..statuses import UPDATE_WAITS
-from .history import COMPLETED, stored
+from ..values import stored
+from .history import COMPLETED
 from .waits import Waits, check_names, joined
 
 MESSAGE_CALL = "ctx.wait_for_message()"
