@@ -51,7 +51,7 @@ def stored(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
     """``value`` as a row or a message stores it: tagged JSON, refused (``InvalidInput`` naming
     ``what``) when a part has no JSON form or the whole is not JSON a database keeps (see
     ``guards.json_value``: NUL characters, lone surrogates, too deep, more than ``max_bytes``).
-    Every boundary that stores a value calls this one function."""
+    Every boundary that stores a value as tagged JSON calls this one function."""
     return json_value(encode(value, what=what), what, max_bytes=max_bytes)
 
 
