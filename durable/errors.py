@@ -268,6 +268,11 @@ class InvalidInput(DurableError):
     default_code = ErrorCode.INVALID_INPUT
 
 
+def refuse(field: str, problem: str) -> InvalidInput:
+    """The error for a bad ``field``, its message starting with the field: raise what this returns."""
+    return InvalidInput(f"{field} {problem}", details={"field": field})
+
+
 class QueueFull(DurableError):
     """The singleton key has too many unfinished runs."""
 

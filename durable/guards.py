@@ -7,33 +7,20 @@ starts with the field and says what to fix, and whose ``details["field"]`` names
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import re
 import reprlib
 from collections.abc import Callable
 from typing import Any
 
 from . import routing
-from .errors import InvalidInput
-
-#: Deepest nesting of lists and dicts a stored JSON value may have. Far below Python's recursion
-#: limit, so a stored value can always be read back, even by code already deep in its stack.
-MAX_DEPTH = 100
+from .errors import InvalidInput, refuse
+from .values import MAX_DEPTH, json_value
 
 #: Run ids durable gives the runs it starts on a run's behalf; a caller may not take them.
 DLQ_PREFIX = "dlq:"
 ON_ERROR_PREFIX = "on_error:"
 SCHEDULE_PREFIX = "schedule:"
 RESERVED_PREFIXES = (DLQ_PREFIX, ON_ERROR_PREFIX, SCHEDULE_PREFIX)
-
-# A JSON "\u0000" escape, not a literal backslash before "u0000" (an escaped backslash is "\\").
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def refuse(field: str, problem: str) -> InvalidInput:
-    """The error for a bad ``field``: raise what this returns."""
-    return InvalidInput(f"{field} {problem}", details={"field": field})
 
 
 class _Brief(reprlib.Repr):
@@ -175,89 +162,6 @@ def _tuple_at(value: Any) -> str | None:
             return None
         level = below
     return None
-
-
-def parse_json(text: str, field: str) -> Any:
-    """``text`` read as JSON, for a value typed by a person (a command's argument, a form's
-    field); ``InvalidInput`` naming ``field`` when it is not JSON, or JSON no call would store:
-    nested deeper than MAX_DEPTH, or an integer too long to read."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
-    except ValueError as exc:
-        if "integer string conversion" in str(exc):
-            raise refuse(field, _LONG_INTEGER) from None
-        raise refuse(field, f"is not JSON ({exc})") from None
-    # Python 3.13's parser reads thousands of levels without a RecursionError where 3.11's
-    # stops: the depth is checked here, so the refusal names the field on every version.
-    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
-        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts")
-    return value
-
-
-#: What a value holding an integer too long for ``str()`` / ``int()`` (and so for JSON) is told.
-_LONG_INTEGER = (
-    "holds an integer too long to write as text (more than Python's sys.get_int_max_str_digits() "
-    "digits); store it as a string"
-)
-
-
-def json_value(value: Any, field: str, *, max_bytes: int | None = None) -> Any:
-    """Return ``value`` as it reads back from JSON once stored, or refuse it naming ``field``.
-
-    Refused: what JSON cannot hold, NUL characters and lone surrogates anywhere (keys included),
-    nesting deeper than MAX_DEPTH, and more than ``max_bytes`` bytes of UTF-8 when given.
-    """
-    try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False)
-    except RecursionError:
-        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts") from None
-    except ValueError as exc:
-        if "integer string conversion" in str(exc):
-            raise refuse(field, _LONG_INTEGER) from None
-        raise refuse(
-            field, f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}"
-        ) from None
-    except TypeError as exc:
-        raise refuse(
-            field,
-            f"must be JSON-serialisable (dicts, lists, str, int, float, bool, None): {exc}; it is "
-            "stored as plain JSON, so convert it first (.model_dump(mode='json') of a pydantic "
-            "model, dataclasses.asdict() of a dataclass, str() of a Decimal, .isoformat() of a datetime)",
-        ) from None
-    try:
-        size = len(encoded.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise refuse(
-            field, "must not contain lone surrogates (e.g. \\ud800); it cannot be encoded as UTF-8"
-        ) from None
-    if "\\u0000" in encoded and _NUL_ESCAPE.search(encoded):
-        raise refuse(field, "must not contain NUL characters (\\x00); PostgreSQL cannot store them")
-    if max_bytes is not None and size > max_bytes:
-        raise refuse(
-            field,
-            f"is {size} bytes, over DURABLE['MAX_PAYLOAD_BYTES'] ({max_bytes}); store large data "
-            "elsewhere and pass a reference",
-        )
-    loaded = json.loads(encoded)
-    # Cheap first: fewer brackets than MAX_DEPTH cannot nest deeper than it.
-    if encoded.count("[") + encoded.count("{") > MAX_DEPTH and _depth(loaded) > MAX_DEPTH:
-        raise refuse(field, f"is nested deeper than {MAX_DEPTH} levels of lists and dicts")
-    return loaded
-
-
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict):
-            node = node.values()
-        elif not isinstance(node, list):
-            continue
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in node if isinstance(child, (dict, list)))
-    return deepest
 
 
 def step_function(func: Callable[..., Any]) -> None:

@@ -23,7 +23,7 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 import durable
-from durable import conf, guards
+from durable import conf, values
 from durable.definitions import registry
 from durable.engine import redispatch
 from durable.errors import InvalidInput
@@ -83,7 +83,7 @@ class SendForm(forms.Form):
         if not text:
             return None
         try:
-            return guards.parse_json(text, "the payload")
+            return values.parse_json(text, "the payload")
         except InvalidInput as exc:
             said = str(exc)
             raise forms.ValidationError(f"{said[:1].upper()}{said[1:]}: fix it or leave it empty.") from None

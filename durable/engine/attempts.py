@@ -17,9 +17,10 @@ from ..definitions import Step
 from ..errors import StepCancelled, StepTimeout, step_timeout_error
 from ..models import Checkpoint, Run
 from ..replay.attempt import Result, beat_grace, run_attempt
-from ..replay.history import Record, check_size, roundtrip
+from ..replay.history import Record
 from ..replay.stepscope import StepInfo
 from ..statuses import FlowState
+from ..values import json_value
 from . import asyncattempts, flow, leases, timelimits
 
 log = logging.getLogger("durable.engine")
@@ -192,8 +193,7 @@ class Beats:
 
     def __call__(self, progress: Any = None) -> None:
         if progress is not None:
-            progress = roundtrip(progress, what="heartbeat progress")
-            check_size(progress, self.max_bytes, what="heartbeat progress")
+            progress = json_value(progress, "heartbeat progress", max_bytes=self.max_bytes)
         now = clock.now()
         due = (
             self.last is None

@@ -15,7 +15,7 @@ from .. import codecs, conf
 from ..errors import PayloadUndecodable
 from ..models import offloads
 from ..models.base import update_where
-from ..models.payloads import PayloadField, opened
+from ..models.payloads import PayloadField, fetched, opened
 
 #: Rows read, checked and rewritten per transaction.
 BATCH = 500
@@ -115,7 +115,7 @@ def _is_current(stored: Any, current: codecs.Chain | None) -> bool:
     if stored is None:
         return True
     if codecs.is_offloaded(stored):
-        stored = offloads.fetched(stored)
+        stored = fetched(stored)
     if current is None:
         return not codecs.is_sealed(stored)
     if not codecs.is_sealed(stored):

@@ -26,9 +26,10 @@ from ..errors import (
 )
 from ..models import Checkpoint, Run
 from ..replay.attempt import beat_grace
-from ..replay.history import PENDING, check_size, roundtrip
+from ..replay.history import PENDING
 from ..replay.stepscope import parse_token
 from ..statuses import Attempted
+from ..values import json_value
 from . import namespaces
 from .steps import record
 
@@ -125,8 +126,7 @@ def complete_step(token: Any, output: Any = None, error: Any = None) -> None:
         step = None  # retried once a process with the step's code runs the run
     retryable = True
     if error is None:
-        output = roundtrip(output, what=f"the output of step {row.name!r}")
-        check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the output of step {row.name!r}")
+        output = json_value(output, f"the output of step {row.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES)
     elif isinstance(error, BaseException):
         retryable = step is None or step.retry.is_retryable(error)
         error = error_dict(error)
@@ -148,7 +148,7 @@ def heartbeat_step(token: Any, progress: Any = None) -> bool:
     settings = conf.get()
     run_id, seq, attempt, secret = parse_token(token)
     if progress is not None:
-        progress = roundtrip(progress, what="heartbeat progress", max_bytes=settings.MAX_PAYLOAD_BYTES)
+        progress = json_value(progress, "heartbeat progress", max_bytes=settings.MAX_PAYLOAD_BYTES)
     positions = Checkpoint.objects.using(settings.DATABASE)
     row = (
         positions.select_related("run")
@@ -205,8 +205,9 @@ def step_result(
         retryable = remote and (step is None or _retryable(step, error))
     else:
         try:
-            output = roundtrip(output, what=f"the result of task {row.name!r}")
-            check_size(output, settings.MAX_PAYLOAD_BYTES, what=f"the result of task {row.name!r}")
+            output = json_value(
+                output, f"the result of task {row.name!r}", max_bytes=settings.MAX_PAYLOAD_BYTES
+            )
         except InvalidInput as exc:
             error, retryable = {**exc.to_dict(), "code": ErrorCode.INVALID_OUTPUT}, False
     return record(row, step, output, error, retryable, None)
@@ -279,7 +280,7 @@ def _error_shape(error: Any) -> dict[str, Any]:
     if error.get("non_retryable") is True:
         shaped["non_retryable"] = True
     try:
-        return roundtrip(shaped, what="the error")
+        return json_value(shaped, "the error")
     except InvalidInput:
         return {**shaped, "details": None}
 
@@ -303,9 +304,8 @@ def heartbeat(
     sent = _sent_at(sent_at)
     try:
         progress = codecs.opened(progress, conf.codec())  # a remote worker seals it under a codec
-        progress = None if progress is None else roundtrip(progress, what="heartbeat progress")
         if progress is not None:
-            check_size(progress, settings.MAX_PAYLOAD_BYTES, what="heartbeat progress")
+            progress = json_value(progress, "heartbeat progress", max_bytes=settings.MAX_PAYLOAD_BYTES)
     except (InvalidInput, PayloadUndecodable) as exc:
         log.warning("durable: heartbeat for %s#%s dropped: %s", run_id, seq, exc)
         return False

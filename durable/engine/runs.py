@@ -32,7 +32,7 @@ from ..models import (
 from ..models.base import IDS_PER_STATEMENT, chunked
 from ..replay.history import ChildStart
 from ..replay.searchattributes import check_search_attributes
-from ..values import stored
+from ..values import json_value, stored
 from . import singletons
 
 log = logging.getLogger("durable.engine")
@@ -181,7 +181,7 @@ def first_search_attributes(definition: Workflow, mapping: Any, max_bytes: int) 
     if mapping is None:
         return {}
     checked = check_search_attributes(mapping, definition)
-    guards.json_value(checked, "search_attributes", max_bytes=max_bytes)
+    json_value(checked, "search_attributes", max_bytes=max_bytes)
     return {name: value for name, value in checked.items() if value is not None}
 
 

@@ -20,7 +20,7 @@ from .. import clock, conf, guards
 from ..definitions import Schedule, registry
 from ..errors import DurableError
 from ..models import UNFINISHED, CronSchedule, Run
-from ..values import decode
+from ..values import decode, json_value
 from . import runs
 
 log = logging.getLogger("durable.engine")
@@ -150,7 +150,7 @@ def save(
 ) -> None:
     """Create or redefine schedule ``key``; a new cron or timezone counts its next tick from now."""
     settings = conf.get()
-    guards.json_value(spec.input, "the schedule's input", max_bytes=settings.MAX_PAYLOAD_BYTES)
+    json_value(spec.input, "the schedule's input", max_bytes=settings.MAX_PAYLOAD_BYTES)
     schedules = CronSchedule.objects.using(settings.DATABASE)
     row = schedules.filter(key=key).first()
     timing_changed = row is None or (row.cron, row.timezone) != (spec.cron, spec.timezone)

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 
 import durable
 
-from .. import clock, conf, guards, reads, wording
+from .. import clock, conf, reads, values, wording
 from ..durations import parse_duration
 from ..engine import blocked, histories, redispatch, retention, sweeps
 from ..engine import reencode as reencoding
@@ -130,7 +130,7 @@ def run(action: str, options: dict[str, Any], out: Any, style: Any) -> None:
 
 def _json_arg(text: str, what: str) -> Any:
     try:
-        return guards.parse_json(text, what)
+        return values.parse_json(text, what)
     except InvalidInput as exc:
         hint = "; quote it, e.g. '{\"order\": 1}'" if "is not JSON" in str(exc) else ""
         raise CommandError(f"{exc}{hint}") from None

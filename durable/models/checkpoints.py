@@ -11,7 +11,7 @@ from django.db.models import Exists, Q, Value
 from django.db.models.functions import Coalesce
 
 from ..statuses import UNFINISHED, CheckpointStatus, FlowState
-from . import offloads, read_back
+from . import offloads, payloads, read_back
 from .base import (
     BEAT_HOLDER,
     IDS_PER_STATEMENT,
@@ -213,7 +213,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
         return self._end(run_id, seq, attempt, {**fields, **_ENDED})
 
     def _end(self, run_id: str, seq: int, attempt: int, fields: dict[str, Any]) -> bool:
-        with offloads.watching() as fresh:
+        with payloads.watching() as fresh:
             ended = update_where(Checkpoint, self.db, fields, _pending(run_id, seq, attempt)) == 1
         if not ended:
             offloads.release_names(fresh, self.db)
@@ -247,7 +247,7 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
                     return Recorded(True, runs.wake(run_id, now, redrive_at))
                 return Recorded(True, *runs.wake_and_claim(run_id, now, redrive_at, claim))
         ended = _completed(output, now)
-        with offloads.watching() as fresh:
+        with payloads.watching() as fresh:
             record, params = updating(Checkpoint, self.db, ended, _pending(run_id, seq, attempt))
         wake, wake_params = runs.waking(
             run_id, now, redrive_at, claim, only_if="EXISTS (SELECT 1 FROM recorded)"

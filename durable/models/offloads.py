@@ -1,5 +1,7 @@
-"""Large payloads kept out of their rows (the claim check, API.md §10): the object a payload
-column refers to in ``DURABLE["OFFLOAD_STORAGE"]``, and the row that accounts for each object.
+"""Large payloads kept out of their rows (the claim check, API.md §10): the row that accounts for
+each object a payload column refers to in ``DURABLE["OFFLOAD_STORAGE"]``, and the objects' end
+(released with the rows that referred to them, purged, or swept as orphans). The column writes
+and reads the objects themselves (``models.payloads``).
 
 An object is written, then its ``OffloadedPayload`` row is inserted in the transaction of the row
 that refers to it: a rollback leaves an object with no row, which the retention sweep deletes
@@ -9,15 +11,10 @@ deleting transaction; the objects and those rows go after it commits, or at the 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import connections, models, transaction
 from django.db.models import Value
@@ -25,7 +22,6 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact
 
 from .. import clock, codecs, conf
-from ..errors import PayloadMissing
 from .base import IDS_PER_STATEMENT, chunked
 
 #: Where in the storage the objects go: one folder, so the orphan sweep lists only durable's.
@@ -51,95 +47,6 @@ class OffloadedPayload(models.Model):
 
 def storage() -> Storage:
     return storages[conf.get().OFFLOAD_STORAGE]
-
-
-def offloaded(stored: Any, connection: Any) -> Any:
-    """What a payload column keeps for ``stored`` (its JSON, sealed or not): ``stored`` itself,
-    or, past OFFLOAD_BYTES, a reference to an object holding it, accounted for by a row inserted
-    on ``connection`` (so in the transaction of the statement being prepared)."""
-    limit = conf.get().OFFLOAD_BYTES
-    if limit is None or _surely_within(stored, limit):
-        return stored
-    data = json.dumps(stored, separators=(",", ":"), ensure_ascii=False).encode()
-    if len(data) <= limit:
-        return stored
-    name = storage().save(f"{PREFIX}/{uuid.uuid4().hex}", ContentFile(data))
-    table = connection.ops.quote_name(OffloadedPayload._meta.db_table)
-    created = OffloadedPayload._meta.get_field("created_at").get_db_prep_save(clock.now(), connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (name, created_at, released) VALUES (%s, %s, %s)", [name, created, False]
-        )
-    fresh = getattr(_watched, "names", None)
-    if fresh is not None:
-        fresh.append(name)
-    return codecs.reference(name, len(data))
-
-
-_watched = threading.local()
-
-
-@contextlib.contextmanager
-def watching() -> Iterator[list[str]]:
-    """The names of the objects written while the statement inside is prepared: a guarded
-    statement that then changes no row (a step result delivered twice, a stale attempt's) left
-    them referred to by nothing, to be handed to ``release_names``."""
-    outer = getattr(_watched, "names", None)
-    fresh: list[str] = []
-    _watched.names = fresh
-    try:
-        yield fresh
-    finally:
-        _watched.names = outer
-
-
-#: How many parts of a payload ``_surely_within`` looks at before leaving the answer to json.dumps.
-_GLANCE = 64
-
-
-def _surely_within(stored: Any, limit: int) -> bool:
-    """True when ``stored``'s JSON is certainly at most ``limit`` bytes, told from a glance at a
-    few of its parts: nearly every payload is a number, a short string or a small dict, and
-    encoding each one only to learn it is small cost more than the rest of the write."""
-    room, stack = limit, [stored]
-    for _ in range(_GLANCE):
-        if not stack:
-            return True
-        node = stack.pop()
-        kind = type(node)
-        if kind is str:
-            room -= 6 * len(node) + 2  # \u0001 is the longest a character gets in JSON
-        elif kind is int:
-            room -= node.bit_length() // 3 + 4  # a digit holds more than 3 bits; a sign, quotes as a key
-        elif kind is float or kind is bool or node is None:
-            room -= 24
-        elif kind is list:
-            room -= len(node) + 2
-            stack.extend(node)
-        elif kind is dict:
-            room -= 2 * len(node) + 2
-            stack.extend(node)  # the keys: strings, counted as the values are
-            stack.extend(node.values())
-        else:
-            return False
-        if room < 0:
-            return False
-    return not stack
-
-
-def fetched(reference: dict[str, Any]) -> Any:
-    """The JSON a reference's object holds; ``PayloadMissing`` when the object is gone."""
-    name = reference["v"]
-    try:
-        with storage().open(name, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise PayloadMissing(
-            f"payload object {name!r} is not in storage {conf.get().OFFLOAD_STORAGE!r}: point "
-            'DURABLE["OFFLOAD_STORAGE"] at the storage it was written to, or restore it from a backup',
-            details={"name": name},
-        ) from None
-    return json.loads(data)
 
 
 def any_offloaded(db: str) -> bool:

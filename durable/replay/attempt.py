@@ -30,8 +30,7 @@ from ..errors import (
     error_dict,
     step_timeout_error,
 )
-from ..values import decode, stored
-from .history import roundtrip
+from ..values import decode, json_value, stored
 from .stepscope import StepInfo, step_scope
 
 log = logging.getLogger("durable.steps")
@@ -262,7 +261,7 @@ def _details(exc: Exception) -> Any:
     if not callable(errors):
         return None
     try:
-        return roundtrip(errors(include_url=False, include_input=False), what="validation errors")
+        return json_value(errors(include_url=False, include_input=False), "validation errors")
     except Exception:  # noqa: BLE001 - a schema library's own error shape: its message is enough
         return None
 

@@ -5,13 +5,10 @@ Nothing here imports the ORM or Celery; the turn executor converts rows to and f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..errors import InvalidInput
-from ..guards import json_value
 from ..statuses import CheckpointStatus, Decided
 
 PENDING, COMPLETED, FAILED = CheckpointStatus.PENDING, CheckpointStatus.COMPLETED, CheckpointStatus.FAILED
@@ -146,19 +143,3 @@ class Outgoing:
     #: For a start: the workflow's version and the namespace the new run takes.
     version: str | None = None
     namespace: str | None = None
-
-
-def roundtrip(value: Any, *, what: str, max_bytes: int | None = None) -> Any:
-    """Return ``value`` as it reads back from JSON, or raise InvalidInput naming ``what``
-    (not JSON, NUL characters, lone surrogates, nested too deep, more than ``max_bytes``: see
-    ``guards.json_value``)."""
-    return json_value(value, what, max_bytes=max_bytes)
-
-
-def check_size(value: Any, limit: int, *, what: str) -> None:
-    size = len(json.dumps(value).encode())
-    if size > limit:
-        raise InvalidInput(
-            f"{what} is {size} bytes, over DURABLE['MAX_PAYLOAD_BYTES'] ({limit}); store large "
-            "data elsewhere and pass a reference"
-        )

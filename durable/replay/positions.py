@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..definitions import Step
 from ..errors import DurableError
 from ..routing import queue_in
-from ..values import stored
-from .history import PENDING, Limits, Record, roundtrip
+from ..values import json_value, stored
+from .history import PENDING, Limits, Record
 
 if TYPE_CHECKING:
     from .turnstate import RunFacts, TurnState
@@ -56,9 +56,7 @@ class Positions(ABC):
         is larger than MAX_PAYLOAD_BYTES."""
         limit = self._limits.max_payload_bytes
         return (
-            stored(value, what=what, max_bytes=limit)
-            if typed
-            else roundtrip(value, what=what, max_bytes=limit)
+            stored(value, what=what, max_bytes=limit) if typed else json_value(value, what, max_bytes=limit)
         )
 
     def _queue_of(self, step: Step) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 from .. import guards
 from ..definitions import Workflow, registry
 from ..errors import InvalidInput
-from .history import COMPLETED, roundtrip
+from ..values import json_value
+from .history import COMPLETED
 from .positions import Positions
 
 SEARCH_ATTRIBUTES = "search_attributes"
@@ -41,7 +42,7 @@ def check_search_attributes(mapping: Any, workflow: Workflow) -> dict[str, Any]:
     """``mapping`` as an upsert takes it: names to JSON values, each of its schema's type."""
     if not isinstance(mapping, dict) or not all(isinstance(k, str) and k for k in mapping):
         raise InvalidInput(f"search attributes are a dict of names to values, got {guards.shown(mapping)}")
-    checked: dict[str, Any] = roundtrip(mapping, what="search attributes")
+    checked: dict[str, Any] = json_value(mapping, "search attributes")
     schema = workflow.search_attributes_schema
     if schema is None:
         return checked

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..durations import parse_duration
 from ..errors import InvalidInput, WaitTimeout
-from .history import COMPLETED, FAILED, BufferedSignal, Record, roundtrip
+from ..values import json_value
+from .history import COMPLETED, FAILED, BufferedSignal, Record
 from .positions import Pending, Positions
 
 #: What a position's name may hold (the ``Checkpoint.name`` column).
@@ -172,7 +173,7 @@ def check_match(match: Any) -> dict[str, Any] | None:
         raise InvalidInput(
             f"match must be a dict of payload keys to JSON scalars (str, number, bool, None), got {match!r}"
         )
-    checked: dict[str, Any] = roundtrip(match, what="match")
+    checked: dict[str, Any] = json_value(match, "match")
     return checked
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from durable.models.offloads import _surely_within
+from durable.models.payloads import _surely_within
 
 
 def _size(value: object) -> int:
