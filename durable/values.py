@@ -3,7 +3,8 @@
 A value a row or a message cannot hold as plain JSON is written as a tag, a dict of two keys,
 ``{"__durable__": "decimal", "v": "12.34"}``, so it stays JSON (queryable) and comes back as the
 same type with an equal value. Plain JSON goes through untouched, so rows stored before tags
-existed read back as they were. Pure: no Django, no Celery (the engine tells it ``USE_TZ``).
+existed read back as they were. Every stored value, tagged or plain, is also checked here once as
+JSON a database keeps (``json_value``). Pure: no Django, no Celery (the engine tells it ``USE_TZ``).
 """
 
 from __future__ import annotations
