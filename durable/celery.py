@@ -132,7 +132,9 @@ def _green() -> bool:
 def _note_queues(sender: Any = None, instance: Any = None, **_: Any) -> None:
     # The worker runs a run's next turn itself only when it consumes that run's queue.
     served = set(instance.app.amqp.queues.consume_from)
-    dispatch.install(dispatch.Transport(served_queues=served))
+    # Its own time limits as it read them: command-line flags never reach the app's settings.
+    limits = (getattr(instance, "time_limit", None), getattr(instance, "soft_time_limit", None))
+    dispatch.install(dispatch.Transport(served_queues=served, worker_time_limits=limits))
     global node_name
     node_name = str(getattr(instance, "hostname", None) or sender or "worker")
     QuietSweeps.install()

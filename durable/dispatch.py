@@ -75,21 +75,22 @@ SOFT_TIME_LIMIT_ERRORS: tuple[type[BaseException], ...] = (SoftTimeLimitExceeded
 
 def time_limit() -> float | None:
     """Seconds of the Celery task running now before its first time limit, if it has one: that
-    limit would also cut short whatever else the task runs (a next turn, a step run in place)."""
+    limit would also cut short whatever else the task runs (a next turn, a step run in place).
+    The smallest of the message's limits, the task's own, and the worker's (its
+    ``--time-limit`` / ``--soft-time-limit``, else the app's ``task_time_limit`` /
+    ``task_soft_time_limit``): Celery applies the first of those that is set, so the smallest
+    is never later than the one that ends the task."""
     from celery import current_task
 
-    if not current_task:
+    task = current_task._get_current_object()
+    if task is None:
         return None
-    hard, soft = current_task.request.timelimit or (None, None)
-    app = current_task.app.conf
-    limits = (
-        hard,
-        soft,
-        current_task.time_limit,
-        current_task.soft_time_limit,
-        app.task_time_limit,
-        app.task_soft_time_limit,
-    )
+    hard, soft = task.request.timelimit or (None, None)
+    worker = transport.worker_time_limits
+    if worker is None:  # not a worker (a task applied in this process): the app's settings
+        settings = task.app.conf
+        worker = (settings.task_time_limit, settings.task_soft_time_limit)
+    limits = (hard, soft, task.time_limit, task.soft_time_limit, *worker)
     return min((float(x) for x in limits if x), default=None)
 
 
@@ -114,6 +115,10 @@ class Transport:
     #: Whether a first turn asked for outside a transaction leaves from this process's publishing
     #: thread, gathered with others (``publish_behind``): in a process that serves no queue.
     behind: bool = False
+    #: A worker's own time limits (hard, soft), as Celery read them when it started: from
+    #: ``--time-limit`` and ``--soft-time-limit``, else from the app's settings. Celery applies
+    #: them to every task without its own, and never reads the settings again; None elsewhere.
+    worker_time_limits: tuple[float | None, float | None] | None = None
 
     def serves(self, queue: str) -> bool:
         """Whether this process consumes ``queue``."""
