@@ -193,8 +193,7 @@ def _write(
     run_fields = turn.run_fields(outcome)
     written = state.unsaved()
     try:
-        recorded, settled = rows.complete_and_settle(
-            settings.DATABASE,
+        recorded, settled = Checkpoint.objects.using(settings.DATABASE).complete_and_settle(
             run.id,
             row.seq,
             row.attempt,

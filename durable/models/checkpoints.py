@@ -7,13 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, models, transaction
-from django.db.models import Exists, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Exists
 
-from ..statuses import UNFINISHED, CheckpointStatus, FlowState
+from ..statuses import UNFINISHED, CheckpointStatus, FlowState, RunStatus
 from . import offloads, payloads, read_back
 from .base import (
-    BEAT_HOLDER,
     IDS_PER_STATEMENT,
     RETRYABLE,
     all_columns,
@@ -29,6 +27,7 @@ from .base import (
     updating,
     values_where,
 )
+from .beats import Beats
 from .fans import Fan
 from .payloads import PayloadField
 from .runs import Claim, Run
@@ -63,15 +62,7 @@ def _completed(output: Any, now: datetime) -> dict[str, Any]:
     return {**fields, "wake_at": None, "finished_at": now, **_ENDED}
 
 
-def _sent_no_later(sent_at: datetime | None) -> Q:
-    """The rows whose kept progress came from no beat sent after ``sent_at`` (None: a sender
-    that does not say when, whose beats are kept as they come)."""
-    if sent_at is None:
-        return Q()
-    return Q(progress_at__isnull=True) | Q(progress_at__lte=sent_at)
-
-
-class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
+class CheckpointQuerySet(Beats["Checkpoint"]):
     def serving(self, namespace: str | None) -> CheckpointQuerySet:
         """The positions of the runs of ``namespace``; all of them when None."""
         if not namespace:
@@ -81,9 +72,6 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             run_id__in=Run.objects.filter(namespace=namespace).values("id")
         )
         return served
-
-    def _attempt(self, run_id: str, seq: int, attempt: int) -> models.QuerySet[Checkpoint]:
-        return self.filter(run_id=run_id, seq=seq, status=CheckpointStatus.PENDING, attempt=attempt)
 
     def begin(self, run_id: str, seq: int, attempt: int, token: str | None, now: datetime) -> bool:
         """A worker picked up this attempt of a Celery task used as a step; False if the token is
@@ -286,16 +274,47 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             )
         return done
 
-    def beat_later(
-        self, run_id: str, seq: int, attempt: int, token: str, now: datetime, progress: Any = None
-    ) -> bool:
-        """A beat from outside for an attempt let go to complete later (``heartbeat_step``): its
-        last beat, and its progress when given, on the attempt still open under that token."""
-        fields: dict[str, Any] = {"last_heartbeat_at": now}
-        if progress is not None:
-            fields["progress"] = progress
-        where = {**_pending(run_id, seq, attempt), "token": token}
-        return update_where(Checkpoint, self.db, fields, where) == 1
+    def complete_and_settle(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        output: Any,
+        now: datetime,
+        version: str,
+        settled: dict[str, Any],
+        inserting: Checkpoint | None,
+    ) -> tuple[bool, bool]:
+        """``complete`` the attempt and, if it was and the run's row is still ``version`` (suspended),
+        settle the run with ``settled`` and insert ``inserting`` (if any), in one statement
+        (PostgreSQL; see ``result_and_turn``): (whether the result was recorded, whether the run
+        was settled with it)."""
+        record, params = updating(
+            Checkpoint, self.db, _completed(output, now), _pending(run_id, seq, attempt)
+        )
+        fields = {
+            **settled,
+            "recovery_attempts": 0,
+            "locked_by": None,
+            "locked_until": None,
+            "updated_at": now,
+        }
+        fence = " AND xmin::text = %s AND EXISTS (SELECT 1 FROM recorded)"
+        settle, settle_params = updating(
+            Run, self.db, fields, {"id": run_id, "status": RunStatus.SUSPENDED}, fence
+        )
+        adding, adding_params = "", list[Any]()
+        if inserting is not None:
+            adding, adding_params = insertion(Checkpoint, self.db, [inserting], source="FROM settled")
+            adding = f", added AS ({adding} RETURNING 1)"
+        sql = (
+            f"WITH recorded AS ({record} RETURNING 1), settled AS ({settle} RETURNING 1){adding} "
+            "SELECT (SELECT COUNT(*) FROM recorded), (SELECT COUNT(*) FROM settled)"
+        )
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql, [*params, *settle_params, version, *adding_params])
+            recorded, settled_count = cursor.fetchone()
+        return bool(recorded), bool(settled_count)
 
     def retry_at(self, run_id: str, seq: int, attempt: int, error: dict[str, Any], wake_at: datetime) -> bool:
         """Close a failed attempt and schedule the next one after its backoff."""
@@ -450,56 +469,6 @@ class CheckpointQuerySet(models.QuerySet["Checkpoint"]):
             forgotten = positions.exclude(kind="child")
             offloads.release(forgotten, ("input", "output"))
             forgotten.delete()
-
-    def beat(
-        self, run_id: str, seq: int, attempt: int, now: datetime, progress: Any, with_progress: bool
-    ) -> bool:
-        fields: dict[str, Any] = {"last_heartbeat_at": now}
-        if with_progress:
-            fields["progress"] = progress
-        return bool(self._attempt(run_id, seq, attempt).update(**fields))
-
-    def beat_from_message(
-        self,
-        run_id: str,
-        seq: int,
-        attempt: int,
-        token: str | None,
-        now: datetime,
-        until: datetime,
-        progress: Any,
-        with_progress: bool,
-        sent_at: datetime | None = None,
-    ) -> bool:
-        """A beat sent as a message for this attempt: it started (if not marked yet), is alive,
-        and is held by no process here but by its beats, until ``until``. Its progress is kept
-        unless a beat sent after it (``sent_at``) was kept already."""
-        fields: dict[str, Any] = {
-            "started_at": Coalesce("started_at", Value(now, output_field=models.DateTimeField())),
-            "last_heartbeat_at": now,
-            "held_by": BEAT_HOLDER,
-            "held_until": until,
-        }
-        if not token:  # an attempt between two sends has none: ``token=None`` would match it
-            return False
-        rows = self._attempt(run_id, seq, attempt).filter(token=token)
-        if with_progress and rows.filter(_sent_no_later(sent_at)).update(
-            **fields, progress=progress, progress_at=sent_at
-        ):
-            return True
-        return bool(rows.update(**fields))  # alive all the same; its progress is older news
-
-    def late_progress(
-        self, run_id: str, seq: int, attempt: int, token: str, progress: Any, sent_at: datetime | None = None
-    ) -> bool:
-        """Keep ``progress`` from a beat of this attempt that arrived after its result was recorded
-        (only with the attempt's token; a later attempt's row no longer matches), unless a beat
-        sent after it was kept already."""
-        if not token:
-            return False
-        ended = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
-        rows = self.filter(run_id=run_id, seq=seq, attempt=attempt, token=token, status__in=ended)
-        return bool(rows.filter(_sent_no_later(sent_at)).update(progress=progress, progress_at=sent_at))
 
 
 class Checkpoint(models.Model):

@@ -1,11 +1,11 @@
-"""A step's result and its run's next turn written by one statement (PostgreSQL only).
+"""The reads that let a step's result be written with its run's next turn (PostgreSQL only).
 
 The worker that takes an attempt reads, in the same statement, the run as it then stands (its row,
 its row version and its positions). With the step's result in hand it replays the body ahead of
 recording; when the turn only starts the next step, the result, the settle and the next position
-are one statement (when it only ends the run, the result and the settle), written only if the
-run's row is still the version read with the take: no wake, claim or turn came in between, so the
-replay saw what a turn would have seen.
+are one statement (``CheckpointQuerySet.complete_and_settle``; when the turn only ends the run, the
+result and the settle), written only if the run's row is still the version read with the take: no
+wake, claim or turn came in between, so the replay saw what a turn would have seen.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.db import connections
 from ..statuses import UNFINISHED, CheckpointStatus
 from . import read_back
 from .base import Status, insertion, instances, updating
-from .checkpoints import Checkpoint, _completed, _pending
+from .checkpoints import Checkpoint
 from .runs import Run
 
 
@@ -211,42 +211,3 @@ def _reading(db: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[s
         "AND o.seq <> taken.seq AND o.status = %s)"
     )
     return taken_columns, run_columns, sql
-
-
-def complete_and_settle(
-    db: str,
-    run_id: str,
-    seq: int,
-    attempt: int,
-    output: Any,
-    now: datetime,
-    version: str,
-    settled: dict[str, Any],
-    inserting: Checkpoint | None,
-) -> tuple[bool, bool]:
-    """``complete`` the attempt and, if it was and the run's row is still ``version`` (suspended),
-    settle the run with ``settled`` and insert ``inserting`` (if any), in one statement: (whether
-    the result was recorded, whether the run was settled with it)."""
-    connection = connections[db]
-    record, params = updating(Checkpoint, db, _completed(output, now), _pending(run_id, seq, attempt))
-    fields = {**settled, "recovery_attempts": 0, "locked_by": None, "locked_until": None, "updated_at": now}
-    settle, settle_params = updating(
-        Run,
-        db,
-        fields,
-        {"id": run_id, "status": Status.SUSPENDED},
-        " AND xmin::text = %s AND EXISTS (SELECT 1 FROM recorded)",
-    )
-    adding, adding_params = "", list[Any]()
-    if inserting is not None:
-        adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
-        adding = f"added AS ({adding} RETURNING 1) "
-    sql = (
-        f"WITH recorded AS ({record} RETURNING 1), settled AS ({settle} RETURNING 1)"
-        f"{', ' if adding else ' '}{adding}"
-        "SELECT (SELECT COUNT(*) FROM recorded), (SELECT COUNT(*) FROM settled)"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *settle_params, version, *adding_params])
-        recorded, settled_count = cursor.fetchone()
-    return bool(recorded), bool(settled_count)

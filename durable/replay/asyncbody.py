@@ -29,8 +29,7 @@ from typing import Any
 from ..errors import Cancelled, DurableError, ErrorCode, NonDeterminismError, Suspend, _ControlFlow
 from ..values import decode
 from .asyncloop import BodyLoop, task_frame
-from .cancelling import CANCEL, Cancelling
-from .context import Context
+from .context import CANCEL, Context
 from .history import COMPLETED, Record
 from .patches import PATCH
 from .positions import Pending
@@ -242,7 +241,7 @@ class Driver:
         """Raise ``Cancelled`` at every wait if an interrupting cancel is delivered here (recorded
         here by an earlier turn, or due now); False if it is not."""
         try:
-            Cancelling._deliver_cancel(self.ctx, summary)
+            Context._deliver_cancel(self.ctx, summary)
         except Cancelled as cancelled:
             for wait in waits:
                 if not wait.future.done():

@@ -8,9 +8,7 @@ and persists the result.
 from __future__ import annotations
 
 import logging
-import random as _random
 import secrets
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -18,10 +16,11 @@ from typing import Any
 from .. import asyncsteps
 from ..annotated import shaped, signature
 from ..definitions import Step, celery_task_step, plain_task_refused, registry
-from ..durations import parse_duration
 from ..errors import (
+    Cancelled,
     DurableError,
     ErrorCode,
+    GatherError,
     InvalidInput,
     NonDeterminismError,
     StepFailed,
@@ -33,7 +32,6 @@ from ..errors import (
 from ..statuses import FlowState
 from ..values import decode
 from .attempt import LATER, beat_grace, run_attempt, split_traceback
-from .cancelling import Cancelling
 from .composition import Composition
 from .entity_calls import Entities
 from .history import COMPLETED, FAILED, PENDING, Limits, Record
@@ -46,11 +44,15 @@ from .searchattributes import SearchAttributes
 from .stepscope import StepInfo
 from .stopping import Stopping
 from .streams import Streams
+from .timers import Timers
 from .turnstate import InPlaceRunner, LocalLimits, RunFacts, TurnState
 from .updates import Updates
 from .waits import Waits
 
 log = logging.getLogger("durable.workflow")
+
+#: The kind (and name) of the position that records where an interrupting cancel was delivered.
+CANCEL = "cancel"
 
 
 class Context(
@@ -63,7 +65,7 @@ class Context(
     SearchAttributes,
     Patches,
     Entities,
-    Cancelling,
+    Timers,
     Stopping,
     Positions,
 ):
@@ -97,7 +99,13 @@ class Context(
         self._held = False  # a result of an attempt run in place waits for the next write
         self._replay_until = max(state.records, default=-1)
         self._nondeterminism: NonDeterminismError | None = None
-        self._init_cancelling(run.cancel_request)
+        request = run.cancel_request
+        #: The run's interrupting cancel request (``{"reason": ..., "interrupt": True}``), or None.
+        self._interrupt = request if request is not None and request.get("interrupt") else None
+        #: Whether the history already holds the cancel's delivery (it happens once per run).
+        self._delivered = any(rec.kind == CANCEL for rec in state.records.values())
+        #: The last position of the history as this turn began: the wait the last turn stopped at.
+        self._frontier = max(state.records, default=None)
         self.logger = QuietWhileReplaying(log, self)
 
     # -- facts -----------------------------------------------------------------------------
@@ -177,44 +185,6 @@ class Context(
                 self._send(rec, step)
         return rec
 
-    def sleep(self, duration: Any) -> None:
-        """Wait durably for ``duration`` (a timer in the database, never a Celery ETA)."""
-        self._settle(self._resolve_timer(self._sleep_position(duration)))
-
-    def sleep_until(self, when: datetime) -> None:
-        """Wait durably until the aware datetime ``when``."""
-        self._settle(self._resolve_timer(self._sleep_until_position(when)))
-
-    def _sleep_position(self, duration: Any) -> Record:
-        try:
-            delta = parse_duration(duration, what="ctx.sleep()")
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        rec = self._position("sleep", "sleep")
-        if rec is None:
-            rec = self._new("sleep", "sleep", input={"seconds": delta.total_seconds()})
-            rec.wake_at = self._clock() + delta
-        return rec
-
-    def _sleep_until_position(self, when: datetime) -> Record:
-        if not isinstance(when, datetime) or when.tzinfo is None:
-            raise InvalidInput(f"ctx.sleep_until() needs an aware datetime, got {when!r}")
-        rec = self._position("sleep", "sleep")
-        if rec is None:
-            rec = self._new("sleep", "sleep", input={"until": when.isoformat()})
-            rec.wake_at = when
-        return rec
-
-    def now(self) -> datetime:
-        """The current time, recorded once and the same on every replay."""
-        return datetime.fromisoformat(self._value("now", lambda: self._clock().isoformat()))
-
-    def uuid4(self) -> uuid.UUID:
-        return uuid.UUID(self._value("uuid4", lambda: str(uuid.uuid4())))
-
-    def random(self) -> float:
-        return float(self._value("random", _random.random))
-
     # -- positions -------------------------------------------------------------------------
 
     def _position(self, kind: str, name: str) -> Record | None:
@@ -249,13 +219,6 @@ class Context(
         self._turn.records[rec.seq] = rec
         return rec
 
-    def _value(self, name: str, make: Callable[[], Any]) -> Any:
-        rec = self._position("value", name)
-        if rec is None:
-            rec = self._new("value", name, status=COMPLETED, output=make())
-            rec.finished_at = self._clock()
-        return rec.output
-
     def _settle(self, answer: Any) -> Any:
         self._deliver_cancel(answer)
         if isinstance(answer, Pending):
@@ -269,6 +232,41 @@ class Context(
         # Every answer a body receives is read from the history as stored (tagged JSON), on the
         # first turn as on a replay: the body sees the same typed value both times.
         return decode(answer)
+
+    def _deliver_cancel(self, answer: Any) -> None:
+        """Raise ``Cancelled`` after the primitive that gave ``answer`` if an interrupting cancel
+        (``durable.cancel(run_id, interrupt=True)``) is delivered here: recorded here by an earlier
+        turn, or due now. It is due at the wait the run was suspended on when the cancel came
+        (what it waited for may have ended since: the body still gets ``Cancelled`` there, and
+        cleanup in its ``finally`` runs as it would had the cancel come first), else at the first
+        primitive that would wait (or whose step saw StepCancelled, stopped by this cancel).
+
+        Where it was delivered is a position of its own, right after the wait's: a later turn that
+        replays the same wait raises ``Cancelled`` there again, whatever became of the wait since
+        (a step that ended, a timer that fired), so the body takes the same path on every replay."""
+        recorded = self._turn.records.get(self._seq)
+        if recorded is not None and recorded.kind == CANCEL:
+            self._position(CANCEL, CANCEL)
+            raise Cancelled((recorded.input or {}).get("reason") or "cancelled")
+        request = self._interrupt
+        if request is None and _step_cancelled(answer):
+            # A step run in place saw a cancel requested after this turn read the run: deliver it
+            # here, where the turn that reads the request will (this one cannot settle: the
+            # request woke the run), so what this turn flushes meanwhile replays the same.
+            request = {"interrupt": True, "reason": None}
+        waiting = (
+            isinstance(answer, Pending)
+            or (isinstance(answer, DurableError) and answer.code == ErrorCode.CANCELLED)
+            or self._at == self._frontier
+        )
+        if not waiting or request is None or self._delivered or recorded is not None:
+            return
+        self._position(CANCEL, CANCEL)
+        reason = request.get("reason")
+        rec = self._new(CANCEL, CANCEL, status=COMPLETED, input={"reason": reason})
+        rec.finished_at = self._clock()
+        self._delivered = True
+        raise Cancelled(reason or "cancelled")
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -565,15 +563,9 @@ class Context(
         self._turn.raised.setdefault(id(exc), []).append(rec.seq)
         return exc
 
-    # -- timers ----------------------------------------------------------------------------
 
-    def _resolve_timer(self, rec: Record) -> Any:
-        if rec.status == COMPLETED:
-            return None
-        now = self._clock()
-        if rec.wake_at is None or rec.wake_at <= now:
-            rec.status = COMPLETED
-            rec.finished_at = now
-            rec.changed()
-            return None
-        return Pending(rec.wake_at)
+def _step_cancelled(answer: Any) -> bool:
+    """Whether ``answer`` is the failure of a step (or of a fan's steps) stopped by StepCancelled."""
+    if isinstance(answer, GatherError):
+        return any(_step_cancelled(error) for error in answer.errors)
+    return isinstance(answer, StepFailed) and (answer.cause or {}).get("type") == "StepCancelled"

@@ -13,10 +13,10 @@ from datetime import datetime
 
 from .. import shutdown
 from ..definitions import Workflow, body_scope
-from ..errors import ErrorCode, InvalidInput, cancelled_error, error_dict
+from ..errors import Cancelled, ErrorCode, InvalidInput, cancelled_error, error_dict
 from ..statuses import Decided
 from ..values import stored
-from . import asyncbody, asynccontext, cancelling, saga, stopping
+from . import asyncbody, asynccontext, saga, stopping
 from .context import Context
 from .history import Decision, Limits
 from .turnstate import InPlaceRunner, LocalLimits, RunFacts, TurnState
@@ -90,9 +90,9 @@ def replay(
     # A change of code (when not parked), or a primitive misused, fails the run even when the
     # body caught it.
     error = ctx._nondeterminism or ctx._stopping
-    cancelled = None if error is not None else cancelling.cancelled(ctx, escaped)
+    cancelled = None if error is not None else _cancelled(ctx, escaped)
     if cancelled is not None:
-        return saga.unwind(ctx, cancelled) if cancelling.compensates(ctx) else cancelled
+        return saga.unwind(ctx, cancelled) if (ctx._interrupt or {}).get("compensate") else cancelled
     if escaped is not None:
         # So does an error escaping the body, KeyboardInterrupt and SystemExit included (unless
         # the worker raised them to leave): they must not take the worker process down with them.
@@ -108,6 +108,15 @@ def replay(
         exc.code = ErrorCode.INVALID_OUTPUT
         return _failed(exc, state)
     return Decision(Decided.COMPLETED, output=output)
+
+
+def _cancelled(ctx: Context, escaped: BaseException | None) -> Decision | None:
+    """The decision for a body that let ``Cancelled`` escape: the run ends cancelled (None if the
+    body ended otherwise). The reason is the request's, else the exception's own message."""
+    if not isinstance(escaped, Cancelled):
+        return None
+    reason = (ctx._interrupt or {}).get("reason") or (escaped.message if ctx._interrupt is None else None)
+    return Decision(Decided.CANCELLED, error=cancelled_error(reason))
 
 
 def _failed(exc: BaseException, state: TurnState, *, blocked: bool = False) -> Decision:

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import durable
 from durable import conf
 from durable.engine import attempts
+from durable.models import CheckpointQuerySet
 from durable.models import result_and_turn as rows
 
 pytestmark = [
@@ -127,9 +128,9 @@ def test_the_last_result_ends_its_run_in_the_same_statement_and_the_end_is_told(
 
 
 def test_a_child_ends_the_usual_way_and_its_parent_hears_of_it(durable_env, monkeypatch):
-    write, written = rows.complete_and_settle, []
+    write, written = CheckpointQuerySet.complete_and_settle, []
     monkeypatch.setattr(
-        rows, "complete_and_settle", lambda *a, **k: written.append(k or a[6:8]) or write(*a, **k)
+        CheckpointQuerySet, "complete_and_settle", lambda *a, **k: written.append(a) or write(*a, **k)
     )
     parent = durable.start(waits_for_a_child)
     durable_env.run_until_idle()
@@ -138,9 +139,11 @@ def test_a_child_ends_the_usual_way_and_its_parent_hears_of_it(durable_env, monk
 
 
 def test_a_wake_while_the_step_ran_refuses_the_turn_ahead_and_the_run_goes_on(durable_env, monkeypatch):
-    write, written = rows.complete_and_settle, []
+    write, written = CheckpointQuerySet.complete_and_settle, []
     monkeypatch.setattr(
-        rows, "complete_and_settle", lambda *a, **k: written.append(write(*a, **k)) or written[-1]
+        CheckpointQuerySet,
+        "complete_and_settle",
+        lambda *a, **k: written.append(write(*a, **k)) or written[-1],
     )
     run = durable.start(signalled_unawares)
     durable_env.run_until_idle()
@@ -177,7 +180,7 @@ def test_log_lines_of_the_turn_ahead_are_written_once_and_name_the_body(durable_
 def _first_write_ahead_committed_unseen(monkeypatch) -> list[tuple[bool, bool]]:
     """Cut the connection after the first write ahead committed, before its answer came back;
     return what that write did, once it has."""
-    write, cut = rows.complete_and_settle, []
+    write, cut = CheckpointQuerySet.complete_and_settle, []
 
     def committed_unseen(*args, **kwargs):
         done = write(*args, **kwargs)
@@ -186,7 +189,7 @@ def _first_write_ahead_committed_unseen(monkeypatch) -> list[tuple[bool, bool]]:
             raise OperationalError("server closed the connection unexpectedly")
         return done
 
-    monkeypatch.setattr(rows, "complete_and_settle", committed_unseen)
+    monkeypatch.setattr(CheckpointQuerySet, "complete_and_settle", committed_unseen)
     return cut
 
 
