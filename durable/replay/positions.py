@@ -1,5 +1,5 @@
 """The interface between ``Context`` and the primitives mixed into it (composition, saga, waits,
-search attributes, stopping): all they may use of the context, and nothing else of it.
+timers, search attributes, stopping): all they may use of the context, and nothing else of it.
 
 The members are underscored so that a workflow body's view of ``ctx`` stays the public API.
 """
