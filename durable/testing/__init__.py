@@ -263,7 +263,8 @@ def durable_env(request: pytest.FixtureRequest) -> Iterator[DurableEnv]:
     from ..engine import sweeps
 
     sweeps.reset_passes()
-    freezer = freezegun.freeze_time(timezone.now(), tick=False)
+    # pytest's own clock (its --durations, its junit times) keeps the real time.
+    freezer = freezegun.freeze_time(timezone.now(), tick=False, ignore=["_pytest.timing"])
     frozen = freezer.start()
     env = DurableEnv(frozen)
     try:

@@ -190,9 +190,10 @@ def test_runs_of_limited_steps_in_sequence_never_run_more_than_two_at_once_acros
     assert len(starts) == 24
     assert _most_at_once(ledger) == 2  # the limit is reached, never passed
     # A freed slot goes to a run in line, not to the next step of the run that held it: two runs
-    # keeping both slots for all their steps would make the first six starts theirs alone. (At
-    # least three, not six: on a loaded machine a run's first turn may come after a step's end.)
-    assert len({n // 10 for n in starts[:6]}) >= 3, starts
+    # keeping both slots for all their steps would make the first eight starts theirs alone. (Not
+    # "the first six starts from six runs": on a loaded machine the other runs' first turns may
+    # come after the first steps' ends, so they are not yet in line when those slots are freed.)
+    assert len({n // 10 for n in starts[:8]}) >= 3, starts
 
 
 def test_the_slot_of_a_worker_killed_mid_step_comes_back_within_the_lease(fleet, ledger_dir):
