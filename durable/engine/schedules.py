@@ -118,21 +118,25 @@ def sync_declared() -> None:
     stored = {row.key: row for row in schedules.filter(declared=True)}
     for name in list(registry.workflows):
         row = stored.pop(name, None)
+        spec = registry.workflow(name).schedule
+        # Most workflows declare no schedule and have none stored: every sweep passes them all,
+        # so only one with something to write opens a savepoint.
+        if (row is None and spec is None) or (
+            row is not None and spec is not None and not _changed(row, spec)
+        ):
+            continue
         try:
             with transaction.atomic(using=conf.get().DATABASE):
-                _sync_one(name, row, now)
+                _sync_one(name, spec, now)
         except Exception:  # noqa: BLE001 - one workflow's schedule must never stop the others
             log.exception("durable: the schedule declared on workflow %s could not be saved; skipped", name)
 
 
-def _sync_one(name: str, row: CronSchedule | None, now: datetime) -> None:
-    spec = registry.workflow(name).schedule
-    schedules = CronSchedule.objects.using(conf.get().DATABASE)
+def _sync_one(name: str, spec: Schedule | None, now: datetime) -> None:
+    """Delete the stored schedule of ``name`` (``spec`` None) or save it as declared."""
     if spec is None:
-        if row is not None:
-            schedules.filter(key=name, declared=True).delete()
-        return
-    if row is None or _changed(row, spec):
+        CronSchedule.objects.using(conf.get().DATABASE).filter(key=name, declared=True).delete()
+    else:
         save(name, name, spec, now, declared=True)
 
 
