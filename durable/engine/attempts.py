@@ -21,7 +21,7 @@ from ..replay.history import Record
 from ..replay.stepscope import StepInfo
 from ..statuses import FlowState
 from ..values import json_value
-from . import asyncattempts, flow, leases, timelimits
+from . import asyncattempts, behind, flow, leases, timelimits
 
 log = logging.getLogger("durable.engine")
 
@@ -53,6 +53,7 @@ class Limited:
         self.settings = settings
 
     def __call__(self, rec: Record, step: Step) -> Result:
+        behind.let_go()  # the body may run long: the turns behind this one go on without it
         beats = Beats(self.run_id, rec.seq, rec.attempt, self.settings, step.heartbeat_timeout)
         with leases.unwatched(self.run_id):
             info = StepInfo(self.run_id, rec.seq, rec.attempt, step.name, secret=rec.token)

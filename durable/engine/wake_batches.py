@@ -3,7 +3,7 @@
 A sweep wakes hundreds of runs at once, and a Celery message costs more to build and publish
 than the sweep's SQL costs a run, so ``dispatch.advance_many`` shares a sweep's wakes out over a
 few messages. The worker that takes one runs the turns of its runs one after the other, each
-exactly as ``durable.advance`` would. A turn that raises costs only its own run, which the
+exactly as ``durable.advance`` would, until a turn is about to run a step's body in place. A turn that raises costs only its own run, which the
 sweeps take back as any turn that died. Every run a sweep wakes keeps a ``wake_at`` a bounded
 time ahead (RECONCILE_INTERVAL for a timer, LEASE for a wake, due at once for an orphan taken
 back), so the timer sweep sends its turn again when the whole message is lost.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from django.db import InterfaceError, OperationalError
@@ -20,7 +21,7 @@ from django.db import InterfaceError, OperationalError
 from .. import conf, dispatch, guards
 from ..errors import InvalidInput
 from ..models import UNFINISHED, Run, column_length
-from . import lifecycle, turn
+from . import behind, lifecycle, turn
 
 log = logging.getLogger("durable.engine")
 
@@ -46,8 +47,9 @@ def valid_run_ids(value: Any) -> list[str]:
 
 
 def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
-    """Run the turns of ``run_ids`` in order, each as ``turn.advance`` does; return what became
-    of each (``"error"`` for a turn that raised). ``redelivered``: the message came again after
+    """Run the turns of ``run_ids`` in order, each as ``turn.advance`` does, until one is about
+    to run a step's body in place: the rest then leave in messages of their own (``behind``).
+    Return what became of each turn run here (``"error"`` for a turn that raised). ``redelivered``: the message came again after
     the process that had it died, so each run's committed and unpublished sends are sent again
     first (``lifecycle.resend_unsent``). A forged message is refused whole and changes nothing.
     """
@@ -60,16 +62,24 @@ def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
     database_errors = 0
     limit, began = dispatch.time_limit(), time.monotonic()
     lease = conf.get().LEASE.total_seconds()
+    handed: list[bool] = []
+
+    def let_go(rest: list[str]) -> None:
+        hand_over(rest, redelivered=redelivered)
+        handed.append(True)
+
     for position, run_id in enumerate(ids):
         if position and limit is not None and limit - (time.monotonic() - began) < lease:
             # A Celery time limit the project set goes on ticking over the whole batch: as for
             # a turn run inline, one runs here only with at least a LEASE of it left.
-            hand_over(ids[position:])
+            hand_over(ids[position:], redelivered=redelivered)
             break
+        rest = ids[position + 1 :]
         try:
             if redelivered:
                 lifecycle.resend_unsent(run_id)
-            outcomes.append(turn.advance(run_id))
+            with behind.waiting(partial(let_go, rest) if rest else None):
+                outcomes.append(turn.advance(run_id))
             database_errors = 0
         except dispatch.SOFT_TIME_LIMIT_ERRORS:
             # The task's own time limit: the hard one follows, so stop here; the runs not yet
@@ -97,11 +107,19 @@ def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
                         left,
                     )
                 break
+        if handed:
+            break  # the turns behind it went on in messages of their own (``behind``)
     return outcomes
 
 
-def hand_over(run_ids: list[str]) -> None:
-    """Send the turns of the unfinished ``run_ids`` in messages of their own (a batch's rest)."""
+def hand_over(run_ids: list[str], *, redelivered: bool = False) -> None:
+    """Send the turns of the unfinished ``run_ids`` in messages of their own (a batch's rest).
+    Of a ``redelivered`` batch, each run's committed and unpublished sends go again with it, as
+    they would have here."""
+    if redelivered:
+        for run_id in run_ids:
+            lifecycle.resend_unsent(run_id)  # wakes the run and sends its turn
+        return
     settings = conf.get()
     runs = Run.objects.using(settings.DATABASE).filter(id__in=run_ids, status__in=UNFINISHED)
     dispatch.advance_many(runs.values_list("id", "queue"))

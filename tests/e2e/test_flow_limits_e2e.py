@@ -182,11 +182,10 @@ def test_runs_of_limited_steps_in_sequence_never_run_more_than_two_at_once_acros
     the slot the one before it freed only while nobody waits for it, so the runs take turns and
     the limit holds, whichever of the six processes races which.
 
-    Each first turn is its own message (PUBLISH_IN_THREAD off): a loop of starts otherwise leaves
-    as one ``advance_batch``, whose turns one process runs one after the other, so the runs behind
-    one that runs its four steps in place are not in line until it is done."""
-    with override_settings(DURABLE={**SETTINGS, "PUBLISH_IN_THREAD": False}):
-        runs = [durable.start(two_in_sequence, [10 * r + i for i in range(4)]) for r in range(6)]
+    The loop of starts leaves as one ``advance_batch``: a turn about to run its first step in
+    place first sends the turns behind it away (``engine/behind``), so the other runs get in line
+    instead of waiting for its four steps."""
+    runs = [durable.start(two_in_sequence, [10 * r + i for i in range(4)]) for r in range(6)]
     assert [durable.result(run.id, timeout=90) for run in runs] == [
         [10 * r + i for i in range(4)] for r in range(6)
     ]

@@ -13,7 +13,7 @@ from django.test import override_settings
 
 import durable
 from durable import dispatch
-from durable.engine import steps, turn
+from durable.engine import steps, turn, wake_batches
 from durable.errors import _ControlFlow
 from durable.models import Checkpoint, Run
 
@@ -348,3 +348,57 @@ def test_a_step_run_in_place_does_not_count_against_the_turn_time_limit(env):
     env.drop()
     assert turn.advance(run.id) == "completed"  # in one turn, not stopped after the step
     assert durable.result(run.id) == "done"
+
+
+BEHIND: dict[str, object] = {}
+
+
+@durable.step(name="tests.in_place.looks_behind")
+def looks_behind(n):
+    """Notes which runs' turns were already on their way when this body began."""
+    env = BEHIND["env"]
+    BEHIND.setdefault("seen", []).append(sorted(r for m in env.pending() for r in dispatch.woken(m)))
+    return n
+
+
+@durable.workflow(name="tests.in_place.one_step")
+def one_step(ctx, n):
+    return ctx.step(looks_behind, n)
+
+
+@durable.workflow(name="tests.in_place.naps")
+def naps(ctx, n):
+    ctx.sleep("1m")
+    return n
+
+
+@pytest.mark.parametrize("redelivered", [False, True], ids=["delivered", "redelivered"])
+def test_the_turns_behind_one_that_runs_a_step_in_place_leave_before_the_step(env, redelivered):
+    """A loop of starts leaves as one ``advance_batch``: the turns behind one that is about to run
+    a body in place go on in messages of their own, so no run waits for another's step."""
+    BEHIND.clear()
+    BEHIND["env"] = env
+    napper = durable.start(naps, 0).id
+    ids = [durable.start(one_step, n).id for n in range(1, 4)]
+    env.drop()
+    # The napping turn runs no body: the batch goes on past it at no cost of a message.
+    assert wake_batches.advance_batch([napper, *ids], redelivered=redelivered) == ["suspended", "completed"]
+    # On their way when the first body began (a redelivered batch also sends each run it turns
+    # again, for the sends the process that died may have left unpublished):
+    assert set(ids[1:]) <= set(BEHIND["seen"][0])
+    if not redelivered:
+        assert BEHIND["seen"][0] == sorted(ids[1:])
+        assert [m.task for m in env.pending()] == [dispatch.ADVANCE, dispatch.ADVANCE]
+    env.run_until_idle()
+    assert [durable.result(run_id) for run_id in ids] == [1, 2, 3]
+    assert RAN == []  # each body ran once, in its own run's turn
+    assert Checkpoint.objects.filter(run_id__in=ids, attempt=1, status="completed").count() == 3
+
+
+def test_the_last_turn_of_a_batch_runs_its_step_in_place_with_nothing_to_send(env):
+    BEHIND.clear()
+    BEHIND["env"] = env
+    ids = [durable.start(naps, 0).id, durable.start(one_step, 1).id]
+    env.drop()
+    assert wake_batches.advance_batch(ids) == ["suspended", "completed"]
+    assert env.pending() == []
