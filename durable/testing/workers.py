@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,21 +36,37 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def cut_database_connections() -> int:
+def cut_database_connections(settle: float = 5.0) -> int:
     """Terminate every other connection to the test database (PostgreSQL), as a database
-    restart would for its clients; return how many. Refuses any database not named test_*."""
-    from django.db import connections
+    restart would for its clients; return how many. Refuses any database not named test_*.
 
-    with connections[conf.get().DATABASE].cursor() as cursor:
+    Returns once the terminated backends have exited (``settle`` seconds at most):
+    ``pg_terminate_backend`` only signals them, and behind PgBouncer a server connection still
+    dying was handed to this process's next statement, which failed (``terminating connection
+    due to administrator command``). The wait is one transaction, so a pooler keeps it on this
+    connection's own server session."""
+    from django.db import connections, transaction
+
+    alias = conf.get().DATABASE
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute("SELECT current_database()")
         (database,) = cursor.fetchone()
         if not database.startswith("test_"):
             raise DurableError(f"refusing to cut the connections of {database!r}: not a test database")
         cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-        return sum(1 for (ok,) in cursor.fetchall() if ok)
+        cut = [pid for pid, ok in cursor.fetchall() if ok]
+        deadline = time.monotonic() + settle
+        while cut and time.monotonic() < deadline:
+            # pg_stat_activity is read once per transaction unless its snapshot is cleared.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [cut])
+            if not cursor.fetchone()[0]:
+                break
+            time.sleep(0.005)
+        return len(cut)
 
 
 def flush_broker(queues: list[str]) -> str:
