@@ -3,8 +3,9 @@
 A sweep wakes hundreds of runs at once, and a Celery message costs more to build and publish
 than the sweep's SQL costs a run, so ``dispatch.advance_many`` shares a sweep's wakes out over a
 few messages. The worker that takes one runs the turns of its runs one after the other, each
-exactly as ``durable.advance`` would, until a turn is about to run a step's body in place. A turn that raises costs only its own run, which the
-sweeps take back as any turn that died. Every run a sweep wakes keeps a ``wake_at`` a bounded
+exactly as ``durable.advance`` would, until a turn is about to run a step's body in place (the
+rest then leave in messages of their own: ``behind``). A turn that raises costs only its own
+run, which the sweeps take back as any turn that died. Every run a sweep wakes keeps a ``wake_at`` a bounded
 time ahead (RECONCILE_INTERVAL for a timer, LEASE for a wake, due at once for an orphan taken
 back), so the timer sweep sends its turn again when the whole message is lost.
 """
@@ -49,9 +50,11 @@ def valid_run_ids(value: Any) -> list[str]:
 def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
     """Run the turns of ``run_ids`` in order, each as ``turn.advance`` does, until one is about
     to run a step's body in place: the rest then leave in messages of their own (``behind``).
-    Return what became of each turn run here (``"error"`` for a turn that raised). ``redelivered``: the message came again after
-    the process that had it died, so each run's committed and unpublished sends are sent again
-    first (``lifecycle.resend_unsent``). A forged message is refused whole and changes nothing.
+    Return what became of each turn run here (``"error"`` for a turn that raised).
+
+    ``redelivered``: the message came again after the process that had it died, so each run's
+    committed and unpublished sends are sent again first (``lifecycle.resend_unsent``). A forged
+    message is refused whole and changes nothing.
     """
     try:
         ids = valid_run_ids(run_ids)
