@@ -40,7 +40,8 @@ def cut_database_connections(settle: float = 5.0) -> int:
     """Terminate every other connection to the test database (PostgreSQL), as a database
     restart would for its clients; return how many. Refuses any database not named test_*.
 
-    Returns once the terminated backends have exited (``settle`` seconds at most):
+    Returns once the terminated backends have exited (``DurableError`` if one is still there
+    after ``settle`` seconds):
     ``pg_terminate_backend`` only signals them, and behind PgBouncer a server connection still
     dying was handed to this process's next statement, which failed (``terminating connection
     due to administrator command``). The wait is one transaction, so a pooler keeps it on this
@@ -59,12 +60,14 @@ def cut_database_connections(settle: float = 5.0) -> int:
         )
         cut = [pid for pid, ok in cursor.fetchall() if ok]
         deadline = time.monotonic() + settle
-        while cut and time.monotonic() < deadline:
+        while cut:
             # pg_stat_activity is read once per transaction unless its snapshot is cleared.
             cursor.execute("SELECT pg_stat_clear_snapshot()")
             cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [cut])
             if not cursor.fetchone()[0]:
                 break
+            if time.monotonic() > deadline:
+                raise DurableError(f"{len(cut)} terminated backend(s) still there after {settle} s")
             time.sleep(0.005)
         return len(cut)
 

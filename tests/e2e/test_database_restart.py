@@ -13,6 +13,7 @@ import time
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 
 import durable
 from durable.models import TERMINAL, Run
@@ -72,7 +73,8 @@ def test_after_a_cut_this_process_goes_on_at_once_even_behind_a_pooler(postgres)
     """The cut returns once the backends it terminated have exited: behind PgBouncer a server
     connection still dying was otherwise handed to the next statement here, which failed with
     "terminating connection due to administrator command" and broke the test's connection (about
-    one cut in forty, with other clients busy; in CI's PgBouncer suite)."""
+    one cut in forty, with other clients busy; in CI's PgBouncer suite). On a direct connection
+    the old cut fails it too: its backends were still there when it returned."""
     from django.db import connections
 
     stop = threading.Event()
@@ -93,7 +95,12 @@ def test_after_a_cut_this_process_goes_on_at_once_even_behind_a_pooler(postgres)
         client.start()
     try:
         for _ in range(120):
-            cut_database_connections()
+            # One transaction, so one backend of ours throughout (behind a pooler too): those the
+            # cut terminated are gone when it returns, not only signalled.
+            with transaction.atomic():
+                before = _other_backends()
+                cut_database_connections()
+                assert not before & _other_backends(), "a terminated backend outlived the cut"
             for _ in range(3):
                 Run.objects.filter(id="none").exists()  # raised here, now and then, before
             time.sleep(0.02)
@@ -101,3 +108,15 @@ def test_after_a_cut_this_process_goes_on_at_once_even_behind_a_pooler(postgres)
         stop.set()
         for client in clients:
             client.join()
+
+
+def _other_backends() -> set[int]:
+    """The pids of the test database's backends but the one this statement runs on."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else read once per transaction
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return {pid for (pid,) in cursor.fetchall()}
