@@ -5,9 +5,9 @@ its commit shared them out (``put_ready``).
 
 The caller pays its commit and not a Celery publish (0.5 to 1 ms each), and a broker that is
 slow or down stalls that thread, not the request. When starts come close together (a loop of
-``durable.start()``: less than BURST_GAP apart on average) the thread lets up to BATCH gather,
-LINGER at most, and sends them as one ``durable.advance_batch``: the worker then takes one message
-where it took a message per run. A start on its own leaves at once, and a caller that waits for
+``durable.start()``: less than BURST_GAP apart on average) the thread lets up to BATCH gather
+while they keep coming, LINGER at most, and sends them as one ``durable.advance_batch``: the
+worker then takes one message where it took a message per run. A start on its own leaves at once, and a caller that waits for
 a run (``durable.result``) cuts any lingering short (``hurry``).
 
 Nothing here is needed for correctness: a run's first turn is a hint its ``wake_at`` backs up
@@ -31,9 +31,9 @@ log = logging.getLogger("durable.dispatch")
 
 #: Runs one message gathered here carries at most: small enough that a worker's processes still
 #: take a burst's lots side by side, large enough that a loop of starts costs it few messages.
-BATCH = 8
+BATCH = 16
 #: Longest a wake waits for others to gather, and only within a burst of starts.
-LINGER = 0.005
+LINGER = 0.015
 #: Starts closer together than this on average make a burst.
 BURST_GAP = 0.003
 #: Seconds a process exiting normally waits for its thread to publish what it holds.
@@ -125,6 +125,17 @@ class Publisher:
         """In a forked child: no thread, and nothing of the parent's to send (the parent sends it)."""
         self._reset()
 
+    def _gather(self) -> None:
+        """Within a burst, let the lot fill while starts keep coming: until it holds BATCH, the
+        starts pause (none for BURST_GAP), a caller hurries it, or LINGER has passed."""
+        deadline = time.monotonic() + LINGER
+        while not self._hurried and len(self._pending) < BATCH:
+            now = time.monotonic()
+            wait = min(deadline - now, self._last + BURST_GAP - now)
+            if wait <= 0:
+                return
+            self._lock.wait(wait)
+
     def _loop(self, bound: Callable[[], None]) -> None:
         try:
             bound()
@@ -136,7 +147,7 @@ class Publisher:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending)
                 if self._gap < BURST_GAP:
-                    self._lock.wait_for(lambda: self._hurried or len(self._pending) >= BATCH, LINGER)
+                    self._gather()
                 lot, self._pending = self._pending, []
                 self._busy, self._hurried = True, False
             try:

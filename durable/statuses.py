@@ -112,6 +112,8 @@ RUN_MOVES: dict[tuple[RunStatus, RunStatus], tuple[str, ...]] = {
     # A turn takes the lease (a run still running was taken over from a turn that died).
     (RunStatus.PENDING, RunStatus.RUNNING): ("claim", "wake_and_claim"),
     (RunStatus.SUSPENDED, RunStatus.RUNNING): ("claim", "wake_and_claim"),
+    # A first turn replayed ahead of any claim settles its run with the step it starts.
+    (RunStatus.PENDING, RunStatus.SUSPENDED): ("settle_first", "settle_first_holding"),
     # A turn ends: it settles its run, gives the lease back, or parks it on non-determinism.
     (RunStatus.RUNNING, RunStatus.SUSPENDED): ("settle", "release", "park", "take_orphans"),
     (RunStatus.RUNNING, RunStatus.COMPLETED): ("settle",),

@@ -16,7 +16,6 @@ from .engine import (
     results_by_message,
     steps,
     sweeps,
-    turn,
     wake_batches,
 )
 
@@ -38,8 +37,7 @@ def _redelivered(task: Any, run_id: str) -> None:
 
 @shared_task(name="durable.advance", bind=True, **_RELIABLE)
 def advance(self: Any, run_id: str) -> str:
-    _redelivered(self, run_id)
-    return turn.advance(run_id)
+    return wake_batches.advance_one(run_id, redelivered=_was_redelivered(self))
 
 
 @shared_task(name="durable.advance_batch", bind=True, **_RELIABLE)

@@ -25,7 +25,7 @@ from django.db import connections
 
 from .. import clock, conf, dispatch
 from ..errors import _ControlFlow
-from ..models import Checkpoint, Run
+from ..models import Checkpoint, Run, Status
 from . import presence
 
 log = logging.getLogger("durable.engine")
@@ -222,6 +222,11 @@ HELD_CHECK_EVERY = 1.0
 ABANDON_AFTER = 5.0
 
 
+#: The owner a turn replayed ahead of any claim is watched under (``first_turns``): it holds no
+#: lease, and is lost once anything takes or ends its run.
+AHEAD = ""
+
+
 class Interrupted(_ControlFlow):
     """This turn must stop: its lease is gone, or it ran past TURN_TIME_LIMIT."""
 
@@ -249,6 +254,8 @@ def watch(run_id: str, owner: str, limit: timedelta, give_back: Callable[[], obj
     entry = _Watch(owner, threading.get_ident(), clock.now() + limit, give_back)
     with _lock:
         _watched[run_id] = entry
+    if dispatch.transport.keep_alive:
+        _ensure_renewer()  # the keeper watches (a first turn written ahead holds no lease)
 
 
 def unwatch(run_id: str) -> None:
@@ -337,15 +344,21 @@ def _check_held(settings: conf.Settings) -> None:
     for entry in due.values():
         entry.checked = mono
     try:
-        holders = dict(
-            Run.objects.using(settings.DATABASE).filter(id__in=list(due)).values_list("id", "locked_by")
-        )
+        rows = Run.objects.using(settings.DATABASE).filter(id__in=list(due))
+        holders = {
+            run_id: (holder, status)
+            for run_id, holder, status in rows.values_list("id", "locked_by", "status")
+        }
     except Exception:  # noqa: BLE001 - the next pass asks again; renewal still fences the turn
         log.warning("durable: could not check the leases of running turns", exc_info=True)
         return
     with _lock:
         for run_id, entry in due.items():
-            if holders.get(run_id) != entry.owner and active.get(run_id) == entry.owner:
+            holder, status = holders.get(run_id, (None, None))
+            if entry.owner == AHEAD:
+                if holder is not None or status != Status.PENDING:
+                    lost.add(run_id)  # taken or ended since it was read: the write would be refused
+            elif holder != entry.owner and active.get(run_id) == entry.owner:
                 lost.add(run_id)
 
 

@@ -22,7 +22,7 @@ from django.db import InterfaceError, OperationalError
 from .. import conf, dispatch, guards
 from ..errors import InvalidInput
 from ..models import UNFINISHED, Run, column_length
-from . import behind, lifecycle, turn
+from . import behind, first_turns, lifecycle, turn
 
 log = logging.getLogger("durable.engine")
 
@@ -61,10 +61,13 @@ def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
     except InvalidInput as exc:
         log.warning("durable: refused a durable.advance_batch message: %s", exc)
         return []
+    settings = conf.get()
+    # Runs just started whose first turns fit one statement each: written before any claim.
+    ahead = {} if redelivered else first_turns.ahead(ids, settings)
     outcomes: list[str] = []
     database_errors = 0
     limit, began = dispatch.time_limit(), time.monotonic()
-    lease = conf.get().LEASE.total_seconds()
+    lease = settings.LEASE.total_seconds()
     handed: list[bool] = []
 
     def let_go(rest: list[str]) -> None:
@@ -72,12 +75,15 @@ def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
         handed.append(True)
 
     for position, run_id in enumerate(ids):
+        if run_id in ahead:
+            outcomes.append(ahead[run_id])
+            continue
         if position and limit is not None and limit - (time.monotonic() - began) < lease:
             # A Celery time limit the project set goes on ticking over the whole batch: as for
             # a turn run inline, one runs here only with at least a LEASE of it left.
-            hand_over(ids[position:], redelivered=redelivered)
+            hand_over([left for left in ids[position:] if left not in ahead], redelivered=redelivered)
             break
-        rest = ids[position + 1 :]
+        rest = [left for left in ids[position + 1 :] if left not in ahead]
         try:
             if redelivered:
                 lifecycle.resend_unsent(run_id)
@@ -113,6 +119,18 @@ def advance_batch(run_ids: Any, *, redelivered: bool = False) -> list[str]:
         if handed:
             break  # the turns behind it went on in messages of their own (``behind``)
     return outcomes
+
+
+def advance_one(run_id: Any, *, redelivered: bool = False) -> str:
+    """A ``durable.advance`` message's turn, as ``turn.advance`` runs it, its first written ahead
+    when it fits (``first_turns``). ``redelivered``: as for a batch."""
+    if redelivered:
+        lifecycle.resend_unsent(run_id)
+    elif isinstance(run_id, str):
+        written = first_turns.ahead([run_id], conf.get())
+        if written:
+            return written[run_id]
+    return turn.advance(run_id)
 
 
 def hand_over(run_ids: list[str], *, redelivered: bool = False) -> None:

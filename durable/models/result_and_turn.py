@@ -6,6 +6,10 @@ recording; when the turn only starts the next step, the result, the settle and t
 are one statement (``CheckpointQuerySet.complete_and_settle``; when the turn only ends the run, the
 result and the settle), written only if the run's row is still the version read with the take: no
 wake, claim or turn came in between, so the replay saw what a turn would have seen.
+
+A run's first turn is written the same way, with no result and no claim (``fresh``,
+``settle_first``): the runs not yet taken are read with their rows' versions, and each first turn
+that only starts one step is one statement fenced by its version (``engine.first_turns``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from django.db import connections
 
 from ..statuses import UNFINISHED, CheckpointStatus
 from . import read_back
-from .base import Status, insertion, instances, updating
+from .base import Status, column_names, insertion, instances, updating
 from .checkpoints import Checkpoint
 from .runs import Run
 
@@ -92,22 +96,24 @@ def settle_holding(
     settle: tuple[dict[str, Any], dict[str, Any]],
     inserting: Checkpoint,
     fields: tuple[str, ...],
+    fence: tuple[str, list[Any]] = ("", []),
 ) -> Held | None:
     """A turn's settle (``runs.settling``: its fields, its fence) with the insert of the one
     position it wrote, an attempt it took for this process (``inserting``, held), reading back in
     the same statement what ``held`` reads once the turn commits: the attempt's row and, when the
     run waits for it alone, the run and its positions. None when the settle was refused (nothing
     written). So a turn that starts an ``async def`` step here commits and reads once, not twice.
+    ``fence``: SQL appended to the settle's WHERE, and its parameters (a first turn written ahead).
 
     The statement's reads see the table as it began: the positions read are those before the
     insert, to which the inserted one is added as its RETURNING gives it."""
     taken_columns, run_columns, _ = _reading(db, fields)
-    settling, params = updating(Run, db, *settle)
+    settling, params = updating(Run, db, *settle, fence[0])
     adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
     sql = _holding(db, fields, settling, adding)
     checks = [Status.SUSPENDED, CheckpointStatus.PENDING]
     with connections[db].cursor() as cursor:
-        cursor.execute(sql, [*params, *adding_params, *checks, *checks])
+        cursor.execute(sql, [*params, *fence[1], *adding_params, *checks, *checks])
         rows = cursor.fetchall()
     if not rows:
         return None
@@ -115,6 +121,71 @@ def settle_holding(
     seq = fields.index("seq")
     found = sorted([*(row[-2] or []), row[-1]], key=lambda values: values[seq])
     return _as_taken(db, row, taken_columns, run_columns, fields, found, {})
+
+
+def fresh(db: str, run_ids: list[str], namespace: str | None) -> list[tuple[Run, str]]:
+    """The runs of ``run_ids`` no turn has taken yet (pending, never started nor claimed,
+    admitted; of ``namespace`` when given), each with its row's version: what a first turn
+    written ahead replays (``engine.first_turns``), and the version that fences its write."""
+    ops = connections[db].ops
+    columns = column_names(Run)
+    sql = (
+        f"SELECT xmin::text, {', '.join(map(ops.quote_name, columns))} FROM {ops.quote_name(Run._meta.db_table)} "
+        "WHERE id = ANY(%s) AND status = %s AND started_at IS NULL AND locked_by IS NULL AND admitted"
+        + (" AND namespace = %s" if namespace else "")
+    )
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, [run_ids, Status.PENDING, *([namespace] if namespace else [])])
+        rows = cursor.fetchall()
+    runs = instances(Run, db, columns, [row[1:] for row in rows])
+    return [(run, row[0]) for run, row in zip(runs, rows, strict=True)]
+
+
+def _first(run_id: str, now: datetime, fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A first turn's settle written ahead: its ``fields``, the run started, no lease to let go;
+    the row it writes, still pending (the version fence, ``FIRST_FENCE``, says unchanged)."""
+    settled = {
+        **fields,
+        "started_at": now,
+        "recovery_attempts": 0,
+        "locked_by": None,
+        "locked_until": None,
+        "updated_at": now,
+    }
+    return settled, {"id": run_id, "status": Status.PENDING}
+
+
+#: The fence of a first turn written ahead: the run's row as ``fresh`` read it.
+FIRST_FENCE = " AND xmin::text = %s"
+
+
+def settle_first(
+    db: str, run_id: str, version: str, now: datetime, fields: dict[str, Any], inserting: Checkpoint
+) -> bool:
+    """Settle a run's first turn, replayed ahead of any claim, with the one position it wrote
+    (``inserting``), if the run's row is still ``version``: one statement, no lease taken.
+    False (nothing written) when anything wrote the run since ``fresh`` read it."""
+    settle, params = updating(Run, db, *_first(run_id, now, fields), FIRST_FENCE)
+    adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
+    with connections[db].cursor() as cursor:
+        cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {adding}", [*params, version, *adding_params])
+        return int(cursor.rowcount) == 1
+
+
+def settle_first_holding(
+    db: str,
+    run_id: str,
+    version: str,
+    now: datetime,
+    fields: dict[str, Any],
+    inserting: Checkpoint,
+    record_fields: tuple[str, ...],
+) -> Held | None:
+    """``settle_first`` of an attempt taken for this process (``inserting``, held), read back as
+    ``settle_holding`` reads it; None when refused."""
+    return settle_holding(
+        db, _first(run_id, now, fields), inserting, record_fields, fence=(FIRST_FENCE, [version])
+    )
 
 
 @functools.lru_cache(maxsize=64)

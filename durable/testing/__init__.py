@@ -48,6 +48,9 @@ class DurableEnv:
     """Runs durable's work in the test process, under a frozen clock."""
 
     def __init__(self, freezer: Any) -> None:
+        from ..engine import first_turns
+
+        first_turns.unfit.clear()  # each test a fresh process: nothing learned from the last
         self.messages: list[dispatch.Message] = []
         #: Messages sent with a countdown, and when they fall due.
         self.later: list[tuple[datetime, dispatch.Message]] = []
@@ -141,7 +144,6 @@ class DurableEnv:
                 remote_turns,
                 results_by_message,
                 steps,
-                turn,
                 wake_batches,
             )
             from ..engine.sweeps import SWEEPS
@@ -153,7 +155,7 @@ class DurableEnv:
                 dispatch.TURN_HEARTBEAT: remote_turns.heartbeat,
                 dispatch.HEARTBEAT: results_by_message.heartbeat,
                 dispatch.STEP_RESULT: results_by_message.step_result,
-                dispatch.ADVANCE: turn.advance,
+                dispatch.ADVANCE: wake_batches.advance_one,
                 dispatch.ADVANCE_BATCH: wake_batches.advance_batch,
                 dispatch.RUN_STEP: steps.run_step,
                 dispatch.APPLY_ENTITY: entity_ops.apply,

@@ -88,8 +88,11 @@ def crash(env: DurableEnv, step: Step | str, when: str, attempt: int) -> Iterato
 
 
 def forget() -> None:
-    """A fresh process: nothing of the dead one's leases, holds and sweep passes."""
-    from ..engine import leases, sweeps
+    """A fresh process: nothing of the dead one's leases, holds, sweep passes, nor what it
+    learned of first turns (``first_turns.unfit``)."""
+    from ..engine import first_turns, leases, sweeps
+
+    first_turns.unfit.clear()
 
     leases.active.clear()
     leases.lost.clear()

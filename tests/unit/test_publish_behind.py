@@ -43,8 +43,9 @@ class Recorder:
 
 
 def test_lots_keep_the_order_and_hold_at_most_a_batch():
-    run_ids = [f"r{i}" for i in range(11)]
-    assert publish_behind.lots(run_ids) == [run_ids[:8], run_ids[8:]]
+    batch = publish_behind.BATCH
+    run_ids = [f"r{i}" for i in range(batch + 3)]
+    assert publish_behind.lots(run_ids) == [run_ids[:batch], run_ids[batch:]]
     assert publish_behind.lots(["r0"]) == [["r0"]]
 
 
@@ -75,6 +76,22 @@ def test_a_burst_leaves_in_lots_each_wake_once(monkeypatch):
     # The thread lingered until a batch had gathered, then sent the rest as they came.
     assert len(recorder.lots[0]) >= publish_behind.BATCH
     assert len(recorder.lots) < 30
+
+
+def test_a_lot_leaves_once_the_starts_pause_not_after_linger(monkeypatch):
+    monkeypatch.setattr(publish_behind, "BURST_GAP", 0.2)
+    monkeypatch.setattr(publish_behind, "LINGER", 30.0)
+    recorder = Recorder()
+    publisher = recorder.publisher()
+    began = time.monotonic()
+    for i in range(6):  # fewer than a batch, close together: a burst from the fifth on
+        publisher.put("q", f"r{i}")
+    deadline = time.monotonic() + 10
+    while len(recorder.wakes) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [run_id for _, run_id in recorder.wakes] == [f"r{i}" for i in range(6)]
+    assert time.monotonic() - began < 10  # LINGER is 30 s: the pause sent the lot
+    assert max(len(lot) for lot in recorder.lots) > 1
 
 
 def test_hurry_cuts_a_lingering_lot_short(monkeypatch):

@@ -1,0 +1,244 @@
+"""First turns written ahead of any claim (PostgreSQL).
+
+A run's first turn takes its lease (a claim, one commit), replays the body and settles it with
+what the body asked for (a second commit). When that turn only starts one step (an ``async
+def`` step this process then awaits, a step sent to its queue, a timer), nothing in it needs the
+lease: the run is read with the version of its row, the body is replayed before anything is
+written, and the settle and the new position are one statement, written only if the row is
+still that version. A ``durable.advance_batch`` of runs just started (a loop of starts, a view
+that starts many) so costs one read for all and one commit each.
+
+Anything else goes the usual way, as if this were never tried: a row written since the read, a
+body that would run a step in this process or a local step, a turn that would write more than
+one position, end the run or change its exposed values. A workflow whose first turn did not fit
+once is not tried again by this process (its replay would be thrown away each time).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+
+from .. import clock, conf, dispatch, metrics, shutdown, tracing
+from ..definitions import Workflow, registry
+from ..errors import InvalidInput, WorkflowNotRegistered
+from ..models import Run, Status
+from ..models import result_and_turn as rows
+from ..replay.core import replay
+from ..replay.history import Decision
+from ..replay.stopping import NotAhead
+from ..replay.turnstate import TurnState
+from ..statuses import Decided, Turned
+from . import (
+    attempts,
+    events,
+    histories,
+    leases,
+    lifecycle,
+    observe,
+    remote_turns,
+    turn,
+    turn_writes,
+    write_plan,
+)
+from .write_plan import TurnPlan, TurnWrite
+
+log = logging.getLogger("durable.engine")
+
+#: Workflows (name, version) whose first turn did not fit one statement in this process.
+unfit: set[tuple[str, str]] = set()
+
+
+def ahead(run_ids: list[str], settings: conf.Settings) -> dict[str, str]:
+    """Write the first turns of those of ``run_ids`` that no turn has taken yet, where each fits
+    one statement; return what became of each turn run here (run id to outcome). The others are
+    left, untouched, to ``turn.advance``."""
+    if not attempts.reads_run_with_take(settings):
+        return {}
+    written: dict[str, str] = {}
+    try:
+        fresh = rows.fresh(settings.DATABASE, run_ids, settings.NAMESPACE)
+    except (OperationalError, InterfaceError):
+        return written  # the usual turns wait for the database, as they know how
+    for run, version in fresh:
+        if (
+            (run.workflow, run.version) in unfit
+            or run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS  # the usual turn ends it
+            or not attempts.serves(run.queue or settings.DEFAULT_QUEUE)
+            or remote_turns.is_remote(run, settings)
+        ):
+            continue
+        try:
+            outcome = _first_turn(run, version, settings)
+        except (OperationalError, InterfaceError):
+            # A commit this process could not confirm may hold a step it never sent; the rest
+            # go the usual way, which waits for the database as a turn does.
+            log.warning("durable: the first turn of run %s, written ahead, failed", run.id, exc_info=True)
+            turn.resend_when_the_database_answers(run.id, settings)
+            break
+        except Exception as exc:
+            if shutdown.is_leaving(exc):
+                raise
+            unfit.add((run.workflow, run.version))
+            log.error("durable: the first turn of run %s, written ahead, raised", run.id, exc_info=True)
+            continue
+        if outcome is not None:
+            written[run.id] = outcome
+    return written
+
+
+def _first_turn(run: Run, version: str, settings: conf.Settings) -> str | None:
+    """What became of the run's first turn, replayed ahead; None when the usual turn must run it
+    (nothing written)."""
+    try:
+        workflow = registry.workflow(run.workflow, run.version)
+        body_input = workflow.body_input(run.input)
+    except (WorkflowNotRegistered, InvalidInput):
+        return None  # the usual turn parks or fails it, and says why
+    attributes = {"durable.run_id": run.id, "durable.workflow": run.workflow, "durable.version": run.version}
+    began = time.perf_counter()
+    with tracing.span(f"durable.turn {run.workflow}", run.id, attributes) as span:
+        now = clock.now()
+        outcome = _watched(run, workflow, body_input, version, now, settings)
+        if span is not None:
+            span.set_attribute("durable.outcome", str(outcome or "not ahead"))
+    if outcome is not None:
+        metrics.turn_ended(run.workflow, run.namespace, str(outcome), time.perf_counter() - began)
+    return outcome
+
+
+def _watched(
+    run: Run, workflow: Workflow, body_input: Any, version: str, now: datetime, settings: conf.Settings
+) -> str | None:
+    """The replay and the write, the replay watched by the lease keeper as a turn's is: a body
+    that runs past TURN_TIME_LIMIT without reaching a primitive is stopped, and its run counted
+    as a crashed turn's; one that ignores the stop is abandoned (``leases``)."""
+    handed: list[str] = []
+    leases.watch(
+        run.id, leases.AHEAD, settings.TURN_TIME_LIMIT, lambda: handed.append(_give_back(run, settings))
+    )
+    try:
+        replayed = _replayed(workflow, body_input, run, settings)
+    except leases.Interrupted:
+        if leases.is_lost(run.id):
+            return None  # taken or ended meanwhile (a cancel, say): the usual turn finds out which
+        unfit.add((run.workflow, run.version))
+        return handed[0] if handed else _give_back(run, settings)
+    except BaseException as exc:
+        if shutdown.is_leaving(exc):
+            # The worker is leaving around the body: nothing is written; its turn goes again.
+            leases.while_leaving(f"send the turn of run {run.id} again", lifecycle.resend_unsent, run.id)
+        raise
+    finally:
+        leases.unwatch(run.id)
+        leases.lost.discard(run.id)
+    if handed:
+        return handed[0]  # abandoned, then ended after all: handed back, nothing written
+    if replayed is None:
+        return None
+    return Status.SUSPENDED if _write(run, version, now, settings, *replayed) else None
+
+
+def _give_back(run: Run, settings: conf.Settings) -> str:
+    """Count a first turn stopped at TURN_TIME_LIMIT as a crashed turn, as ``turn.give_back``
+    counts one holding the run, under a claim taken for it."""
+    claimed = Run.objects.using(settings.DATABASE).claim(
+        run.id, turn.new_owner(settings), clock.now(), settings.LEASE, settings.NAMESPACE
+    )
+    if claimed is None:
+        return Turned.BUSY
+    return turn.give_back(claimed, claimed.locked_by or "", settings)
+
+
+def _replayed(
+    workflow: Workflow, body_input: Any, run: Run, settings: conf.Settings
+) -> tuple[Decision, TurnState, TurnPlan] | None:
+    """The run's first turn, replayed before anything is written: its outcome and what it would
+    write; None if it would do anything only a turn holding the run may do."""
+    db = settings.DATABASE
+    lost: list[BaseException] = []
+    # As in a turn: a failed query is never the body's to catch.
+    guarded = turn.guarding(lost, lambda _: NotAhead("the database failed a query of the body"))
+    state = TurnState(
+        records={},
+        load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
+        find_event=guarded(events.find),
+        find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
+        exposed=dict(run.exposed or {}),
+        logs=[],
+    )
+    try:
+        outcome = replay(
+            workflow,
+            turn.facts(run, body_input),
+            state,
+            clock=clock.now,
+            limits=turn.limits(settings),
+            flush=_refused,
+            renew=lambda: None,
+            in_place=attempts.InPlace.offered(run.id, "", run.queue or settings.DEFAULT_QUEUE, settings),
+            stopped=lambda: leases.stopping(run.id),
+            ahead=True,
+        )
+    except NotAhead:
+        if not lost:
+            unfit.add((run.workflow, run.version))
+        return None
+    if lost or outcome.status == Decided.CANCELLED:
+        return None  # cancelled before it began: the usual turn ends it
+    if outcome.status != Decided.SUSPENDED:
+        unfit.add((run.workflow, run.version))  # it ends in its first turn: written the usual way
+        return None
+    plan = write_plan.turn_plan(run, "", state, outcome, db)
+    if (
+        plan.kind != TurnWrite.INSERT_AND_SETTLE
+        or state.exposed_changed
+        or state.search_attributes is not None
+    ):
+        unfit.add((run.workflow, run.version))
+        return None
+    return outcome, state, plan
+
+
+def _write(
+    run: Run,
+    version: str,
+    now: datetime,
+    settings: conf.Settings,
+    outcome: Decision,
+    state: TurnState,
+    plan: TurnPlan,
+) -> bool:
+    db, inserting = settings.DATABASE, plan.inserting
+    assert inserting is not None  # an INSERT_AND_SETTLE plan inserts one position
+    fields = turn.run_fields(outcome)
+    unsaved = state.unsaved()
+    held: rows.Held | None = None
+    if inserting.held_by:
+        held = rows.settle_first_holding(db, run.id, version, now, fields, inserting, histories.RECORD_FIELDS)
+        if held is None:
+            return False
+    elif not rows.settle_first(db, run.id, version, now, fields, inserting):
+        return False
+    run.status, run.started_at = Status.RUNNING, now  # as a claim would leave it, for run_started
+    observe.run_started(run)
+    run.status = Status.SUSPENDED
+    for line in state.logs or ():
+        logging.getLogger(line.name).handle(line)
+    observe.run_suspended(run, outcome.wake_at)
+    if state.timers:
+        # A timer due soon fires on time without beat, as after any turn.
+        dispatch.advance_at(run.id, run.queue or settings.DEFAULT_QUEUE, min(state.timers))
+    turn_writes.send(run.id, state, settings, unsaved, namespace=run.namespace, held=held)
+    turn_writes.hand_off(state)
+    if events.arrived_since(state.records):
+        lifecycle.wake(run.id)
+    return True
+
+
+def _refused(state: TurnState) -> None:
+    raise NotAhead("the turn would write before it ends")

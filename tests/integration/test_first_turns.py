@@ -1,0 +1,216 @@
+"""A run's first turn written ahead of any claim (PostgreSQL): read with its row's version,
+replayed, and settled with the one position it starts in one statement fenced by that version.
+A row written in between, or a first turn that does more than start one step, goes the usual
+way; nothing runs twice and nothing is lost."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+from django.db import connection, transaction
+
+import durable
+from durable import clock, conf, dispatch, values
+from durable.engine import first_turns, histories
+from durable.models import Checkpoint, Run, RunQuerySet, Status
+from durable.models import result_and_turn as rows
+from durable.statuses import CheckpointStatus
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the fence is PostgreSQL's row version"),
+]
+
+RAN: list[str] = []
+
+
+@durable.step
+def charge(order):
+    RAN.append(f"charge {order['id']}")
+    return {"charged": order["total"], "at": dt.datetime(2026, 12, 7, 9, 30, tzinfo=dt.UTC)}
+
+
+@durable.step(local=True)
+def note(order):
+    RAN.append(f"note {order['id']}")
+    return order["id"]
+
+
+@durable.workflow(name="tests.first_turns.charge")
+def charged(ctx, order):
+    return ctx.step(charge, order)
+
+
+@durable.workflow(name="tests.first_turns.local_first")
+def noted_then_charged(ctx, order):
+    ctx.step(note, order)
+    return ctx.step(charge, order)
+
+
+@durable.workflow(name="tests.first_turns.nap")
+def napping(ctx, order):
+    ctx.sleep("1m")
+    return order["id"]
+
+
+def _order(i: int) -> dict:
+    return {"id": i, "total": Decimal("12.30")}
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    RAN.clear()
+    first_turns.unfit.clear()
+    yield
+    first_turns.unfit.clear()
+
+
+@pytest.fixture
+def claims(monkeypatch) -> list[str]:
+    made: list[str] = []
+    claim = RunQuerySet.claim
+
+    def counted(self, run_id, *args, **kwargs):
+        made.append(run_id)
+        return claim(self, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(RunQuerySet, "claim", counted)
+    return made
+
+
+def test_a_first_turn_that_starts_one_step_is_written_without_a_claim(durable_env, claims):
+    run = durable.start(charged, _order(1))
+    assert durable_env.run_next().task == dispatch.ADVANCE
+    assert claims == []
+    row = Run.objects.get(id=run.id)
+    assert (row.status, row.locked_by, row.recovery_attempts) == (Status.SUSPENDED, None, 0)
+    assert row.started_at is not None
+    assert [m.task for m in durable_env.pending()] == [dispatch.RUN_STEP]
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == {
+        "charged": Decimal("12.30"),
+        "at": dt.datetime(2026, 12, 7, 9, 30, tzinfo=dt.UTC),
+    }
+    assert RAN == ["charge 1"]
+
+
+def test_a_batch_of_runs_just_started_is_written_with_one_read_and_no_claim(durable_env, claims):
+    with transaction.atomic():
+        ids = [durable.start(charged, _order(i)).id for i in range(20)]
+    first = durable_env.pending()
+    assert dispatch.ADVANCE_BATCH in {m.task for m in first}
+    for _ in first:
+        durable_env.run_next()
+    assert claims == []
+    assert set(Run.objects.filter(id__in=ids).values_list("status", flat=True)) == {Status.SUSPENDED}
+    durable_env.run_until_idle()
+    assert sorted(RAN) == sorted(f"charge {i}" for i in range(20))
+    assert [durable.result(run_id)["charged"] for run_id in ids] == [Decimal("12.30")] * 20
+
+
+def test_a_row_written_since_the_read_refuses_the_write_and_the_usual_turn_runs(
+    durable_env, claims, monkeypatch
+):
+    run = durable.start(charged, _order(2))
+    replayed = first_turns._replayed
+
+    def signalled_meanwhile(workflow, body_input, read, settings):
+        out = replayed(workflow, body_input, read, settings)
+        durable.signal(read.id, "unrelated", "now")  # a wake the read did not see
+        return out
+
+    monkeypatch.setattr(first_turns, "_replayed", signalled_meanwhile)
+    durable_env.run_next()
+    assert claims == [run.id]  # refused ahead: the usual turn claimed it
+    assert Checkpoint.objects.filter(run_id=run.id, kind="step").count() == 1
+    assert [m.task for m in durable_env.pending()].count(dispatch.RUN_STEP) == 1  # sent once
+    durable_env.run_until_idle()
+    assert durable.result(run.id)["charged"] == Decimal("12.30")
+    assert RAN == ["charge 2"]
+
+
+def test_a_first_turn_that_would_run_a_local_step_goes_the_usual_way_and_is_not_tried_again(
+    durable_env, claims, monkeypatch
+):
+    tried: list[str] = []
+    replayed = first_turns._replayed
+
+    def counted(workflow, body_input, read, settings):
+        tried.append(read.id)
+        return replayed(workflow, body_input, read, settings)
+
+    monkeypatch.setattr(first_turns, "_replayed", counted)
+    first = durable.start(noted_then_charged, _order(3))
+    durable_env.run_until_idle()
+    assert claims[0] == first.id
+    second = durable.start(noted_then_charged, _order(4))
+    durable_env.run_next()
+    assert tried == [first.id]  # the second run's first turn was not replayed ahead at all
+    assert claims[-1] == second.id
+    assert ("tests.first_turns.local_first", "1") in {(w, str(v)) for w, v in first_turns.unfit}
+    durable_env.run_until_idle()
+    assert sorted(RAN) == ["charge 3", "charge 4", "note 3", "note 4"]  # each once
+
+
+def test_a_timer_first_is_written_ahead_and_fires(durable_env, claims):
+    run = durable.start(napping, _order(5))
+    durable_env.run_next()
+    assert claims == []
+    assert Run.objects.get(id=run.id).status == Status.SUSPENDED
+    durable_env.advance_time("61s")
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == 5
+
+
+def test_a_run_already_claimed_or_started_is_not_read_as_fresh(durable_env):
+    started = durable.start(charged, _order(6))
+    waiting = durable.start(charged, _order(7))
+    Run.objects.claim(started.id, "tests/owner", clock.now(), conf.get().LEASE)
+    fresh = rows.fresh("default", [started.id, waiting.id, "no-such-run"], None)
+    assert [run.id for run, _ in fresh] == [waiting.id]
+    assert rows.fresh("default", [waiting.id], "another-namespace") == []
+
+
+def _held(run: Run) -> Checkpoint:
+    now = clock.now()
+    return Checkpoint(
+        run_id=run.id,
+        seq=0,
+        kind="step",
+        name="tests.first_turns.charge",
+        status=CheckpointStatus.PENDING,
+        input=values.encode({"args": [_order(8)]}, what="the input"),
+        enqueued_at=now,
+        started_at=now,
+        held_by="tests/holder",
+        held_until=now + conf.get().LEASE,
+        token="t0ken",
+    )
+
+
+def test_a_held_attempt_written_ahead_is_read_back_as_after_the_commit(durable_env):
+    run = durable.start(charged, _order(8))
+    ((read, version),) = rows.fresh("default", [run.id], None)
+    fields = {"status": Status.SUSPENDED, "wake_at": None, "error": None}
+    Run.objects.filter(id=run.id).update(wakes=read.wakes + 1)  # a wake since the read
+    assert (
+        rows.settle_first_holding(
+            "default", run.id, version, clock.now(), fields, _held(read), histories.RECORD_FIELDS
+        )
+        is None
+    )
+    assert not Checkpoint.objects.filter(run_id=run.id).exists()
+    ((read, version),) = rows.fresh("default", [run.id], None)
+    held = rows.settle_first_holding(
+        "default", run.id, version, clock.now(), fields, _held(read), histories.RECORD_FIELDS
+    )
+    assert held is not None
+    row, taken = held
+    after_row, after_taken = rows.held("default", run.id, 0, 1, "tests/holder", histories.RECORD_FIELDS)
+    assert after_row is not None and after_taken is not None and taken is not None
+    assert row.token == after_row.token == "t0ken"
+    assert taken.version == after_taken.version
+    assert taken.run.started_at == after_taken.run.started_at is not None
+    assert Run.objects.get(id=run.id).status == Status.SUSPENDED
