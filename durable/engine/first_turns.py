@@ -28,7 +28,6 @@ from ..definitions import Workflow, registry
 from ..errors import InvalidInput, WorkflowNotRegistered
 from ..models import Run, Status
 from ..models import result_and_turn as rows
-from ..replay.core import replay
 from ..replay.history import Decision
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
@@ -45,6 +44,7 @@ from . import (
     turn_writes,
     write_plan,
 )
+from .result_and_turn import QueryFailed, replay_ahead
 from .write_plan import TurnPlan, TurnWrite
 
 log = logging.getLogger("durable.engine")
@@ -160,33 +160,14 @@ def _replayed(
     """The run's first turn, replayed before anything is written: its outcome and what it would
     write; None if it would do anything only a turn holding the run may do."""
     db = settings.DATABASE
-    lost: list[BaseException] = []
-    # As in a turn: a failed query is never the body's to catch.
-    guarded = turn.guarding(lost, lambda _: NotAhead("the database failed a query of the body"))
-    state = TurnState(
-        records={},
-        load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
-        find_event=guarded(events.find),
-        find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
-        exposed=dict(run.exposed or {}),
-        logs=[],
-    )
     try:
-        outcome = replay(
-            workflow,
-            turn.facts(run, body_input),
-            state,
-            clock=clock.now,
-            limits=turn.limits(settings),
-            flush=_refused,
-            renew=lambda: None,
-            in_place=attempts.InPlace.offered(run.id, "", run.queue or settings.DEFAULT_QUEUE, settings),
-            stopped=lambda: leases.stopping(run.id),
-            ahead=True,
+        outcome, state, lost = replay_ahead(
+            workflow, body_input, run, {}, None, settings, stopped=lambda: leases.stopping(run.id)
         )
+    except QueryFailed:
+        return None
     except NotAhead:
-        if not lost:
-            unfit.add((run.workflow, run.version))
+        unfit.add((run.workflow, run.version))
         return None
     if lost or outcome.status == Decided.CANCELLED:
         return None  # cancelled before it began: the usual turn ends it
@@ -238,7 +219,3 @@ def _write(
     if events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return True
-
-
-def _refused(state: TurnState) -> None:
-    raise NotAhead("the turn would write before it ends")

@@ -9,7 +9,8 @@ new position are one statement, fenced by the version of the run's row the take 
 completes a run that tells no parent and no singleton line, the result and the settle are.
 Anything else (a wake, a claim or a turn in between, a turn that would run a local step, write
 anything more, or end the run otherwise) leaves it to the usual path, which records the result
-as if this were never tried.
+as if this were never tried. A run's first turn is replayed ahead the same way (``replay_ahead``,
+``first_turns``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..models import Checkpoint, Run, Status
 from ..models import result_and_turn as rows
 from ..models.result_and_turn import RunAsTaken
 from ..replay.core import replay
-from ..replay.history import COMPLETED, Decision
+from ..replay.history import COMPLETED, Decision, Record
 from ..replay.stopping import NotAhead
 from ..replay.turnstate import TurnState
 from ..statuses import UNFINISHED, Attempted, CheckpointStatus, Decided
@@ -135,33 +136,9 @@ def _replayed(
     done = positions[row.seq]
     done.status, done.output, done.error, done.wake_at, done.finished_at = COMPLETED, output, None, None, now
     done.stored_as = (COMPLETED, done.attempt)
-    lost: list[BaseException] = []
-    # As in a turn: a failed query is never the body's to catch.
-    guarded = turn.guarding(lost, lambda _: NotAhead("the database failed a query of the body"))
-
-    state = TurnState(
-        records=positions,
-        load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
-        find_event=guarded(events.find),
-        find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
-        exposed=dict(run.exposed or {}),
-        logs=[],
-        read_at=row.started_at,  # the take read the positions, no later than it started the attempt
-    )
     try:
-        outcome = replay(
-            workflow,
-            turn.facts(run, body_input),
-            state,
-            clock=clock.now,
-            limits=turn.limits(settings),
-            flush=_refused,
-            renew=lambda: None,
-            # A next step this worker would run in place goes the usual way (its start is a
-            # write of the turn): run here, it crosses no broker at all.
-            in_place=attempts.InPlace.offered(run.id, "", run.queue or settings.DEFAULT_QUEUE, settings),
-            ahead=True,
-        )
+        # The take read the positions no later than it started the attempt.
+        outcome, state, lost = replay_ahead(workflow, body_input, run, positions, row.started_at, settings)
     except NotAhead:
         return None
     plan = write_plan.turn_plan(run, "", state, outcome, db)
@@ -235,6 +212,52 @@ def _write(
     if not ends and events.arrived_since(state.records):
         lifecycle.wake(run.id)
     return Attempted.COMPLETED
+
+
+class QueryFailed(NotAhead):
+    """A query the body asked for failed: the replay saw less than a turn would."""
+
+
+def replay_ahead(
+    workflow: Workflow,
+    body_input: Any,
+    run: Run,
+    records: dict[int, Record],
+    read_at: datetime | None,
+    settings: conf.Settings,
+    stopped: Callable[[], BaseException | None] | None = None,
+) -> tuple[Decision, TurnState, bool]:
+    """Replay ``run``'s body over ``records`` (read at ``read_at``): its outcome, the turn's
+    state, and whether a query of the body failed (the replay then saw less than a turn would).
+    Raises ``NotAhead`` where only a turn holding the run may go on."""
+    db = settings.DATABASE
+    lost: list[BaseException] = []
+    # As in a turn: a failed query is never the body's to catch.
+    guarded = turn.guarding(lost, lambda _: QueryFailed("the database failed a query of the body"))
+    state = TurnState(
+        records=records,
+        load_signals=guarded(lambda: histories.unconsumed_signals(run.id, db)),
+        find_event=guarded(events.find),
+        find_run=guarded(lambda run_id: histories.workflow_and_status(run_id, db)),
+        exposed=dict(run.exposed or {}),
+        logs=[],
+        read_at=read_at,
+    )
+    outcome = replay(
+        workflow,
+        turn.facts(run, body_input),
+        state,
+        clock=clock.now,
+        limits=turn.limits(settings),
+        flush=_refused,
+        renew=lambda: None,
+        # A step this worker would run in place goes the usual way (its start is a write of the
+        # turn); an ``async def`` step it would await on its loop is held in the turn's write.
+        in_place=attempts.InPlace.offered(run.id, "", run.queue or settings.DEFAULT_QUEUE, settings),
+        stopped=stopped,
+        ahead=True,
+    )
+    return outcome, state, bool(lost)
 
 
 def _refused(state: TurnState) -> None:
