@@ -7,8 +7,8 @@ The caller pays its commit and not a Celery publish (0.5 to 1 ms each), and a br
 slow or down stalls that thread, not the request. When starts come close together (a loop of
 ``durable.start()``: less than BURST_GAP apart on average) the thread lets up to BATCH gather
 while they keep coming, LINGER at most, and sends them as one ``durable.advance_batch``: the
-worker then takes one message where it took a message per run. A start on its own leaves at once, and a caller that waits for
-a run (``durable.result``) cuts any lingering short (``hurry``).
+worker then takes one message where it took a message per run. A start on its own leaves at
+once, and a caller that waits for a run (``durable.result``) cuts any lingering short (``hurry``).
 
 Nothing here is needed for correctness: a run's first turn is a hint its ``wake_at`` backs up
 (the timer sweep sends it again within ``RECONCILE_INTERVAL``), so a process killed before its
