@@ -39,7 +39,9 @@ Control flow: never an error of the run, and never caught by a body's ``except E
         ├── _DatabaseLost              durable.engine.turn: the database failed a primitive's query
         ├── _Stale                     durable.engine.turn_writes: a guarded write matched no row
         ├── NotAhead                   durable.replay.stopping: a turn replayed before its write
-        │                              reached what only a turn holding the run may do
+        │   │                          reached what only a turn holding the run may do
+        │   └── QueryFailed            durable.engine.result_and_turn: a query the body asked for
+        │                              failed there
         ├── _EndOfHistory              durable.replay.check: a replay check walked the whole history
         └── ProcessDied                durable.testing.crashes: durable_env.crash() killed the
                                        test's process at a step attempt
