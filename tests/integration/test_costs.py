@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 import durable
-from durable.engine import steps, turn
+from durable.engine import steps, turn, wake_batches
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,6 +105,19 @@ def test_a_turn_that_dispatches_a_step_costs_at_most_four_statements(durable_env
     sql = statements(lambda: turn.advance(again.id))
     # claim, load the history, insert the next step, settle.
     assert len(sql) == (3 if FOLDED else 4), sql
+
+
+@pytest.mark.skipif(not FOLDED, reason="a first turn is written ahead on PostgreSQL only")
+def test_a_first_turn_that_only_sends_a_step_costs_a_read_and_one_commit(durable_env):
+    run = durable.start(remote_flow, 1)
+    durable_env.drop()
+    sql = statements(lambda: wake_batches.advance_one(run.id))
+    # the run read with its row's version, then the settle and the step's INSERT, fenced by it
+    assert len(sql) == 2, sql
+    assert sql[0].lstrip().upper().startswith("SELECT"), sql
+    again = durable.start(remote_flow, 2)
+    durable_env.drop()
+    assert commits(lambda: wake_batches.advance_one(again.id)) == 1
 
 
 def test_a_local_step_costs_one_insert(durable_env):
