@@ -190,8 +190,11 @@ def test_a_remote_worker_killed_mid_step_is_recovered_by_a_new_attempt(durable_w
     first = plain.start("a")
     run = durable.start(remote_stuck_flow, 1)
     wait_for(lambda: Path(str(plain.runs) + ".hung").exists(), timeout=60, what="attempt 1 to hang")
-    first.kill()
+    # The second worker is up before the first dies: attempt 2 is sent once the beats stop, and a
+    # worker still starting when STEP_REDISPATCH_AFTER (2 s here) passes would have it sent again
+    # (the bound for an attempt nobody reports started) and run it twice.
     plain.start("b")
+    first.kill()
     assert durable.result(run.id, timeout=90) == 101
     assert [line for line in plain.lines() if line.startswith("stuck")] == [
         "stuck 1 attempt 1",
