@@ -30,6 +30,7 @@ from . import (
     flow,
     histories,
     leases,
+    lifecycle,
     namespaces,
     next_turn,
     observe,
@@ -259,12 +260,20 @@ def record(
     unsaved = beats is not None and beats.unsaved is not None
     plan = write_plan.result_plan(row, error, unsaved, ahead=read is not None and claim is not None)
     if plan == ResultWrite.WITH_NEXT_TURN and read is not None:
-        written = _persistently(
-            lambda: result_and_turn.record(
-                row, read, output, settings, began, lambda: _observe(row, output, None, None)
-            ),
-            key,
-        )
+        try:
+            written = _persistently(
+                lambda: result_and_turn.record(
+                    row, read, output, settings, began, lambda: _observe(row, output, None, None)
+                ),
+                key,
+            )
+        except BaseException as exc:
+            if shutdown.is_leaving(exc):
+                # The worker is leaving around the next turn's replay: the result it holds is
+                # recorded the usual way, its turn sent, so the step is not run again.
+                what = f"record {row.name} {row.run_id}#{row.seq} attempt {row.attempt}"
+                leases.while_leaving(what, _record_while_leaving, row, step, output, beats)
+            raise
         if written is not None:
             return written
         plan = ResultWrite.WITH_WAKE  # the replay declined: the result and the wake, as usual
@@ -294,6 +303,13 @@ def record(
         # holding the run sees this wake when it settles, or the run is not admitted yet.)
         next_turn.run_or_send(run_id, woken, settings, began, inline=inline)
     return Attempted.COMPLETED if recorded == COMPLETED else Attempted.FAILED
+
+
+def _record_while_leaving(row: Checkpoint, step: Step | None, output: Any, beats: Beats | None) -> None:
+    if record(row, step, output, None, False, beats, inline=False) == Attempted.STALE:
+        # Settled already: perhaps by the statement with the next turn, whose send the shutdown
+        # cut short.
+        lifecycle.resend_unsent(row.run_id)
 
 
 def _persistently(write: Callable[[], T], key: tuple[str, int, int]) -> T | None:

@@ -46,6 +46,23 @@ def buggy_flow(ctx, _):
     raise NotImplementedError("a real bug")
 
 
+RECORDED: list[str] = []
+
+
+@durable.step
+def counted(value):
+    RECORDED.append(value)
+    return value
+
+
+@durable.workflow(name="tests.shutdown_after_a_step")
+def after_a_step_flow(ctx, _):
+    first = ctx.step(counted, "one")
+    if LEAVE:
+        raise LEAVE.pop()
+    return ctx.step(counted, f"{first} two")
+
+
 @durable.workflow(name="tests.shutdown_in_place")
 def in_place_flow(ctx, _):
     return ctx.step(interrupted_in_place, "done")
@@ -85,6 +102,26 @@ def test_a_first_turn_interrupted_by_a_cold_shutdown_is_sent_again_and_completes
     cold_shutdown.over()
     durable_env.run_until_idle()
     assert durable.result(run.id) == "done"
+
+
+def test_a_result_whose_next_turn_is_interrupted_by_a_cold_shutdown_is_recorded_once(
+    durable_env, cold_shutdown
+):
+    RECORDED.clear()
+    run = durable.start(after_a_step_flow)
+    durable_env.run_next()  # the first turn: the step is sent
+    LEAVE.append(NotImplementedError("solo TaskPool does not implement kill_job"))
+    # The step runs, and the shutdown comes while its run's next turn is replayed (with the
+    # result, on PostgreSQL; after it, as a turn, elsewhere).
+    with pytest.raises(NotImplementedError):
+        durable_env.run_next()
+    first = Checkpoint.objects.get(run_id=run.id, seq=0)
+    assert (first.status, first.output, first.attempt) == ("completed", "one", 1)
+    assert "durable.advance" in [m.task for m in durable_env.pending()]  # its next turn, sent
+    cold_shutdown.over()
+    durable_env.run_until_idle()
+    assert durable.result(run.id) == "one two"
+    assert RECORDED == ["one", "one two"]  # the first step was not run again
 
 
 def test_a_local_step_interrupted_by_a_shutdown_is_not_failed_and_runs_again(durable_env, cold_shutdown):
