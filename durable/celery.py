@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from typing import Any
@@ -305,6 +306,15 @@ def _mark_task_step_started(task: Any = None, **_: Any) -> None:
 
 
 @signals.worker_init.connect
+def _freeze_startup_heap(**_: Any) -> None:
+    """What the worker built so far stays for its life: each full collection walked all of it,
+    and in a prefork child, touching it copied every page the child shared with its parent."""
+    if conf.get().FREEZE_GC_AT_START:
+        gc.collect()  # before the fork: what is garbage now is not frozen with the rest
+        gc.freeze()
+
+
+@signals.worker_init.connect
 def _serve_remote_steps(sender: Any = None, **_: Any) -> None:
     """Run the remote steps this worker knows as Celery tasks (for the queues it consumes)."""
     from . import remote
@@ -334,3 +344,7 @@ def _pool_child(**_: Any) -> None:
 
     leases.may_exit = True
     metrics.make()  # a provider set by the project's own worker_process_init
+    if conf.get().FREEZE_GC_AT_START:
+        # What the pool built in the parent after worker_init too; no collection first, which
+        # would touch (and so copy) every page shared with the parent.
+        gc.freeze()

@@ -106,6 +106,11 @@ class Settings:
     #: The most async step attempts one worker process runs at once on its loop (its tasks
     #: wait for a slot past that).
     ASYNC_STEPS_PER_PROCESS: int = 100
+    #: A worker moves what it built at its start (Django, the project's modules, durable's
+    #: registries) out of the garbage collector's sight (``gc.freeze()``), before its pool
+    #: forks and again in each pool process: a full collection no longer walks it, and a prefork
+    #: child no longer copies the pages it shares with its parent by touching them.
+    FREEZE_GC_AT_START: bool = True
     #: A turn still running after this is stopped, its run handed back and counted as crashed
     #: (towards MAX_RECOVERY_ATTEMPTS): a body that never reaches a primitive cannot hold a
     #: worker process forever.
@@ -200,7 +205,7 @@ def problems(raw: dict[str, Any]) -> list[tuple[str, str]]:
                 f"fails), got {raw['ON_NONDETERMINISM']!r}",
             )
         )
-    for key in ("INLINE_NEXT_TURN", "EAGER_STEPS", "PUBLISH_IN_THREAD"):
+    for key in ("INLINE_NEXT_TURN", "EAGER_STEPS", "PUBLISH_IN_THREAD", "FREEZE_GC_AT_START"):
         if key in raw and not isinstance(raw[key], bool):
             found.append((key, f"must be True or False, got {raw[key]!r}"))
     queues = raw.get("REMOTE_QUEUES", ())

@@ -283,6 +283,7 @@ _DURABLE_FROM_ENV = {
     "EAGER_STEPS": _switch,
     "PUBLISH_IN_THREAD": _switch,
     "ASYNC_STEPS_PER_PROCESS": int,
+    "FREEZE_GC_AT_START": _switch,
     "ON_NONDETERMINISM": str,
     # The bearer token Prometheus sends to /metrics/ (durable.metrics_view).
     "METRICS_TOKEN": str,
