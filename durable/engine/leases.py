@@ -354,6 +354,8 @@ def _check_held(settings: conf.Settings) -> None:
         return
     with _lock:
         for run_id, entry in due.items():
+            if _watched.get(run_id) is not entry:
+                continue  # ended while the rows were read; a turn watched since is read next pass
             holder, status = holders.get(run_id, (None, None))
             if entry.owner == AHEAD:
                 if holder is not None or status != Status.PENDING:

@@ -214,3 +214,34 @@ def test_a_held_attempt_written_ahead_is_read_back_as_after_the_commit(durable_e
     assert taken.version == after_taken.version
     assert taken.run.started_at == after_taken.run.started_at is not None
     assert Run.objects.get(id=run.id).status == Status.SUSPENDED
+
+
+
+def test_a_lease_check_of_a_first_turn_that_ended_meanwhile_leaves_the_usual_turn_alone(
+    durable_env, monkeypatch
+):
+    # The keeper reads the runs of the watches due, then marks lost those whose run was taken.
+    # A first turn replayed ahead may end while it reads, and the usual turn claim the run and
+    # watch it: the keeper's read is of a watch gone, and the turn holding the run is not lost.
+    from durable.engine import leases
+
+    run = durable.start(charged, _order(1))
+    Run.objects.filter(id=run.id).update(status=Status.RUNNING, locked_by="worker-1")
+    monkeypatch.setattr(leases, "HELD_CHECK_EVERY", 0.0)
+    limit = conf.get().TURN_TIME_LIMIT
+    leases.watch(run.id, leases.AHEAD, limit, lambda: None)
+    leases._watched[run.id].checked = 0.0
+
+    def taken_over_while_read(execute, sql, params, many, context):
+        leases.unwatch(run.id)
+        leases.watch(run.id, "worker-1", limit, lambda: None)
+        return execute(sql, params, many, context)
+
+    try:
+        with connection.execute_wrapper(taken_over_while_read):
+            leases._check_held(conf.get())
+        assert leases._watched[run.id].owner == "worker-1"
+        assert not leases.is_lost(run.id)
+    finally:
+        leases.unwatch(run.id)
+        leases.lost.discard(run.id)
