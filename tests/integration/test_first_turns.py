@@ -216,7 +216,6 @@ def test_a_held_attempt_written_ahead_is_read_back_as_after_the_commit(durable_e
     assert Run.objects.get(id=run.id).status == Status.SUSPENDED
 
 
-
 def test_a_lease_check_of_a_first_turn_that_ended_meanwhile_leaves_the_usual_turn_alone(
     durable_env, monkeypatch
 ):
