@@ -79,9 +79,17 @@ def _tracer() -> Any:
 
 
 @contextlib.contextmanager
-def span(name: str, run_id: str, attributes: dict[str, Any], *, link_caller: bool = False) -> Iterator[Any]:
+def span(
+    name: str,
+    run_id: str,
+    attributes: dict[str, Any],
+    *,
+    link_caller: bool = False,
+    start_ns: int | None = None,
+) -> Iterator[Any]:
     """A span of ``run_id``'s trace, current inside the block; the exception that escapes the
-    block is recorded on it. ``link_caller`` links it to the span that was current before."""
+    block is recorded on it. ``link_caller`` links it to the span that was current before;
+    ``start_ns``: when its work began, if before the block (``time.time_ns()``)."""
     if not enabled():
         yield None
         return
@@ -91,7 +99,7 @@ def span(name: str, run_id: str, attributes: dict[str, Any], *, link_caller: boo
         links.append(trace.Link(caller))
     parent = _parent(run_id)
     with _tracer().start_as_current_span(
-        name, context=parent, attributes=_clean(attributes), links=links
+        name, context=parent, attributes=_clean(attributes), links=links, start_time=start_ns
     ) as current:
         yield current
 

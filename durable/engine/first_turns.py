@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 from .. import clock, conf, dispatch, metrics, shutdown, tracing
 from ..definitions import Workflow, registry
@@ -56,7 +57,10 @@ unfit: set[tuple[str, str]] = set()
 def ahead(run_ids: list[str], settings: conf.Settings) -> dict[str, str]:
     """Write the first turns of those of ``run_ids`` that no turn has taken yet, where each fits
     one statement; return what became of each turn run here (run id to outcome). The others are
-    left, untouched, to ``turn.advance``."""
+    left, untouched, to ``turn.advance``.
+
+    Every turn is replayed first, then all are written together (``rows.settle_firsts``: one
+    round trip and one commit for the lot), then each one's messages sent."""
     if not attempts.reads_run_with_take(settings):
         return {}
     written: dict[str, str] = {}
@@ -64,6 +68,7 @@ def ahead(run_ids: list[str], settings: conf.Settings) -> dict[str, str]:
         fresh = rows.fresh(settings.DATABASE, run_ids, settings.NAMESPACE)
     except (OperationalError, InterfaceError):
         return written  # the usual turns wait for the database, as they know how
+    replayed: list[_Replayed] = []
     for run, version in fresh:
         if (
             (run.workflow, run.version) in unfit
@@ -72,12 +77,13 @@ def ahead(run_ids: list[str], settings: conf.Settings) -> dict[str, str]:
             or remote_turns.is_remote(run, settings)
         ):
             continue
+        began = time.perf_counter()
         try:
-            outcome = _first_turn(run, version, settings)
+            ready = _replay(run, version, settings)
         except (OperationalError, InterfaceError):
-            # A commit this process could not confirm may hold a step it never sent; the rest
-            # go the usual way, which waits for the database as a turn does.
-            log.warning("durable: the first turn of run %s, written ahead, failed", run.id, exc_info=True)
+            # Only a turn stopped at its limit writes here (its claim, which may hold a step it
+            # never sent); the rest go the usual way, which waits for the database as a turn does.
+            log.warning("durable: the first turn of run %s, replayed ahead, failed", run.id, exc_info=True)
             turn.resend_when_the_database_answers(run.id, settings)
             break
         except Exception as exc:
@@ -86,37 +92,41 @@ def ahead(run_ids: list[str], settings: conf.Settings) -> dict[str, str]:
             unfit.add((run.workflow, run.version))
             log.error("durable: the first turn of run %s, written ahead, raised", run.id, exc_info=True)
             continue
-        if outcome is not None:
-            written[run.id] = outcome
+        if isinstance(ready, str):  # stopped at its limit and handed back
+            written[run.id] = ready
+            metrics.turn_ended(run.workflow, run.namespace, ready, time.perf_counter() - began)
+        elif ready is not None:
+            replayed.append(ready)
+    if replayed:
+        written.update(_write(replayed, settings))
     return written
 
 
-def _first_turn(run: Run, version: str, settings: conf.Settings) -> str | None:
-    """What became of the run's first turn, replayed ahead; None when the usual turn must run it
-    (nothing written)."""
+@dataclass
+class _Replayed:
+    """A first turn replayed ahead, to be written: its run, the version read, what it decided."""
+
+    run: Run
+    version: str
+    now: datetime
+    outcome: Decision
+    state: TurnState
+    plan: TurnPlan
+    began: float
+    began_ns: int
+
+
+def _replay(run: Run, version: str, settings: conf.Settings) -> _Replayed | str | None:
+    """The run's first turn replayed ahead, watched by the lease keeper as a turn's replay is: a
+    body that runs past TURN_TIME_LIMIT without reaching a primitive is stopped, and its run
+    counted as a crashed turn's; one that ignores the stop is abandoned (``leases``). An outcome
+    when it was handed back so; None when the usual turn must run it (nothing written)."""
     try:
         workflow = registry.workflow(run.workflow, run.version)
         body_input = workflow.body_input(run.input)
     except (WorkflowNotRegistered, InvalidInput):
         return None  # the usual turn parks or fails it, and says why
-    attributes = {"durable.run_id": run.id, "durable.workflow": run.workflow, "durable.version": run.version}
-    began = time.perf_counter()
-    with tracing.span(f"durable.turn {run.workflow}", run.id, attributes) as span:
-        now = clock.now()
-        outcome = _watched(run, workflow, body_input, version, now, settings)
-        if span is not None:
-            span.set_attribute("durable.outcome", str(outcome or "not ahead"))
-    if outcome is not None:
-        metrics.turn_ended(run.workflow, run.namespace, str(outcome), time.perf_counter() - began)
-    return outcome
-
-
-def _watched(
-    run: Run, workflow: Workflow, body_input: Any, version: str, now: datetime, settings: conf.Settings
-) -> str | None:
-    """The replay and the write, the replay watched by the lease keeper as a turn's is: a body
-    that runs past TURN_TIME_LIMIT without reaching a primitive is stopped, and its run counted
-    as a crashed turn's; one that ignores the stop is abandoned (``leases``)."""
+    began, began_ns, now = time.perf_counter(), time.time_ns(), clock.now()
     handed: list[str] = []
     leases.watch(
         run.id, leases.AHEAD, settings.TURN_TIME_LIMIT, lambda: handed.append(_give_back(run, settings))
@@ -140,7 +150,7 @@ def _watched(
         return handed[0]  # abandoned, then ended after all: handed back, nothing written
     if replayed is None:
         return None
-    return Status.SUSPENDED if _write(run, version, now, settings, *replayed) else None
+    return _Replayed(run, version, now, *replayed, began=began, began_ns=began_ns)
 
 
 def _give_back(run: Run, settings: conf.Settings) -> str:
@@ -185,37 +195,74 @@ def _replayed(
     return outcome, state, plan
 
 
-def _write(
-    run: Run,
-    version: str,
-    now: datetime,
-    settings: conf.Settings,
-    outcome: Decision,
-    state: TurnState,
-    plan: TurnPlan,
-) -> bool:
-    db, inserting = settings.DATABASE, plan.inserting
-    assert inserting is not None  # an INSERT_AND_SETTLE plan inserts one position
-    fields = turn.run_fields(outcome)
-    unsaved = state.unsaved()
-    held: rows.Held | None = None
-    if inserting.held_by:
-        held = rows.settle_first_holding(db, run.id, version, now, fields, inserting, histories.RECORD_FIELDS)
-        if held is None:
-            return False
-    elif not rows.settle_first(db, run.id, version, now, fields, inserting):
-        return False
-    run.status, run.started_at = Status.RUNNING, now  # as a claim would leave it, for run_started
+def _write(replayed: list[_Replayed], settings: conf.Settings) -> dict[str, str]:
+    """Write the first turns ``replayed`` together, then send what each written one started;
+    those refused (a row written since the read) are left to the usual turn."""
+    db = settings.DATABASE
+    firsts = []
+    for each in replayed:
+        assert each.plan.inserting is not None  # an INSERT_AND_SETTLE plan inserts one position
+        firsts.append(
+            rows.First(
+                each.run.id, each.version, each.now, turn.run_fields(each.outcome), each.plan.inserting
+            )
+        )
+    try:
+        results = rows.settle_firsts(db, firsts, histories.RECORD_FIELDS)
+    except (OperationalError, InterfaceError):
+        # None of them may have committed, or all: each run's unsent messages and its turn are
+        # sent again once the database answers; the usual turns find them settled or not.
+        log.warning("durable: %d first turns written ahead failed", len(replayed), exc_info=True)
+        for each in replayed:
+            turn.resend_when_the_database_answers(each.run.id, settings)
+        return {}
+    except DatabaseError:
+        if len(replayed) > 1:
+            # One of them refused by the database broke the lot, which wrote nothing: each alone
+            # then, so that one costs only its own run.
+            return {
+                run_id: outcome for each in replayed for run_id, outcome in _write([each], settings).items()
+            }
+        run = replayed[0].run
+        unfit.add((run.workflow, run.version))
+        log.error("durable: the first turn of run %s, written ahead, raised", run.id, exc_info=True)
+        return {}
+    written: dict[str, str] = {}
+    for each, (done, held) in zip(replayed, results, strict=True):
+        run = each.run
+        attributes = {
+            "durable.run_id": run.id,
+            "durable.workflow": run.workflow,
+            "durable.version": run.version,
+        }
+        # The span of the whole turn, from its replay: the messages sent in it carry its context.
+        with tracing.span(f"durable.turn {run.workflow}", run.id, attributes, start_ns=each.began_ns) as span:
+            if done:
+                _written(each, held, settings)
+            if span is not None:
+                span.set_attribute("durable.outcome", str(Status.SUSPENDED if done else "not ahead"))
+        if done:
+            written[run.id] = Status.SUSPENDED
+            metrics.turn_ended(
+                run.workflow, run.namespace, Status.SUSPENDED, time.perf_counter() - each.began
+            )
+    return written
+
+
+def _written(each: _Replayed, held: rows.Held | None, settings: conf.Settings) -> None:
+    """What follows a first turn's commit: its run observed started and suspended, its logs
+    let out, its messages sent."""
+    run, state = each.run, each.state
+    run.status, run.started_at = Status.RUNNING, each.now  # as a claim would leave it, for run_started
     observe.run_started(run)
     run.status = Status.SUSPENDED
     for line in state.logs or ():
         logging.getLogger(line.name).handle(line)
-    observe.run_suspended(run, outcome.wake_at)
+    observe.run_suspended(run, each.outcome.wake_at)
     if state.timers:
         # A timer due soon fires on time without beat, as after any turn.
         dispatch.advance_at(run.id, run.queue or settings.DEFAULT_QUEUE, min(state.timers))
-    turn_writes.send(run.id, state, settings, unsaved, namespace=run.namespace, held=held)
+    turn_writes.send(run.id, state, settings, state.unsaved(), namespace=run.namespace, held=held)
     turn_writes.hand_off(state)
     if events.arrived_since(state.records):
         lifecycle.wake(run.id)
-    return True

@@ -3,6 +3,7 @@ guarded UPDATEs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
@@ -28,6 +29,26 @@ BEAT_HOLDER = "heartbeat-message"
 PARAMS_PER_STATEMENT = 30_000
 #: The ids one ``IN (...)`` list names.
 IDS_PER_STATEMENT = 10_000
+
+
+@contextlib.contextmanager
+def pipelined(db: str) -> Iterator[None]:
+    """Send the statements run in the block without waiting for each answer; all are answered,
+    and committed as one transaction, when it ends (psycopg 3's pipeline mode on PostgreSQL, in
+    autocommit: one round trip and one commit for all, and an error in one writes none of them).
+    Read their cursors after the block. Elsewhere (SQLite, psycopg2, an open transaction) the
+    statements run one by one as usual.
+
+    Not under a transaction: there the statements would commit with it, and an error would
+    leave it broken behind the caller's back."""
+    connection = connections[db]
+    connection.cursor().close()  # a health check due runs now, answered, not inside the pipeline
+    raw = connection.connection
+    if connection.vendor != "postgresql" or connection.in_atomic_block or not hasattr(raw, "pipeline"):
+        yield
+        return
+    with connection.wrap_database_errors, raw.pipeline():
+        yield
 
 
 def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -23,7 +23,7 @@ from django.db import connections
 
 from ..statuses import UNFINISHED, CheckpointStatus
 from . import read_back
-from .base import Status, column_names, insertion, instances, updating
+from .base import Status, column_names, insertion, instances, pipelined, updating
 from .checkpoints import Checkpoint
 from .runs import Run
 
@@ -107,16 +107,30 @@ def settle_holding(
 
     The statement's reads see the table as it began: the positions read are those before the
     insert, to which the inserted one is added as its RETURNING gives it."""
-    taken_columns, run_columns, _ = _reading(db, fields)
+    sql, params = _holding_statement(db, settle, inserting, fields, fence)
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return _held_back(db, cursor.fetchall(), fields)
+
+
+def _holding_statement(
+    db: str,
+    settle: tuple[dict[str, Any], dict[str, Any]],
+    inserting: Checkpoint,
+    fields: tuple[str, ...],
+    fence: tuple[str, list[Any]],
+) -> tuple[str, list[Any]]:
     settling, params = updating(Run, db, *settle, fence[0])
     adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
-    sql = _holding(db, fields, settling, adding)
     checks = [Status.SUSPENDED, CheckpointStatus.PENDING]
-    with connections[db].cursor() as cursor:
-        cursor.execute(sql, [*params, *fence[1], *adding_params, *checks, *checks])
-        rows = cursor.fetchall()
+    return _holding(db, fields, settling, adding), [*params, *fence[1], *adding_params, *checks, *checks]
+
+
+def _held_back(db: str, rows: list[tuple[Any, ...]], fields: tuple[str, ...]) -> Held | None:
+    """What ``settle_holding``'s statement read back (None: refused, nothing written)."""
     if not rows:
         return None
+    taken_columns, run_columns, _ = _reading(db, fields)
     (row,) = rows
     seq = fields.index("seq")
     found = sorted([*(row[-2] or []), row[-1]], key=lambda values: values[seq])
@@ -165,11 +179,8 @@ def settle_first(
     """Settle a run's first turn, replayed ahead of any claim, with the one position it wrote
     (``inserting``), if the run's row is still ``version``: one statement, no lease taken.
     False (nothing written) when anything wrote the run since ``fresh`` read it."""
-    settle, params = updating(Run, db, *_first(run_id, now, fields), FIRST_FENCE)
-    adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
-    with connections[db].cursor() as cursor:
-        cursor.execute(f"WITH settled AS ({settle} RETURNING 1) {adding}", [*params, version, *adding_params])
-        return int(cursor.rowcount) == 1
+    written, _ = settle_firsts(db, [First(run_id, version, now, fields, inserting)], ())[0]
+    return written
 
 
 def settle_first_holding(
@@ -183,9 +194,65 @@ def settle_first_holding(
 ) -> Held | None:
     """``settle_first`` of an attempt taken for this process (``inserting``, held), read back as
     ``settle_holding`` reads it; None when refused."""
-    return settle_holding(
-        db, _first(run_id, now, fields), inserting, record_fields, fence=(FIRST_FENCE, [version])
-    )
+    _, held = settle_firsts(db, [First(run_id, version, now, fields, inserting)], record_fields)[0]
+    return held
+
+
+@dataclass
+class First:
+    """A run's first turn replayed ahead, to write: the run, the version of its row the replay
+    read, when, the settle's fields, and the one position the turn wrote (held: an attempt taken
+    for this process, read back as ``settle_holding`` reads it)."""
+
+    run_id: str
+    version: str
+    now: datetime
+    fields: dict[str, Any]
+    inserting: Checkpoint
+
+
+def settle_firsts(
+    db: str, firsts: list[First], record_fields: tuple[str, ...]
+) -> list[tuple[bool, Held | None]]:
+    """Write each of ``firsts`` as ``settle_first`` (``settle_first_holding`` for a held position)
+    would, each fenced by its own version, all sent before any answer is read and committed
+    together (``base.pipelined``): a lot of first turns costs one round trip and one commit,
+    not one each. An error writes none of them. For each, in order: whether it was written, and
+    the held attempt read back (None when not held or refused)."""
+    statements = []
+    for first in firsts:
+        settle = _first(first.run_id, first.now, first.fields)
+        if first.inserting.held_by:
+            statements.append(
+                _holding_statement(db, settle, first.inserting, record_fields, (FIRST_FENCE, [first.version]))
+            )
+        else:
+            settling, params = updating(Run, db, *settle, FIRST_FENCE)
+            adding, adding_params = insertion(Checkpoint, db, [first.inserting], source="FROM settled")
+            statements.append(
+                (
+                    f"WITH settled AS ({settling} RETURNING 1) {adding}",
+                    [*params, first.version, *adding_params],
+                )
+            )
+    cursors = []
+    try:
+        with pipelined(db):
+            for sql, params in statements:
+                cursor = connections[db].cursor()
+                cursors.append(cursor)
+                cursor.execute(sql, params)
+        outcomes: list[tuple[bool, Held | None]] = []
+        for first, cursor in zip(firsts, cursors, strict=True):
+            if first.inserting.held_by:
+                held = _held_back(db, cursor.fetchall(), record_fields)
+                outcomes.append((held is not None, held))
+            else:
+                outcomes.append((int(cursor.rowcount) == 1, None))
+        return outcomes
+    finally:
+        for cursor in cursors:
+            cursor.close()
 
 
 @functools.lru_cache(maxsize=64)

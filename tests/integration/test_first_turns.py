@@ -110,6 +110,56 @@ def test_a_batch_of_runs_just_started_is_written_with_one_read_and_no_claim(dura
     assert [durable.result(run_id)["charged"] for run_id in ids] == [Decimal("12.30")] * 20
 
 
+def _versions(ids: list[str]) -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, xmin::text FROM durable_run WHERE id = ANY(%s)", [ids])
+        return dict(cursor.fetchall())
+
+
+def test_the_first_turns_of_one_message_are_committed_together(durable_env, claims, monkeypatch):
+    # Replayed one by one, written in one transaction: every run of the message carries the
+    # same row version (the transaction that wrote it), and the lot cost one commit.
+    monkeypatch.setattr(dispatch, "WAKE_SPREAD", 1)  # all in one message
+    with transaction.atomic():
+        ids = [durable.start(charged, _order(i)).id for i in range(12)]
+    (message,) = durable_env.pending()
+    assert message.task == dispatch.ADVANCE_BATCH
+    durable_env.run_next()
+    assert claims == []
+    assert set(Run.objects.filter(id__in=ids).values_list("status", flat=True)) == {Status.SUSPENDED}
+    assert len(set(_versions(ids).values())) == 1
+    assert [m.task for m in durable_env.pending()] == [dispatch.RUN_STEP] * 12
+    durable_env.run_until_idle()
+    assert sorted(RAN) == sorted(f"charge {i}" for i in range(12))
+
+
+def test_a_first_turn_the_database_refuses_costs_only_its_own_run(durable_env, claims, monkeypatch):
+    # One statement of the lot fails (a value too long for its column): the lot writes nothing,
+    # each is written alone, and the one that fails again goes the usual way; each step runs once.
+    monkeypatch.setattr(dispatch, "WAKE_SPREAD", 1)
+    with transaction.atomic():
+        ids = [durable.start(charged, _order(i)).id for i in range(3)]
+    settle_firsts = rows.settle_firsts
+    lots: list[int] = []
+
+    def one_refused(db, firsts, fields):
+        lots.append(len(firsts))
+        for first in firsts:
+            if first.run_id == ids[1]:
+                first.inserting.name = "x" * 300
+        return settle_firsts(db, firsts, fields)
+
+    monkeypatch.setattr(rows, "settle_firsts", one_refused)
+    durable_env.run_next()
+    assert lots == [3, 1, 1, 1]
+    statuses = dict(Run.objects.filter(id__in=ids).values_list("id", "status"))
+    assert (statuses[ids[0]], statuses[ids[2]]) == (Status.SUSPENDED, Status.SUSPENDED)
+    assert claims == [ids[1]]  # the usual turn, in the same message
+    durable_env.run_until_idle()
+    assert sorted(RAN) == ["charge 0", "charge 1", "charge 2"]
+    assert [durable.result(run_id)["charged"] for run_id in ids] == [Decimal("12.30")] * 3
+
+
 def test_a_row_written_since_the_read_refuses_the_write_and_the_usual_turn_runs(
     durable_env, claims, monkeypatch
 ):
