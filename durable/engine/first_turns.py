@@ -63,43 +63,61 @@ def ahead(run_ids: list[str], settings: conf.Settings) -> dict[str, str]:
     round trip and one commit for the lot), then each one's messages sent."""
     if not attempts.reads_run_with_take(settings):
         return {}
-    written: dict[str, str] = {}
     try:
         fresh = rows.fresh(settings.DATABASE, run_ids, settings.NAMESPACE)
     except (OperationalError, InterfaceError):
-        return written  # the usual turns wait for the database, as they know how
+        return {}  # the usual turns wait for the database, as they know how
+    written: dict[str, str] = {}
     replayed: list[_Replayed] = []
-    for run, version in fresh:
-        if (
-            (run.workflow, run.version) in unfit
-            or run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS  # the usual turn ends it
-            or not attempts.serves(run.queue or settings.DEFAULT_QUEUE)
-            or remote_turns.is_remote(run, settings)
-        ):
-            continue
-        began = time.perf_counter()
-        try:
-            ready = _replay(run, version, settings)
-        except (OperationalError, InterfaceError):
-            # Only a turn stopped at its limit writes here (its claim, which may hold a step it
-            # never sent); the rest go the usual way, which waits for the database as a turn does.
-            log.warning("durable: the first turn of run %s, replayed ahead, failed", run.id, exc_info=True)
-            turn.resend_when_the_database_answers(run.id, settings)
-            break
-        except Exception as exc:
-            if shutdown.is_leaving(exc):
-                raise
-            unfit.add((run.workflow, run.version))
-            log.error("durable: the first turn of run %s, written ahead, raised", run.id, exc_info=True)
-            continue
-        if isinstance(ready, str):  # stopped at its limit and handed back
-            written[run.id] = ready
-            metrics.turn_ended(run.workflow, run.namespace, ready, time.perf_counter() - began)
-        elif ready is not None:
-            replayed.append(ready)
+    try:
+        for run, version in fresh:
+            if _tried(run, settings) and not _replay_into(run, version, settings, written, replayed):
+                break
+    except BaseException as exc:
+        if shutdown.is_leaving(exc):
+            # Those replayed before are not written: their turns go again, now.
+            _resend_while_leaving([each.run.id for each in replayed])
+        raise
     if replayed:
         written.update(_write(replayed, settings))
     return written
+
+
+def _tried(run: Run, settings: conf.Settings) -> bool:
+    return not (
+        (run.workflow, run.version) in unfit
+        or run.recovery_attempts > settings.MAX_RECOVERY_ATTEMPTS  # the usual turn ends it
+        or not attempts.serves(run.queue or settings.DEFAULT_QUEUE)
+        or remote_turns.is_remote(run, settings)
+    )
+
+
+def _replay_into(
+    run: Run, version: str, settings: conf.Settings, written: dict[str, str], replayed: list[_Replayed]
+) -> bool:
+    """Replay the run's first turn, into ``replayed`` to be written (or its outcome into
+    ``written`` when it was handed back); False when the runs after it must go the usual way."""
+    began = time.perf_counter()
+    try:
+        ready = _replay(run, version, settings)
+    except (OperationalError, InterfaceError):
+        # Only a turn stopped at its limit writes here (its claim, which may hold a step it never
+        # sent); the rest go the usual way, which waits for the database as a turn does.
+        log.warning("durable: the first turn of run %s, replayed ahead, failed", run.id, exc_info=True)
+        turn.resend_when_the_database_answers(run.id, settings)
+        return False
+    except Exception as exc:
+        if shutdown.is_leaving(exc):
+            raise
+        unfit.add((run.workflow, run.version))
+        log.error("durable: the first turn of run %s, written ahead, raised", run.id, exc_info=True)
+        return True
+    if isinstance(ready, str):  # stopped at its limit and handed back
+        written[run.id] = ready
+        metrics.turn_ended(run.workflow, run.namespace, ready, time.perf_counter() - began)
+    elif ready is not None:
+        replayed.append(ready)
+    return True
 
 
 @dataclass
@@ -227,8 +245,13 @@ def _write(replayed: list[_Replayed], settings: conf.Settings) -> dict[str, str]
         unfit.add((run.workflow, run.version))
         log.error("durable: the first turn of run %s, written ahead, raised", run.id, exc_info=True)
         return {}
+    except BaseException as exc:
+        if shutdown.is_leaving(exc):
+            # Committed or not: each run's turn goes again, and finds it written or not.
+            _resend_while_leaving([each.run.id for each in replayed])
+        raise
     written: dict[str, str] = {}
-    for each, (done, held) in zip(replayed, results, strict=True):
+    for position, (each, (done, held)) in enumerate(zip(replayed, results, strict=True)):
         run = each.run
         attributes = {
             "durable.run_id": run.id,
@@ -238,7 +261,13 @@ def _write(replayed: list[_Replayed], settings: conf.Settings) -> dict[str, str]
         # The span of the whole turn, from its replay: the messages sent in it carry its context.
         with tracing.span(f"durable.turn {run.workflow}", run.id, attributes, start_ns=each.began_ns) as span:
             if done:
-                _written(each, held, settings)
+                try:
+                    _written(each, held, settings)
+                except BaseException as exc:
+                    if shutdown.is_leaving(exc):
+                        # Written, and this one's sends and those after it perhaps not sent.
+                        _resend_while_leaving([later.run.id for later in replayed[position:]])
+                    raise
             if span is not None:
                 span.set_attribute("durable.outcome", str(Status.SUSPENDED if done else "not ahead"))
         if done:
@@ -247,6 +276,11 @@ def _write(replayed: list[_Replayed], settings: conf.Settings) -> dict[str, str]
                 run.workflow, run.namespace, Status.SUSPENDED, time.perf_counter() - each.began
             )
     return written
+
+
+def _resend_while_leaving(run_ids: list[str]) -> None:
+    for run_id in run_ids:
+        leases.while_leaving(f"send the turn of run {run_id} again", lifecycle.resend_unsent, run_id)
 
 
 def _written(each: _Replayed, held: rows.Held | None, settings: conf.Settings) -> None:

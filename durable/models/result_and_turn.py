@@ -14,6 +14,7 @@ that only starts one step is one statement fenced by its version (``engine.first
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from datetime import datetime
@@ -147,6 +148,7 @@ def fresh(db: str, run_ids: list[str], namespace: str | None) -> list[tuple[Run,
         f"SELECT xmin::text, {', '.join(map(ops.quote_name, columns))} FROM {ops.quote_name(Run._meta.db_table)} "
         "WHERE id = ANY(%s) AND status = %s AND started_at IS NULL AND locked_by IS NULL AND admitted"
         + (" AND namespace = %s" if namespace else "")
+        + " ORDER BY id"  # the order they started in: their turns are written in it
     )
     with connections[db].cursor() as cursor:
         cursor.execute(sql, [run_ids, Status.PENDING, *([namespace] if namespace else [])])
@@ -237,7 +239,7 @@ def settle_firsts(
             )
     cursors = []
     try:
-        with pipelined(db):
+        with pipelined(db) if len(statements) > 1 else contextlib.nullcontext():
             for sql, params in statements:
                 cursor = connections[db].cursor()
                 cursors.append(cursor)

@@ -49,6 +49,16 @@ def noted_then_charged(ctx, order):
     return ctx.step(charge, order)
 
 
+LEAVE: list[BaseException] = []
+
+
+@durable.workflow(name="tests.first_turns.leaving")
+def charged_unless_leaving(ctx, order):
+    if LEAVE and order["id"] == 2:
+        raise LEAVE.pop()  # what a prefork child's cold shutdown raises in a body, say
+    return ctx.step(charge, order)
+
+
 @durable.workflow(name="tests.first_turns.nap")
 def napping(ctx, order):
     ctx.sleep("1m")
@@ -62,6 +72,7 @@ def _order(i: int) -> dict:
 @pytest.fixture(autouse=True)
 def _clean():
     RAN.clear()
+    LEAVE.clear()
     first_turns.unfit.clear()
     yield
     first_turns.unfit.clear()
@@ -158,6 +169,32 @@ def test_a_first_turn_the_database_refuses_costs_only_its_own_run(durable_env, c
     durable_env.run_until_idle()
     assert sorted(RAN) == ["charge 0", "charge 1", "charge 2"]
     assert [durable.result(run_id)["charged"] for run_id in ids] == [Decimal("12.30")] * 3
+
+
+def test_a_cold_shutdown_during_a_later_replay_sends_every_turn_of_the_lot_again(
+    durable_env, claims, monkeypatch
+):
+    # The first two runs of the message are replayed, not yet written, when the worker leaves in
+    # the third's replay: nothing is written, and the three turns are sent again at once.
+    from celery.worker import state
+
+    from durable import celery as wiring  # noqa: F401 - its probe knows Celery's shutdown
+
+    monkeypatch.setattr(dispatch, "WAKE_SPREAD", 1)
+    with transaction.atomic():
+        ids = [durable.start(charged_unless_leaving, _order(i)).id for i in range(3)]
+    monkeypatch.setattr(state, "should_terminate", 1)
+    LEAVE.append(NotImplementedError("solo TaskPool does not implement kill_job"))
+    with pytest.raises(NotImplementedError):
+        durable_env.run_next()
+    assert set(Run.objects.filter(id__in=ids).values_list("status", flat=True)) == {Status.PENDING}
+    assert not Checkpoint.objects.filter(run_id__in=ids).exists()
+    resent = durable_env.pending()
+    assert sorted(m.args[0] for m in resent) == sorted(ids)
+    assert {m.task for m in resent} == {dispatch.ADVANCE}
+    monkeypatch.setattr(state, "should_terminate", None)  # the worker started again
+    durable_env.run_until_idle()
+    assert sorted(RAN) == ["charge 0", "charge 1", "charge 2"]
 
 
 def test_a_row_written_since_the_read_refuses_the_write_and_the_usual_turn_runs(
