@@ -50,11 +50,13 @@ def noted_then_charged(ctx, order):
 
 
 LEAVE: list[BaseException] = []
+#: The run whose replay the shutdown interrupts.
+LEAVING: list[str] = []
 
 
 @durable.workflow(name="tests.first_turns.leaving")
 def charged_unless_leaving(ctx, order):
-    if LEAVE and order["id"] == 2:
+    if LEAVE and ctx.run_id in LEAVING:
         raise LEAVE.pop()  # what a prefork child's cold shutdown raises in a body, say
     return ctx.step(charge, order)
 
@@ -73,6 +75,7 @@ def _order(i: int) -> dict:
 def _clean():
     RAN.clear()
     LEAVE.clear()
+    LEAVING.clear()
     first_turns.unfit.clear()
     yield
     first_turns.unfit.clear()
@@ -144,6 +147,32 @@ def test_the_first_turns_of_one_message_are_committed_together(durable_env, clai
     assert sorted(RAN) == sorted(f"charge {i}" for i in range(12))
 
 
+def test_each_first_turn_of_a_lot_has_its_span_from_its_replay_and_sends_in_it(durable_env, monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from durable import tracing
+
+    ids = [durable.start(charged, _order(i)).id for i in range(3)]
+    durable_env.messages.clear()  # their first turns are written below, as one lot
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_provider", lambda: provider)
+    assert first_turns.ahead(ids, conf.get()) == dict.fromkeys(ids, Status.SUSPENDED)
+    turns = [s for s in exporter.get_finished_spans() if s.name == "durable.turn tests.first_turns.charge"]
+    assert sorted(s.attributes["durable.run_id"] for s in turns) == sorted(ids)
+    for span in turns:
+        assert span.context.trace_id == tracing.trace_id(span.attributes["durable.run_id"])
+        assert span.attributes["durable.outcome"] == Status.SUSPENDED
+    sent = durable_env.pending()
+    assert [m.task for m in sent] == [dispatch.RUN_STEP] * 3
+    parents = {s.attributes["durable.run_id"]: f"{s.context.span_id:016x}" for s in turns}
+    for message in sent:
+        assert parents[message.args[0]] in message.options["headers"]["traceparent"]
+
+
 def test_a_first_turn_the_database_refuses_costs_only_its_own_run(durable_env, claims, monkeypatch):
     # One statement of the lot fails (a value too long for its column): the lot writes nothing,
     # each is written alone, and the one that fails again goes the usual way; each step runs once.
@@ -174,8 +203,8 @@ def test_a_first_turn_the_database_refuses_costs_only_its_own_run(durable_env, c
 def test_a_cold_shutdown_during_a_later_replay_sends_every_turn_of_the_lot_again(
     durable_env, claims, monkeypatch
 ):
-    # The first two runs of the message are replayed, not yet written, when the worker leaves in
-    # the third's replay: nothing is written, and the three turns are sent again at once.
+    # Two runs of the message are replayed, not yet written, when the worker leaves in the
+    # third's replay: nothing is written, and the three turns are sent again at once.
     from celery.worker import state
 
     from durable import celery as wiring  # noqa: F401 - its probe knows Celery's shutdown
@@ -184,6 +213,9 @@ def test_a_cold_shutdown_during_a_later_replay_sends_every_turn_of_the_lot_again
     with transaction.atomic():
         ids = [durable.start(charged_unless_leaving, _order(i)).id for i in range(3)]
     monkeypatch.setattr(state, "should_terminate", 1)
+    # The message's runs are replayed in id order (the order they started in, but the harness's
+    # clock stands still): the last of them.
+    LEAVING[:] = [max(ids)]
     LEAVE.append(NotImplementedError("solo TaskPool does not implement kill_job"))
     with pytest.raises(NotImplementedError):
         durable_env.run_next()
