@@ -6,7 +6,8 @@ def`` step this process then awaits, a step sent to its queue, a timer), nothing
 lease: the run is read with the version of its row, the body is replayed before anything is
 written, and the settle and the new position are one statement, written only if the row is
 still that version. A ``durable.advance_batch`` of runs just started (a loop of starts, a view
-that starts many) so costs one read for all and one commit each.
+that starts many) so costs one read and one commit for all: their turns are replayed one after
+the other, then written together in one pipeline, each statement fenced by its own version.
 
 Anything else goes the usual way, as if this were never tried: a row written since the read, a
 body that would run a step in this process or a local step, a turn that would write more than
@@ -231,8 +232,7 @@ def _write(replayed: list[_Replayed], settings: conf.Settings) -> dict[str, str]
         # None of them may have committed, or all: each run's unsent messages and its turn are
         # sent again once the database answers; the usual turns find them settled or not.
         log.warning("durable: %d first turns written ahead failed", len(replayed), exc_info=True)
-        for each in replayed:
-            turn.resend_when_the_database_answers(each.run.id, settings)
+        turn.resend_all_when_the_database_answers([each.run.id for each in replayed], settings)
         return {}
     except DatabaseError:
         if len(replayed) > 1:

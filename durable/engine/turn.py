@@ -110,7 +110,17 @@ def _repairing(run_id: str, settings: conf.Settings, turns: Callable[[], str]) -
 
 def resend_when_the_database_answers(run_id: str, settings: conf.Settings) -> None:
     """Once the database answers, send the run's unstarted attempts and its turn again."""
-    _when_the_database_answers(lambda: lifecycle.resend_unsent(run_id), settings)
+    resend_all_when_the_database_answers([run_id], settings)
+
+
+def resend_all_when_the_database_answers(run_ids: list[str], settings: conf.Settings) -> None:
+    """``resend_when_the_database_answers`` for each of ``run_ids``, one wait for all."""
+
+    def resend() -> None:
+        for run_id in run_ids:
+            lifecycle.resend_unsent(run_id)
+
+    _when_the_database_answers(resend, settings)
 
 
 def new_owner(settings: conf.Settings) -> str:

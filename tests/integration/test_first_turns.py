@@ -200,6 +200,35 @@ def test_a_first_turn_the_database_refuses_costs_only_its_own_run(durable_env, c
     assert [durable.result(run_id)["charged"] for run_id in ids] == [Decimal("12.30")] * 3
 
 
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not committed"])
+def test_a_lot_whose_commit_went_unanswered_is_sent_again_and_each_step_runs_once(
+    durable_env, monkeypatch, committed
+):
+    # The connection is lost around the lot's commit: whether it went through or not, every run's
+    # unsent steps and its turn are sent again once the database answers.
+    from django.db import OperationalError
+
+    monkeypatch.setattr(dispatch, "WAKE_SPREAD", 1)
+    with transaction.atomic():
+        ids = [durable.start(charged, _order(i)).id for i in range(3)]
+    settle_firsts = rows.settle_firsts
+
+    def unanswered(db, firsts, fields):
+        if committed:
+            settle_firsts(db, firsts, fields)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(rows, "settle_firsts", unanswered)
+    durable_env.run_next()  # the lot, then the usual turns of the same message
+    monkeypatch.setattr(rows, "settle_firsts", settle_firsts)
+    assert set(Run.objects.filter(id__in=ids).values_list("status", flat=True)) == {Status.SUSPENDED}
+    resent = [m.args[0] for m in durable_env.pending() if m.task == dispatch.ADVANCE]
+    assert sorted(resent) == sorted(ids)
+    durable_env.run_until_idle()
+    assert sorted(RAN) == ["charge 0", "charge 1", "charge 2"]
+    assert [durable.result(run_id)["charged"] for run_id in ids] == [Decimal("12.30")] * 3
+
+
 def test_a_cold_shutdown_during_a_later_replay_sends_every_turn_of_the_lot_again(
     durable_env, claims, monkeypatch
 ):
