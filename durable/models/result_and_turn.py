@@ -148,7 +148,7 @@ def fresh(db: str, run_ids: list[str], namespace: str | None) -> list[tuple[Run,
         f"SELECT xmin::text, {', '.join(map(ops.quote_name, columns))} FROM {ops.quote_name(Run._meta.db_table)} "
         "WHERE id = ANY(%s) AND status = %s AND started_at IS NULL AND locked_by IS NULL AND admitted"
         + (" AND namespace = %s" if namespace else "")
-        + " ORDER BY id"  # the order they started in: their turns are written in it
+        + " ORDER BY id"  # durable's ids sort by start (a caller's own need not): turns written so
     )
     with connections[db].cursor() as cursor:
         cursor.execute(sql, [run_ids, Status.PENDING, *([namespace] if namespace else [])])
