@@ -20,6 +20,7 @@ from ..entity_classes import Entity as Definition
 from ..entity_classes import registry, version_key
 from ..errors import InvalidInput, error_dict
 from ..models import Checkpoint, Entity, EntityOp, EntityPrompt, OpStatus, Run
+from ..models.entities import Prompt
 from ..replay.history import Record
 from ..statuses import CheckpointStatus
 from . import lifecycle
@@ -57,24 +58,25 @@ def send(
     when None)."""
     settings = conf.get()
     namespace = namespace if namespace is not None else (settings.NAMESPACE or "")
-    row = EntityOp(
-        entity=name, key=key, op=op, op_id=op_id, arg=arg, namespace=namespace, created_at=clock.now()
-    )
+    now = clock.now()
+    row = EntityOp(entity=name, key=key, op=op, op_id=op_id, arg=arg, namespace=namespace, created_at=now)
     if caller is not None:
         row.caller_run_id, row.caller_seq = caller
-    if not EntityOp.objects.using(settings.DATABASE).send(row):
-        prompt(name, key, namespace)
+    sent = EntityOp.objects.using(settings.DATABASE).send(row, now)
+    if sent is not Prompt.FOUND:
+        prompt(name, key, namespace, claimed=sent is Prompt.CLAIMED)
 
 
-def prompt(name: str, key: str, namespace: str) -> None:
+def prompt(name: str, key: str, namespace: str, *, claimed: bool = False) -> None:
     """After the commit, prompt the key's applier, unless a prompt sent earlier and not yet taken
-    will see this commit's ops (``EntityPrompt``): a busy key gets a message per busy spell."""
+    will see this commit's ops (``EntityPrompt``): a busy key gets a message per busy spell.
+    ``claimed``: the op's own statement noted the prompt; its message leaves without a claim."""
     prompts = EntityPrompt.objects.using(conf.get().DATABASE)
     dispatch.apply_entity(
         name,
         key,
         routing.queue_in(queue_of(name), namespace),
-        claim=lambda: prompts.claim(name, key, clock.now()),
+        claim=(lambda: True) if claimed else (lambda: prompts.claim(name, key, clock.now())),
         unclaim=lambda: prompts.take(name, key),
     )
 

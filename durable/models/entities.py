@@ -6,6 +6,7 @@ The op row is the truth (its Celery message only a prompt): an op is applied whe
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 from datetime import datetime
@@ -22,6 +23,14 @@ class OpStatus(models.TextChoices):
     PENDING = "pending"
     APPLIED = "applied"
     FAILED = "failed"
+
+
+class Prompt(enum.Enum):
+    """What an op's ``send`` statement did for its key's prompt (see ``EntityOpQuerySet.send``)."""
+
+    FOUND = "found"
+    CLAIMED = "claimed"
+    NOTHING = "nothing"
 
 
 class EntityQuerySet(models.QuerySet["Entity"]):
@@ -99,15 +108,19 @@ class Entity(models.Model):
 
 
 class EntityOpQuerySet(models.QuerySet["EntityOp"]):
-    def send(self, op: EntityOp) -> bool:
+    def send(self, op: EntityOp, now: datetime) -> Prompt:
         """Store a new op; one whose (entity, key, op_id) is already stored is dropped. Return
-        whether the key's prompt was found on its way by the same statement: the op then needs
-        no prompt of its own.
+        what the same statement did for the key's prompt: ``FOUND`` one on its way (the op needs
+        no prompt of its own), ``CLAIMED`` a new one (the caller sends its message), or
+        ``NOTHING`` (the caller claims one after the commit).
 
         One ``INSERT ... ON CONFLICT DO NOTHING``, committed by itself outside a transaction.
         There, on PostgreSQL, the statement also reads the key's ``EntityPrompt`` ``FOR KEY
         SHARE``: the applier's take (a ``DELETE``) waits for this commit, so the applier's read
-        after its take sees this op. Inside a transaction that lock would hold the applier
+        after its take sees this op. None found, it inserts one (stamped ``now``), committed
+        with the op: no second round trip for the claim. A prompt another sender inserted between
+        the read and the insert holds no lock for this op: ``NOTHING``, and the caller claims
+        after the commit as everywhere else. Inside a transaction that lock would hold the applier
         until the caller commits: the prompt is looked for after the commit instead."""
         sql, params = insertion(EntityOp, self.db, [op])
         connection = connections[self.db]
@@ -119,9 +132,12 @@ class EntityOpQuerySet(models.QuerySet["EntityOp"]):
         with connection.cursor() as cursor:
             if not alone:
                 cursor.execute(f"{sql} ON CONFLICT DO NOTHING", params)
-                return False
-            cursor.execute(_statement(self.db, "send").format(insert=sql), [*params, op.entity, op.key])
-            return cursor.fetchone() is not None
+                return Prompt.NOTHING
+            at = EntityPrompt._meta.get_field("sent_at").get_db_prep_save(now, connection)
+            key = [op.entity, op.key]
+            cursor.execute(_statement(self.db, "send").format(insert=sql), [*params, *key, *key, at])
+            found, claimed = cursor.fetchone()
+            return Prompt.FOUND if found else Prompt.CLAIMED if claimed else Prompt.NOTHING
 
     def serving(self, namespace: str | None) -> EntityOpQuerySet:
         """The ops sent in ``namespace``; all of them when None (a process that serves them all)."""
@@ -308,8 +324,11 @@ def _statement(db: str, kind: str, unflushed: str = "") -> str:
             f"SELECT {all_columns(EntityOp, db)} FROM {op} WHERE {ops_of_key} ORDER BY {quote('id')} LIMIT %s"
         ),
         "send": (
-            "WITH sent AS ({insert} ON CONFLICT DO NOTHING RETURNING 1) "
-            f"SELECT 1 FROM {prompt} WHERE {mine} FOR KEY SHARE"
+            "WITH sent AS ({insert} ON CONFLICT DO NOTHING RETURNING 1), "
+            f"found AS (SELECT 1 FROM {prompt} WHERE {mine} FOR KEY SHARE), "
+            f"claimed AS (INSERT INTO {prompt} ({quote('name')}, {quote('key')}, {quote('sent_at')}) "
+            "SELECT %s, %s, %s WHERE NOT EXISTS (SELECT FROM found) ON CONFLICT DO NOTHING RETURNING 1) "
+            "SELECT EXISTS (SELECT FROM found), EXISTS (SELECT FROM claimed)"
         ),
         "claim": (
             f"INSERT INTO {prompt} ({quote('name')}, {quote('key')}, {quote('sent_at')}) "

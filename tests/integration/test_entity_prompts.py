@@ -17,7 +17,7 @@ from durable import dispatch
 from durable.engine import entity_ops
 from durable.models import EntityOp, EntityOpQuerySet, EntityPrompt, OpStatus, entities
 from durable.models.base import insertion
-from durable.models.entities import EntityPromptQuerySet
+from durable.models.entities import EntityPromptQuerySet, Prompt
 
 pytestmark = pytest.mark.django_db
 
@@ -192,13 +192,53 @@ def an_op(n):
 @postgresql_only
 @pytest.mark.django_db(transaction=True)
 def test_a_send_outside_a_transaction_that_finds_the_prompt_needs_none_of_its_own():
-    ops = EntityOp.objects.all()
-    assert ops.send(an_op(1)) is False  # no prompt on its way: the caller claims one after
-    EntityPrompt.objects.create(name="tests.prompted", key="a", sent_at=timezone.now())
-    assert ops.send(an_op(2)) is True
+    ops, now = EntityOp.objects.all(), timezone.now()
+    # No prompt on its way: the statement notes one, committed with the op; the caller sends it.
+    assert ops.send(an_op(1), now) is Prompt.CLAIMED
+    assert list(EntityPrompt.objects.values_list("key", "sent_at")) == [("a", now)]
+    assert ops.send(an_op(2), now) is Prompt.FOUND
+    EntityPrompt.objects.all().delete()
     with transaction.atomic():
-        assert ops.send(an_op(3)) is False  # in a transaction: looked for after the commit
+        assert ops.send(an_op(3), now) is Prompt.NOTHING  # in a transaction: looked for after the commit
+    assert not EntityPrompt.objects.exists()
     assert EntityOp.objects.count() == 3
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_prompt_another_sender_inserts_while_the_send_runs_is_claimed_after_the_commit():
+    """The statement's read found no prompt and its insert then met one another sender had not
+    yet committed: that prompt holds no lock for this op (its applier may take it before this op
+    commits), so the caller claims after the commit, as inside a transaction."""
+    inserted, release, sent = threading.Event(), threading.Event(), []
+
+    def other_sender():
+        try:
+            with transaction.atomic():
+                EntityPrompt.objects.create(name="tests.prompted", key="a", sent_at=timezone.now())
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def sender():
+        try:
+            sent.append(EntityOp.objects.send(an_op(1), timezone.now()))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=other_sender)]
+    threads[0].start()
+    assert inserted.wait(10)
+    threads.append(threading.Thread(target=sender))
+    threads[1].start()
+    threads[1].join(0.5)
+    assert threads[1].is_alive() and not sent  # its insert waits for the other's commit
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert sent == [Prompt.NOTHING]
+    assert EntityOp.objects.count() == EntityPrompt.objects.count() == 1
 
 
 @postgresql_only
@@ -214,11 +254,12 @@ def test_the_take_waits_for_a_send_that_found_the_prompt_so_the_read_after_it_se
         sql, params = insertion(EntityOp, "default", [an_op(1)])
         try:
             with transaction.atomic(), connection.cursor() as cursor:
+                key = ["tests.prompted", "a"]
                 cursor.execute(
                     entities._statement("default", "send").format(insert=sql),
-                    [*params, "tests.prompted", "a"],
+                    [*params, *key, *key, timezone.now()],
                 )
-                assert cursor.fetchone() is not None
+                assert cursor.fetchone() == (True, False)  # found, not claimed
                 found.set()
                 release.wait(10)
         finally:
