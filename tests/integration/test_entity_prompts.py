@@ -5,6 +5,7 @@ their namespace, whose queue they are applied on and whose sweep repairs them.""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -232,13 +233,26 @@ def test_a_prompt_another_sender_inserts_while_the_send_runs_is_claimed_after_th
     assert inserted.wait(10)
     threads.append(threading.Thread(target=sender))
     threads[1].start()
-    threads[1].join(0.5)
-    assert threads[1].is_alive() and not sent  # its insert waits for the other's commit
+    _wait_for_a_backend_waiting_on_a_lock()  # the send's insert, on the other's uncommitted prompt
+    assert not sent
     release.set()
     for thread in threads:
         thread.join(10)
     assert sent == [Prompt.NOTHING]
     assert EntityOp.objects.count() == EntityPrompt.objects.count() == 1
+
+
+def _wait_for_a_backend_waiting_on_a_lock(timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone():
+                return
+        time.sleep(0.01)
+    raise AssertionError("no statement waited on a lock")
 
 
 @postgresql_only
