@@ -228,31 +228,37 @@ def test_a_prompt_another_sender_inserts_while_the_send_runs_is_claimed_after_th
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=other_sender)]
-    threads[0].start()
-    assert inserted.wait(10)
-    threads.append(threading.Thread(target=sender))
-    threads[1].start()
-    _wait_for_a_backend_waiting_on_a_lock()  # the send's insert, on the other's uncommitted prompt
-    assert not sent
-    release.set()
-    for thread in threads:
-        thread.join(10)
+    # The send's insert waits on the other's uncommitted prompt.
+    _second_waits_for_first(other_sender, inserted, sender, release, lambda: not sent)
     assert sent == [Prompt.NOTHING]
     assert EntityOp.objects.count() == EntityPrompt.objects.count() == 1
 
 
-def _wait_for_a_backend_waiting_on_a_lock(timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            if cursor.fetchone():
-                return
+def _second_waits_for_first(first, ready, second, release, nothing_yet):
+    """Run ``first`` in a thread until it sets ``ready`` (holding its lock), then ``second`` in
+    another until PostgreSQL shows a statement waiting on a lock; check ``nothing_yet()`` there,
+    then ``release`` the first and join both."""
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert ready.wait(10)
+    threads.append(threading.Thread(target=second))
+    threads[1].start()
+    deadline = time.monotonic() + 10
+    while not _a_statement_waits_on_a_lock():
+        assert time.monotonic() < deadline, "no statement waited on a lock"
         time.sleep(0.01)
-    raise AssertionError("no statement waited on a lock")
+    assert nothing_yet()
+    release.set()
+    for thread in threads:
+        thread.join(10)
+
+
+def _a_statement_waits_on_a_lock():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone() is not None
 
 
 @postgresql_only
@@ -286,15 +292,7 @@ def test_the_take_waits_for_a_send_that_found_the_prompt_so_the_read_after_it_se
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=sender)]
-    threads[0].start()
-    assert found.wait(10)
-    threads.append(threading.Thread(target=applier))
-    threads[1].start()
-    threads[1].join(0.5)
-    assert threads[1].is_alive() and not seen  # the take waits for the sender's commit
-    release.set()
-    for thread in threads:
-        thread.join(10)
+    # The take waits for the sender's commit.
+    _second_waits_for_first(sender, found, applier, release, lambda: not seen)
     assert seen == [True]
     assert not EntityPrompt.objects.exists()
