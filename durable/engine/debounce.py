@@ -11,18 +11,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from .. import clock, conf, guards
 from ..definitions import Workflow
 from ..durations import parse_duration
-from ..errors import DurableError
 from ..models import Run, RunQuerySet, column_length
 from . import runs
-
-#: Inserts a call retries when a concurrent call inserted the key's run first (each retry then
-#: finds that run, unless it started or was cancelled meanwhile).
-TRIES = 3
 
 
 def debounce(workflow: Workflow | str, input: Any, *, key: Any, period: Any, max_wait: Any) -> str:
@@ -42,26 +37,17 @@ def debounce(workflow: Workflow | str, input: Any, *, key: Any, period: Any, max
         raise guards.refuse("max_wait", f"({longest}) must be at least period ({quiet})")
     stored_input = runs.checked_input(definition, input, settings.MAX_PAYLOAD_BYTES)
     namespace = settings.NAMESPACE or ""
-    for _ in range(TRIES):
-        try:
-            with transaction.atomic(using=settings.DATABASE):
-                waiting = _runs().gathering(namespace, definition.name, key)
-                if waiting is None:
-                    return runs.create(
-                        definition, stored_input, delay=quiet, admitted=False, debounce_key=key
-                    )
-                now = clock.now()
-                start_at = now + quiet
-                if longest is not None:
-                    start_at = min(start_at, waiting.created_at + longest)
-                deadline = start_at + definition.timeout if definition.timeout else None
-                _runs().put_off(waiting.id, stored_input, start_at, deadline, now)
-                return str(waiting.id)
-        except IntegrityError:
-            continue  # a concurrent call inserted the key's run first: gather into it
-    raise DurableError(
-        f"debounce key {key!r} of {definition.name!r}: {TRIES} tries all lost a race; call again"
-    )
+    with transaction.atomic(using=settings.DATABASE):
+        waiting = _runs().gathering(namespace, definition.name, key)
+        if waiting is None:
+            return runs.create(definition, stored_input, delay=quiet, admitted=False, debounce_key=key)
+        now = clock.now()
+        start_at = now + quiet
+        if longest is not None:
+            start_at = min(start_at, waiting.created_at + longest)
+        deadline = start_at + definition.timeout if definition.timeout else None
+        _runs().put_off(waiting.id, stored_input, start_at, deadline, now)
+        return str(waiting.id)
 
 
 def admit_due() -> int:

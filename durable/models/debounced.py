@@ -5,6 +5,11 @@ its start later; once its start is due, the timer pass admits it and it runs lik
 Admitting is the one guarded UPDATE a call and the timer pass race for: a call that locks the row
 first moves its start, and the pass then finds it no longer due; a call that comes after finds
 no waiting run and begins a new debounce.
+
+Calls for one key take turns: on PostgreSQL each call's transaction first takes an advisory lock
+on the key (``take_turn``), so a second call finds the run the first one inserted. (A unique index
+did this before; the run table is partitioned by id on PostgreSQL, where an index unique across
+partitions must hold the id.) SQLite's transactions take the write lock when they begin.
 """
 
 from __future__ import annotations
@@ -12,13 +17,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 
 from . import offloads
 from .base import Status
 
 #: A run still gathering calls: not admitted to run yet.
 WAITING = {"status": Status.PENDING, "admitted": False}
+#: The first key of durable's advisory locks for debounce keys (the second is the key's hash),
+#: apart from the single-key locks an application may take.
+_LOCK_SPACE = 0x64756462  # "dudb"
 
 
 class DebouncedRuns(models.QuerySet[Any]):
@@ -26,7 +34,16 @@ class DebouncedRuns(models.QuerySet[Any]):
 
     def gathering(self, namespace: str, workflow: str, key: str) -> Any:
         """The run that gathers calls for ``key``, its row locked until the caller's transaction
-        ends, or None."""
+        ends, or None; the key's turn taken first (see the module's docstring), so a None
+        holds until the caller inserted the run or its transaction ended."""
+        connection = connections[self.db]
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                # A hash collision makes two keys take turns, nothing worse.
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                    [_LOCK_SPACE, "\x1f".join((namespace, workflow, key))],
+                )
         waiting = self.filter(namespace=namespace, workflow=workflow, debounce_key=key, **WAITING)
         return waiting.select_for_update().only("id", "created_at").first()
 

@@ -537,15 +537,6 @@ class Run(models.Model):
                 condition=models.Q(debounce_key__isnull=False, admitted=False),
             ),
         ]
-        constraints = [
-            # One run gathers a key's calls at a time: a second call that raced the first to
-            # insert one gathers into the first's.
-            models.UniqueConstraint(
-                fields=["namespace", "workflow", "debounce_key"],
-                name="durable_run_one_debounce",
-                condition=models.Q(debounce_key__isnull=False, admitted=False, status=Status.PENDING),
-            ),
-        ]
 
     def __str__(self) -> str:
         return f"{self.workflow} {self.id} ({self.status})"
