@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connections, models
 from django.db.models import signals
 
-from . import offloads
+from . import offloads, partitions
 from .base import IDS_PER_STATEMENT, chunked, referring
 
 
@@ -39,7 +39,7 @@ class RunTrees(models.QuerySet[Any]):
         # every doomed payload to find none cost as much as deleting the rows.
         if offloaded is None:
             offloaded = offloads.any_offloaded(self.db)
-        plain = _deletes_plainly(self.model)
+        plain = deletes_plainly(self.model)
         deleted = 0
         for batch in chunked(run_ids, IDS_PER_STATEMENT):
             if offloaded:
@@ -55,12 +55,64 @@ class RunTrees(models.QuerySet[Any]):
                 deleted += _delete(self.model, self.db, plain, batch)
         return deleted
 
+    def delete_day(self, day: partitions.Day, still: Any, *, offloaded: bool) -> int:
+        """Delete the runs of ``day`` (a partitioned history's pair of day partitions) by
+        dropping its tables, when none of its runs matches ``still`` (a Q: a run that must stay)
+        and no run of another day is a child of one of them; return how many went, 0 when the
+        day stays. Call inside a transaction; the day's writes wait for it from the first check.
+
+        Whatever refers to the day's runs from other tables goes first (as a run's deletion takes
+        it), and so do the references among the day's own runs: PostgreSQL checks, when a
+        partition is detached, that no row refers to one of its rows, its own rows included
+        (rewriting them costs nothing that lasts: the rows go with their table)."""
+        cascade = deletes_plainly(self.model)
+        if cascade is None:
+            return 0
+        partitions.lock_day(self.db, day)
+        in_day = self.filter(id__gte=day.low, id__lt=day.high)
+        if in_day.filter(still).exists():
+            return 0
+        elsewhere = self.filter(parent_id__gte=day.low, parent_id__lt=day.high).exclude(
+            id__gte=day.low, id__lt=day.high
+        )
+        if elsewhere.exists():
+            return 0
+        gone: int = in_day.count()
+        Checkpoint, Signal = referring(self, "checkpoints"), referring(self, "signals")
+        if offloaded:
+            offloads.release(in_day, ("input", "output"))
+            offloads.release(
+                Checkpoint.objects.using(self.db).filter(run_id__gte=day.low, run_id__lt=day.high),
+                ("input", "output"),
+            )
+            offloads.release(
+                Signal.objects.using(self.db).filter(run_id__gte=day.low, run_id__lt=day.high),
+                ("payload", "reply"),
+            )
+        quote = connections[self.db].ops.quote_name
+        with connections[self.db].cursor() as cursor:
+            for related, column, deleted in cascade:
+                if related is Checkpoint:
+                    continue  # its partition of the day goes with the day's runs
+                table, where = (
+                    quote(related._meta.db_table),
+                    f"{quote(column)} >= %s AND {quote(column)} < %s",
+                )
+                if deleted and related is not self.model:
+                    cursor.execute(f"DELETE FROM {table} WHERE {where}", [day.low, day.high])
+                else:
+                    cursor.execute(
+                        f"UPDATE {table} SET {quote(column)} = NULL WHERE {where}", [day.low, day.high]
+                    )
+        partitions.drop_day(self.db, day)
+        return gone
+
 
 #: What a run's deletion does to the rows that refer to it: (model, column, deleted or set null).
 Cascade = list[tuple[type[models.Model], str, bool]]
 
 
-def _deletes_plainly(model: type[models.Model]) -> Cascade | None:
+def deletes_plainly(model: type[models.Model]) -> Cascade | None:
     """The statements deleting ``model``'s rows takes, when it takes nothing else: every row that
     refers to one is deleted (or its reference set to null) and is referred to by none, and no
     receiver listens to any of those deletes. Else None: Django's collector deletes, row by row

@@ -31,11 +31,13 @@ def index_reads() -> dict[str, int]:
         cursor.execute("SELECT pg_stat_force_next_flush()")
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")
+        # On a partitioned history each partition has its indexes: counted under their parent's.
         cursor.execute(
-            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes "
-            "WHERE relname IN ('durable_checkpoint', 'durable_fan')"
+            "SELECT coalesce(parent.relname, s.indexrelname), sum(s.idx_tup_read) FROM pg_stat_user_indexes s "
+            "LEFT JOIN pg_inherits i ON i.inhrelid = s.indexrelid LEFT JOIN pg_class parent ON parent.oid = i.inhparent "
+            "WHERE s.relname = 'durable_fan' OR s.relname LIKE 'durable\\_checkpoint%' GROUP BY 1"
         )
-        return dict(cursor.fetchall())
+        return {name: int(reads) for name, reads in cursor.fetchall()}
 
 
 def reads_per_member(durable_env, width: int) -> dict[str, float]:
