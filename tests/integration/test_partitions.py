@@ -227,12 +227,20 @@ def test_a_day_the_default_partition_holds_runs_of_is_left_to_it(durable_env, ca
 
 
 def _constraints_valid() -> bool:
+    """Every key to runs validated, and every index of both tables valid (a partitioned table's
+    index is valid once each partition has its own)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT bool_and(convalidated) FROM pg_constraint WHERE contype = 'f' AND confrelid IN "
             "(SELECT oid FROM pg_class WHERE relname LIKE 'durable\\_run%')"
         )
-        return bool(cursor.fetchone()[0])
+        keys = bool(cursor.fetchone()[0])
+        cursor.execute(
+            "SELECT bool_and(indisvalid), count(*) FROM pg_index WHERE indrelid IN (%s::regclass, %s::regclass)",
+            [partitions.RUNS, partitions.HISTORY],
+        )
+        indexes, count = cursor.fetchone()
+        return keys and indexes and count > 10
 
 
 def _triggers(table: str) -> list[str]:
