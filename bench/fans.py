@@ -300,11 +300,14 @@ def index_reads() -> dict[str, Any]:
 
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_force_next_flush()")
+        # The history is partitioned by day: each partition's index counted under its parent's.
         cur.execute(
-            "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes "
-            "WHERE relname = 'durable_checkpoint' ORDER BY indexrelname"
+            "SELECT coalesce(parent.relname, s.indexrelname) AS name, sum(s.idx_scan), sum(s.idx_tup_read) "
+            "FROM pg_stat_user_indexes s LEFT JOIN pg_inherits i ON i.inhrelid = s.indexrelid "
+            "LEFT JOIN pg_class parent ON parent.oid = i.inhparent "
+            "WHERE s.relname LIKE 'durable\\_checkpoint%' GROUP BY 1 ORDER BY 1"
         )
-        found = {name: {"scans": scans, "read": read} for name, scans, read in cur.fetchall()}
+        found = {name: {"scans": int(scans), "read": int(read)} for name, scans, read in cur.fetchall()}
         cur.execute("SHOW autovacuum")
         autovacuum = cur.fetchone()[0]
     return {"indexes": found, "autovacuum": autovacuum}

@@ -22,9 +22,14 @@ one after the other, in the same run:
   10,000, and set against their mean.
 
 With ``--size 10x`` the filled database (``durable_scale_10x``) holds ten times that (10,000,000
-finished runs, 1,000,000 waiting, about 103,000,000 checkpoints, some 35 GiB), and its last round
-also measures a day's retention: 1,000,000 expired runs with ten checkpoints each, deleted by the
-retention sweep until none is left, with the dead tuples that leaves (``pg_stat_user_tables``).
+finished runs over the last ten days, 1,000,000 waiting, about 103,000,000 checkpoints, some 35
+GiB), and its last round also measures a day's retention: the 1,000,000 runs of a day 40 days
+ago, with ten checkpoints each, all expired, deleted by the retention sweep until none is left,
+with the dead tuples that leaves (``pg_stat_user_tables``, summed over the partitions).
+
+The history is partitioned by day (``durable/models/partitions.py``): before the fill, the days
+it spans are made by the product's own ``ensure_days``, as the retention sweep would have made
+them while that history was written.
 
 Writes bench/results/scale.json and scale.md, and the ``bench:scale`` table of docs/benchmarks.md
 (``scale-10x.*`` and ``bench:scale-10x`` with ``--size 10x``).
@@ -39,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +55,12 @@ REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/5")
 #: The queue the swept runs belong to: their messages pile up there, counted, then purged.
 QUEUE = "bench_scale"
 SWEEP_ROWS = 10_000
-#: Finished runs are kept 30 days; the filled ones finished within the last week, the ones the
-#: retention measurement inserts 60 days ago.
+#: The most days the filled history spans.
+FILL_DAYS = 10
+#: How many days ago the day whose retention is measured lies.
+DAY_AGO = 40
+#: Finished runs are kept 30 days; the filled ones finished within the last ten days, the ones the
+#: retention measurements insert 40 and 60 days ago.
 RETENTION = [{"statuses": ["completed", "failed"], "max_age": "30d"}]
 GOALS = {"ratio": 1.5, "sweep_10k_s": 1.0, "backlog_ratio": 10.0, "day_s": 60}
 #: The fills ``--size`` names: the filled database, its runs, and the day's retention measured.
@@ -97,7 +107,7 @@ def _run_id(at: str, salt: str) -> str:
 
 
 #: What the fill's run ids look like; a database filled with other ids is filled again.
-RUN_IDS = "uuid7"
+RUN_IDS = "uuid7, partitioned by day"
 
 
 def filled(db: str) -> dict | None:
@@ -113,6 +123,10 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
     """Write the history by SQL: indexes of the checkpoint table dropped during the load and
     built again after (as a restore would), the same definitions as the migrations'."""
     t0 = time.perf_counter()
+    # Half a second apart, or closer so that the history spans ten days at most.
+    spacing = min(0.5, FILL_DAYS * 86_400 / runs)
+    today = datetime.now(UTC).date()
+    _make_days(db, today - timedelta(days=int(runs * spacing / 86_400) + 1), today)
     with _connect(db) as conn:
         conn.execute("SET synchronous_commit = off")
         conn.execute("SET maintenance_work_mem = '1GB'")
@@ -123,16 +137,16 @@ def fill(db: str, runs: int, steps: int, waiting: int, chunk: int = 100_000) -> 
         # of its own, and a run's id (made of its start) must be the same in its checkpoints'.
         started = conn.execute("SELECT now()").fetchone()[0].isoformat()
         finished_id = _run_id("t", "i::text")
-        # Finished half a second apart, the last an hour before the fill.
+        # Finished ``spacing`` apart, the last an hour before the fill.
         finished_at = (
-            f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '0.5 s') "
+            f"LATERAL (SELECT '{started}'::timestamptz - (({runs} - i) * interval '{spacing} s') "
             "- interval '1 h' AS t) at"
         )
         waiting_id = _run_id(f"('{started}'::timestamptz + i * interval '0.1 ms')", "'w' || i")
         try:
             for first in range(1, runs + 1, chunk):
                 last = min(first + chunk - 1, runs)
-                # Finished over the last ~6 days, 2% failed; ten completed steps each.
+                # Finished over the last days, 2% failed; ten completed steps each.
                 conn.execute(
                     f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT {finished_id}, 'bench.filled', '1', "
                     "CASE WHEN i %% 50 = 0 THEN 'failed' ELSE 'completed' END, 'durable', "
@@ -211,7 +225,9 @@ def _drop_checkpoint_indexes(conn) -> list[str]:
             for n, d in constraints
             if "UNIQUE" in d
         ),
-        *(d for _, d in indexes),
+        # A partitioned table's index reads "ON ONLY" the table: built so, it would cover no
+        # partition (and stay invalid); built on the table, it is built on each partition.
+        *(d.replace(" ON ONLY ", " ON ", 1) for _, d in indexes),
         *(
             f'ALTER TABLE durable_checkpoint ADD CONSTRAINT "{n}" {d}'
             for n, d in constraints
@@ -413,19 +429,40 @@ def _dead_tuples() -> dict:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_force_next_flush()")
         time.sleep(1.5)  # the statistics are shared at most once a second
+        # Each partition counts its own: summed under the table it is a partition of.
         cursor.execute(
-            "SELECT relname, n_live_tup, n_dead_tup FROM pg_stat_user_tables "
-            "WHERE relname IN ('durable_run', 'durable_checkpoint') ORDER BY relname"
+            "SELECT coalesce(p.relname, s.relname) AS t, sum(s.n_live_tup), sum(s.n_dead_tup) "
+            "FROM pg_stat_user_tables s LEFT JOIN pg_inherits i ON i.inhrelid = s.relid "
+            "LEFT JOIN pg_class p ON p.oid = i.inhparent "
+            "WHERE coalesce(p.relname, s.relname) IN ('durable_run', 'durable_checkpoint') GROUP BY 1 ORDER BY 1"
         )
-        return {name: {"live": live, "dead": dead} for name, live, dead in cursor.fetchall()}
+        return {name: {"live": int(live), "dead": int(dead)} for name, live, dead in cursor.fetchall()}
 
 
 def measure_day(count: int) -> dict:
-    """A day's retention: ``count`` finished runs with ten checkpoints each, expired, deleted by
-    the retention sweep until none is left; the dead tuples that leaves for vacuum to chase."""
-    from durable.engine import retention
+    """A day's retention: the ``count`` runs of a day DAY_AGO days ago (started through the day,
+    each finished a minute later, ten checkpoints each), expired, deleted by the retention sweep
+    until none is left; the dead tuples that leaves for vacuum to chase."""
+    from django.db import connection
 
-    _insert_swept("retention", count)
+    from durable.engine import retention
+    from durable.models import partitions
+
+    day = datetime.now(UTC).date() - timedelta(days=DAY_AGO)
+    partitions.ensure_days(connection.alias, day, day)
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC).isoformat()
+    at = f"('{start}'::timestamptz + i * interval '{86_400 / count} s')"
+    _sql(
+        f"INSERT INTO durable_run ({RUN_COLUMNS}) SELECT {_run_id(at, 'i::text')}, 'bench.day', '1', 'completed', "
+        f"'{QUEUE}', '{{}}', '{{}}', '', '[]', '{{}}', '{{}}', {at}, {at}, {at}, {at} + interval '1 min', NULL, 0, 11, "
+        "true FROM generate_series(0, %s - 1) i",
+        (count,),
+    )
+    _sql(
+        f"INSERT INTO durable_checkpoint ({CHECKPOINT_COLUMNS}) SELECT r.id, s, 'step', 'bench.step', "
+        "'completed', 1, '', '{}', '{}', r.started_at, r.finished_at, false, 0, false FROM durable_run r, "
+        "generate_series(0, 9) s WHERE r.workflow = 'bench.day'"
+    )
     _sql("VACUUM ANALYZE durable_run, durable_checkpoint")
     before = _dead_tuples()
     found, passes, t0 = 0, 0, time.perf_counter()
@@ -633,7 +670,17 @@ def main() -> int:
     )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
+    parser.add_argument("--days", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.days:
+        _django(args.days)
+        from django.db import connection
+
+        from durable.models import partitions
+
+        first, last = (datetime.strptime(d, "%Y-%m-%d").date() for d in json.loads(args.params))
+        partitions.ensure_days(connection.alias, first, last)
+        return 0
     if args.measure:
         print(json.dumps(measure(args.measure, json.loads(args.params))))
         return 0
@@ -744,6 +791,13 @@ def empty_only(args: argparse.Namespace) -> int:
     (args.out / "scale-empty.json").write_text(json.dumps(data, indent=2) + "\n")
     print("\n".join([data["meta"]["line"], "", *lines]))
     return 0
+
+
+def _make_days(db: str, first, last) -> None:
+    """The history's partitions of the days from ``first`` to ``last``, by the product's own
+    function (in a subprocess with Django set up), as the retention sweep makes them."""
+    days = json.dumps([first.isoformat(), last.isoformat()])
+    subprocess.run([sys.executable, __file__, "--days", db, "--params", days], check=True, cwd=ROOT)
 
 
 def _migrate(db: str) -> None:
