@@ -7,7 +7,7 @@ first moves its start, and the pass then finds it no longer due; a call that com
 no waiting run and begins a new debounce.
 
 Calls for one key take turns: on PostgreSQL each call's transaction first takes an advisory lock
-on the key (``take_turn``), so a second call finds the run the first one inserted. (A unique index
+on the key (in ``gathering``), so a second call finds the run the first one inserted. (A unique index
 did this before; the run table is partitioned by id on PostgreSQL, where an index unique across
 partitions must hold the id.) SQLite's transactions take the write lock when they begin.
 """
