@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the history is partitioned on PostgreSQL"),
 ]
 
-#: A day well past any policy of these tests, and the day's start.
+#: A day well past any policy of these tests, and noon of it.
 PAST = (datetime.now(UTC) - timedelta(days=40)).date()
 AT = datetime(PAST.year, PAST.month, PAST.day, 12, tzinfo=UTC)
 
