@@ -73,6 +73,16 @@ def _run(*, status="completed", finished_days_ago=35.0, parent=None, minute=0, r
     return run
 
 
+def _today(**fields) -> Run:
+    """A bare run started now (its id in today's day), with ``fields``."""
+    now = clock.now()
+    return Run.objects.create(
+        **{"id": ids.run_id(), "workflow": "w", "version": "1", "queue": "durable", **fields},
+        created_at=now,
+        updated_at=now,
+    )
+
+
 def _where(table: str, run_id: str) -> str:
     with connection.cursor() as cursor:
         key = "id" if table == partitions.RUNS else "run_id"
@@ -113,16 +123,7 @@ def test_a_day_whose_every_run_expired_is_dropped_whole_with_what_refers_to_it(d
     _run(parent=root.id, minute=1)
     _run(minute=2, status="failed")
     # A run of today continued from one of the day: it stays, and forgets where it came from.
-    successor = Run.objects.create(
-        id=ids.run_id(),
-        workflow="w",
-        version="1",
-        queue="durable",
-        status="suspended",
-        created_at=clock.now(),
-        updated_at=clock.now(),
-        continued_from_id=root.id,
-    )
+    successor = _today(status="suspended", continued_from_id=root.id)
     assert _sweep() == 3
     assert not _exists(f"{partitions.RUNS}{past_day.suffix}")
     assert not _exists(f"{partitions.HISTORY}{past_day.suffix}")
@@ -158,17 +159,7 @@ def test_a_day_holding_a_run_that_must_stay_is_kept_and_its_expired_runs_wait_a_
 
 def test_a_day_whose_run_has_a_child_in_a_later_day_is_kept_until_the_tree_goes(durable_env, past_day):
     root = _run()
-    Run.objects.create(
-        id=ids.run_id(),
-        workflow="w",
-        version="1",
-        queue="durable",
-        status="completed",
-        parent_id=root.id,
-        created_at=clock.now(),
-        updated_at=clock.now(),
-        finished_at=clock.now() - timedelta(days=35),
-    )
+    _today(status="completed", parent_id=root.id, finished_at=clock.now() - timedelta(days=35))
     with override_settings(DURABLE={"RETENTION": [{"max_age": "30d"}]}):
         assert retention.drop_expired_days(conf.get(), clock.now()) == 0
         assert _exists(f"{partitions.RUNS}{past_day.suffix}")
@@ -284,16 +275,7 @@ def test_a_filled_history_is_partitioned_in_place_and_back(durable_env):
     )
     # The run table's keys to itself hold on the partitioned table.
     with pytest.raises(IntegrityError), transaction.atomic():
-        Run.objects.create(
-            id="orphan",
-            workflow="w",
-            version="1",
-            queue="durable",
-            status="pending",
-            parent_id="nobody",
-            created_at=clock.now(),
-            updated_at=clock.now(),
-        )
+        _today(id="orphan", status="pending", parent_id="nobody")
     # And back: the days' rows return to the plain tables.
     run = durable.start(summed, 4)
     durable_env.run_until_idle()
