@@ -73,7 +73,7 @@ def take(
         returning=", ".join(map(ops.quote_name, taken_columns)),
         namespace=namespace,
     )
-    return _read(db, reading.format(taking=taking), params, taken_columns, run_columns, fields)
+    return _read(db, run_id, reading.format(taking=taking), params, taken_columns, run_columns, fields)
 
 
 def held(
@@ -89,7 +89,7 @@ def held(
         f"SELECT 1 FROM {ops.quote_name(Run._meta.db_table)} WHERE id = %s AND status IN ({', '.join(['%s'] * len(UNFINISHED))}))"
     )
     params = [run_id, seq, attempt, CheckpointStatus.PENDING, holder, run_id, *UNFINISHED]
-    return _read(db, reading.format(taking=selecting), params, taken_columns, run_columns, fields)
+    return _read(db, run_id, reading.format(taking=selecting), params, taken_columns, run_columns, fields)
 
 
 def settle_holding(
@@ -123,8 +123,9 @@ def _holding_statement(
 ) -> tuple[str, list[Any]]:
     settling, params = updating(Run, db, *settle, fence[0])
     adding, adding_params = insertion(Checkpoint, db, [inserting], source="FROM settled")
-    checks = [Status.SUSPENDED, CheckpointStatus.PENDING]
-    return _holding(db, fields, settling, adding), [*params, *fence[1], *adding_params, *checks, *checks]
+    checks = [Status.SUSPENDED, inserting.run_id, CheckpointStatus.PENDING]
+    reads = [*checks, *checks, inserting.run_id]
+    return _holding(db, fields, settling, adding), [*params, *fence[1], *adding_params, *reads]
 
 
 def _held_back(db: str, rows: list[tuple[Any, ...]], fields: tuple[str, ...]) -> Held | None:
@@ -267,11 +268,12 @@ def _holding(db: str, fields: tuple[str, ...], settling: str, adding: str) -> st
     positions = quote(Checkpoint._meta.db_table)
     listed = ", ".join(quote(Checkpoint._meta.get_field(name).column) for name in fields)
     # As ``_reading`` reads a take's run: waiting (the settle suspends it), admitted, the attempt
-    # no fan member nor limited, and no other position of the run pending.
+    # no fan member nor limited, and no other position of the run pending; the run named by a
+    # parameter, as there, so that a partitioned history plans one day's partition.
     alone = (
         f"s.{quote('status')} = %s AND s.{quote('admitted')} AND a.{quote('fan')} IS NULL "
         f"AND a.{quote('flow_key')} IS NULL AND NOT EXISTS (SELECT 1 FROM {positions} o "
-        f"WHERE o.{quote('run_id')} = s.{quote('id')} AND o.{quote('status')} = %s)"
+        f"WHERE o.{quote('run_id')} = %s AND o.{quote('status')} = %s)"
     )
     return (
         f"WITH settled AS ({settling} RETURNING xmin::text AS durable_version, "
@@ -283,13 +285,14 @@ def _holding(db: str, fields: tuple[str, ...], settling: str, adding: str) -> st
         + f", CASE WHEN {alone} THEN s.durable_version END, "
         + ", ".join(f"s.{quote(c)}" for c in run_columns)
         + f", CASE WHEN {alone} THEN (SELECT json_agg(json_build_array({listed}) ORDER BY seq) "
-        f"FROM {positions} WHERE {quote('run_id')} = s.{quote('id')}) END, a.durable_position "
+        f"FROM {positions} WHERE {quote('run_id')} = %s) END, a.durable_position "
         "FROM settled s CROSS JOIN added a"
     )
 
 
 def _read(
     db: str,
+    run_id: str,
     sql: str,
     params: list[Any],
     taken_columns: tuple[str, ...],
@@ -297,7 +300,7 @@ def _read(
     fields: tuple[str, ...],
 ) -> tuple[Checkpoint | None, RunAsTaken | None]:
     with connections[db].cursor() as cursor:
-        cursor.execute(sql, [*params, Status.SUSPENDED, CheckpointStatus.PENDING])
+        cursor.execute(sql, [*params, run_id, run_id, Status.SUSPENDED, run_id, CheckpointStatus.PENDING])
         rows = cursor.fetchall()
     if not rows:
         return None, None
@@ -340,14 +343,17 @@ def _reading(db: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[s
         + ", ".join(f"taken.{ops.quote_name(c)}" for c in taken_columns)
         + ", r.xmin::text, "
         + ", ".join(f"r.{ops.quote_name(c)}" for c in run_columns)
+        # The run's id is named as a parameter wherever a table is read, though it is the taken
+        # row's own: on a partitioned history (PostgreSQL) the planner then plans the one day's
+        # partition, not every day's (4 ms of planning a take, which a custom plan pays each time).
         # Read only when the run was found waiting for this position alone: a fan member's
         # take would otherwise read (and send back) every member of its fan, N times per fan.
         + f", CASE WHEN r.id IS NOT NULL THEN (SELECT json_agg(json_build_array({listed}) ORDER BY seq) "
-        f"FROM {positions} WHERE run_id = taken.run_id) END "
-        f"FROM taken LEFT JOIN {runs} r ON r.id = taken.run_id AND r.status = %s AND r.admitted "
+        f"FROM {positions} WHERE run_id = %s) END "
+        f"FROM taken LEFT JOIN {runs} r ON r.id = %s AND r.status = %s AND r.admitted "
         # A fan member's or a limited step's result is never written ahead (see ``record``).
         "AND taken.fan IS NULL AND taken.flow_key IS NULL "
-        f"AND NOT EXISTS (SELECT 1 FROM {positions} o WHERE o.run_id = taken.run_id "
+        f"AND NOT EXISTS (SELECT 1 FROM {positions} o WHERE o.run_id = %s "
         "AND o.seq <> taken.seq AND o.status = %s)"
     )
     return taken_columns, run_columns, sql

@@ -13,8 +13,9 @@ from django.test import override_settings
 
 import durable
 from durable import clock, conf, ids
-from durable.engine import retention
+from durable.engine import retention, steps, turn
 from durable.models import Checkpoint, Run, Signal, partitions
+from tests.integration import test_async_steps as async_steps
 from tests.integration import test_offload
 from tests.integration.test_offload import BIG, MARKER, objects, produce
 
@@ -116,6 +117,109 @@ def test_the_migration_made_the_days_ahead_and_a_run_and_its_positions_land_in_t
     durable_env.run_until_idle()
     assert durable.result(chosen.id) == 2
     assert _where(partitions.RUNS, chosen.id) == f"{partitions.RUNS}_pdefault"
+
+
+@durable.workflow(name="tests.partitions.two_steps")
+def two_steps(ctx, n):
+    return ctx.step(add, ctx.step(add, n, 1), 1)
+
+
+#: The statements PostgreSQL plans (not BEGIN, SAVEPOINT and the like).
+PLANNED = ("SELECT", "WITH", "UPDATE", "INSERT", "DELETE")
+
+
+@durable.workflow(name="tests.partitions.then_async")
+def then_async(ctx, n):
+    # Its second step awaited on the process's loop, its outcome written by the loop's writers.
+    return ctx.step(async_steps.double, ctx.step(add, n, 1))
+
+
+def _partitions_planned(sql: str, params) -> set[str]:
+    """The partitions of the history a statement's plan reads, as PostgreSQL plans it for these
+    parameters (as it plans each execution unless it keeps a generic plan)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        (plan,) = cursor.fetchone()[0]
+
+    def relations(node):
+        yield node.get("Relation Name", "")
+        for child in node.get("Plans", []):
+            yield from relations(child)
+
+    return {
+        name
+        for name in relations(plan["Plan"])
+        if name.startswith((f"{partitions.RUNS}_p", f"{partitions.HISTORY}_p"))
+    }
+
+
+def _planned_while(act) -> set[str]:
+    """The history's partitions planned by the statements ``act`` runs on this connection."""
+    executed: list[tuple[str, object]] = []
+
+    def kept(execute, sql, params, many, context):
+        executed.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(kept):
+        act()
+    statements = [(sql, params) for sql, params in executed if sql.lstrip().upper().startswith(PLANNED)]
+    assert statements
+    return set().union(*(_partitions_planned(sql, params) for sql, params in statements))
+
+
+def _todays_pair() -> set[str]:
+    suffix = partitions.day_of(datetime.now(UTC).date()).suffix
+    return {f"{partitions.RUNS}{suffix}", f"{partitions.HISTORY}{suffix}"}
+
+
+# A statement that reaches the run's rows through a join instead of naming its id is planned over
+# every day made (two weeks ahead, and each day kept): milliseconds of planning per step on a
+# connection that plans each execution (Django's own binding does).
+
+
+@override_settings(DURABLE={"EAGER_STEPS": False})  # every step through the broker
+def test_a_run_whose_steps_go_through_the_broker_plans_its_own_days_partitions_only(durable_env):
+    transport = durable_env.transport
+    served, transport.served_queues = transport.served_queues, {"durable"}
+    run = None
+
+    def act():
+        nonlocal run
+        run = durable.start(two_steps, 1)
+        durable_env.drop()
+        turn.advance(run.id)
+        for _ in range(2):
+            (message,) = durable_env.drop()
+            steps.run_step(*message.args)
+
+    try:
+        planned = _planned_while(act)
+    finally:
+        transport.served_queues = served
+    assert durable.result(run.id) == 3
+    assert planned == _todays_pair()
+
+
+@pytest.mark.parametrize(
+    ("workflow", "args", "result"),
+    [(two_steps, [1], 3), (then_async, [1], 4)],
+    ids=["steps", "a step, then an async def step"],
+)
+def test_a_run_whose_steps_run_in_place_plans_its_own_days_partitions_only(
+    durable_env, monkeypatch, workflow, args, result
+):
+    monkeypatch.setattr(durable_env.transport, "served_queues", {"durable"})  # a worker of its queue
+    run = None
+
+    def act():
+        nonlocal run
+        run = durable.start(workflow, *args)
+        durable_env.run_until_idle()
+
+    planned = _planned_while(act)
+    assert durable.result(run.id) == result
+    assert planned == _todays_pair()
 
 
 def test_a_day_whose_every_run_expired_is_dropped_whole_with_what_refers_to_it(durable_env, past_day):
