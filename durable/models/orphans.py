@@ -44,25 +44,32 @@ class OrphanedRuns(models.QuerySet[Any]):
         table = ops.quote_name(self.model._meta.db_table)
         # A dispatched step in flight, or one the dead turn was running in place (its death is
         # the step's, counted against the step's retries as a lost attempt, not the run's).
+        # Read once per run in a CTE that every SET expression reads: written in each of them,
+        # it was planned six times over every partition of a partitioned history.
         parked = (
-            f"EXISTS (SELECT 1 FROM {ops.quote_name(Checkpoint._meta.db_table)} c WHERE c.run_id = {table}.id "
+            f"EXISTS (SELECT 1 FROM {ops.quote_name(Checkpoint._meta.db_table)} c WHERE c.run_id = {{run}} "
             f"AND c.kind = 'step' AND c.status = '{CheckpointStatus.PENDING}' "
             "AND (c.enqueued_at IS NOT NULL OR c.started_at IS NOT NULL))"
         )
-        dead = f"(NOT {parked} AND recovery_attempts >= %s)"
         batch, params = batch_of(skip_locked(qs).values("id")[:limit])
+        flight = (
+            f"flight AS MATERIALIZED (SELECT id AS run, {parked.format(run='batch.id')} AS parked FROM batch)"
+        )
+        # SQLite's RETURNING cannot read a table of the FROM clause.
+        returned = "flight.parked" if connection.vendor == "postgresql" else parked.format(run=f"{table}.id")
+        dead = "(NOT flight.parked AND recovery_attempts >= %s)"
         # Every SET expression reads the row as it was, so each one states the case in full.
         sql = (
-            f"{batch} UPDATE {table} SET "
+            f"{batch}, {flight} UPDATE {table} SET "
             f"status = CASE WHEN {dead} THEN %s ELSE %s END, "
-            f"recovery_attempts = CASE WHEN {parked} OR recovery_attempts >= %s THEN recovery_attempts "
+            "recovery_attempts = CASE WHEN flight.parked OR recovery_attempts >= %s THEN recovery_attempts "
             "ELSE recovery_attempts + 1 END, "
             f"error = CASE WHEN {dead} THEN %s ELSE error END, "
             f"wake_at = CASE WHEN {dead} THEN NULL ELSE %s END, "
             f"finished_at = CASE WHEN {dead} THEN %s ELSE finished_at END, "
             "locked_by = NULL, locked_until = NULL, updated_at = %s "
-            "WHERE id IN (SELECT id FROM batch) "
-            f"RETURNING id, queue, status, {parked}"
+            f"FROM flight WHERE {table}.id = flight.run "
+            f"RETURNING id, queue, status, {returned}"
         )
         stamp = at(now)
         error_value = self.model._meta.get_field("error").get_db_prep_save(error, connection)
