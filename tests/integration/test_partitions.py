@@ -134,9 +134,10 @@ def then_async(ctx, n):
     return ctx.step(async_steps.double, ctx.step(add, n, 1))
 
 
-def _partitions_planned(sql: str, params) -> set[str]:
-    """The partitions of the history a statement's plan reads, as PostgreSQL plans it for these
-    parameters (as it plans each execution unless it keeps a generic plan)."""
+def _partitions_planned(sql: str, params) -> list[str]:
+    """The partitions of the history a statement's plan reads, once for each time it reads one,
+    as PostgreSQL plans it for these parameters (as it plans each execution unless it keeps a
+    generic plan)."""
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
         (plan,) = cursor.fetchone()[0]
@@ -146,11 +147,11 @@ def _partitions_planned(sql: str, params) -> set[str]:
         for child in node.get("Plans", []):
             yield from relations(child)
 
-    return {
+    return [
         name
         for name in relations(plan["Plan"])
         if name.startswith((f"{partitions.RUNS}_p", f"{partitions.HISTORY}_p"))
-    }
+    ]
 
 
 def _planned_while(act) -> set[str]:
@@ -165,7 +166,7 @@ def _planned_while(act) -> set[str]:
         act()
     statements = [(sql, params) for sql, params in executed if sql.lstrip().upper().startswith(PLANNED)]
     assert statements
-    return set().union(*(_partitions_planned(sql, params) for sql, params in statements))
+    return {name for sql, params in statements for name in _partitions_planned(sql, params)}
 
 
 def _todays_pair() -> set[str]:
@@ -220,6 +221,24 @@ def test_a_run_whose_steps_run_in_place_plans_its_own_days_partitions_only(
     planned = _planned_while(act)
     assert durable.result(run.id) == result
     assert planned == _todays_pair()
+
+
+def test_the_orphan_sweep_plans_each_partition_of_the_positions_once(durable_env):
+    # It names no run, so it reads every day's partition; whether a run's step is in flight was
+    # asked in six places of its statement, and each was planned over every partition.
+    orphan = _today(status="running", locked_by="gone:1/x", locked_until=clock.now() - timedelta(minutes=5))
+    executed: list[tuple[str, object]] = []
+
+    def kept(execute, sql, params, many, context):
+        executed.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(kept):
+        outcome = Run.objects.take_orphans(clock.now(), 10, 3, {"type": "Lost"})
+    assert outcome["suspended"] == [(orphan.id, "durable")]
+    (sql, params), *_ = [(sql, params) for sql, params in executed if "recovery_attempts" in sql]
+    read = [name for name in _partitions_planned(sql, params) if name.startswith(partitions.HISTORY)]
+    assert read and len(read) == len(set(read)) == len(partitions.days("default")) + 1
 
 
 def test_a_day_whose_every_run_expired_is_dropped_whole_with_what_refers_to_it(durable_env, past_day):
