@@ -129,29 +129,36 @@ def hold_slot(
     """Give the started attempt a slot of ``key`` if fewer than ``limit`` are held (and, with
     ``behind``, no attempt waits in line before it); False if it must wait.
 
-    Call with the key's gate locked, so the count is the one the next start sees. One plain
-    statement: this is on every start of a limited step."""
+    Call with the key's gate locked, so the count is the one the next start sees: a slot freed
+    after the count is handed on by its freer, who locks the gate after this commits and finds
+    this attempt in line (``engine.flow.hand_off``). Two statements on this, every start of a
+    limited step: the count names no run, so PostgreSQL keeps one plan of it for a prepared
+    statement, where in one statement with the take, which names the run, it planned it afresh
+    each time, over every partition of a partitioned history."""
     connection = connections[db]
     ops = connection.ops
     at = ops.adapt_datetimefield_value
     table, runs = ops.quote_name(Checkpoint._meta.db_table), ops.quote_name(Run._meta.db_table)
     unfinished = f"run_id IN (SELECT id FROM {runs} WHERE status IN (%s, %s, %s))"
-    sql = (
-        f"UPDATE {table} SET flow = %s, flow_key = %s "
-        f"WHERE run_id = %s AND seq = %s AND attempt = %s AND status = '{CheckpointStatus.PENDING}' AND ("
-        f"SELECT COUNT(*) FROM {table} WHERE flow_key = %s AND flow = %s AND status = '{CheckpointStatus.PENDING}' "
-        "AND (held_until IS NULL OR held_until >= %s) AND NOT (run_id = %s AND seq = %s) "
-        f"AND {unfinished}) < %s"
+    pending = f"flow_key = %s AND flow = %s AND status = '{CheckpointStatus.PENDING}'"
+    line = f"EXISTS (SELECT 1 FROM {table} WHERE {pending} AND {unfinished})" if behind else "FALSE"
+    counting = (
+        f"SELECT (SELECT COUNT(*) FROM {table} WHERE {pending} AND (held_until IS NULL OR held_until >= %s) "
+        f"AND NOT (run_id = %s AND seq = %s) AND {unfinished}), {line}"
     )
-    params: list[Any] = [HELD, key, run_id, seq, attempt, key, HELD, at(now), run_id, seq, *UNFINISHED, limit]
+    params: list[Any] = [key, HELD, at(now), run_id, seq, *UNFINISHED]
     if behind:
-        sql += (
-            f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE flow_key = %s AND flow = %s "
-            f"AND status = '{CheckpointStatus.PENDING}' AND {unfinished})"
-        )
         params += [key, WAITING, *UNFINISHED]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(counting, params)
+        held, queued = cursor.fetchone()
+        if held >= limit or queued:
+            return False
+        cursor.execute(
+            f"UPDATE {table} SET flow = %s, flow_key = %s "
+            f"WHERE run_id = %s AND seq = %s AND attempt = %s AND status = '{CheckpointStatus.PENDING}'",
+            [HELD, key, run_id, seq, attempt],
+        )
         return int(cursor.rowcount) == 1
 
 

@@ -3,6 +3,7 @@ whole by retention once every run of the day has expired, and kept while one mus
 
 from __future__ import annotations
 
+import collections
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -221,6 +222,45 @@ def test_a_run_whose_steps_run_in_place_plans_its_own_days_partitions_only(
     planned = _planned_while(act)
     assert durable.result(run.id) == result
     assert planned == _todays_pair()
+
+
+@durable.step(name="tests.partitions.limited", concurrency=2)
+def limited(n):
+    return n + 1
+
+
+@durable.workflow(name="tests.partitions.limited_fan")
+def limited_fan(ctx, n):
+    return sum(ctx.map(limited, range(n)))
+
+
+@override_settings(DURABLE={"EAGER_STEPS": False})  # fan members cross the broker
+def test_no_statement_of_a_limited_fan_both_names_its_run_and_reads_every_day(durable_env):
+    # A limit's slots are counted over every run, so that count reads every day's partition. In
+    # the statement that also takes the slot by the run's id, PostgreSQL's default plan cache
+    # mode planned the whole statement afresh at every execution: the run's own day read once
+    # more than the others gives such a statement away.
+    run = None
+    executed: list[tuple[str, object]] = []
+
+    def kept(execute, sql, params, many, context):
+        executed.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(kept):
+        run = durable.start(limited_fan, 4)
+        durable_env.run_until_idle()
+    assert durable.result(run.id) == 10
+    mixed = []
+    for sql, params in executed:
+        if not sql.lstrip().upper().startswith(PLANNED):
+            continue
+        read = collections.Counter(_partitions_planned(sql, params))
+        for table in (partitions.RUNS, partitions.HISTORY):
+            times = [n for name, n in read.items() if name.startswith(f"{table}_p")]
+            if len(times) > 1 and len(set(times)) > 1:
+                mixed.append(sql)
+    assert not mixed
 
 
 def test_the_orphan_sweep_plans_each_partition_of_the_positions_once(durable_env):
