@@ -155,8 +155,8 @@ def _partitions_planned(sql: str, params) -> list[str]:
     ]
 
 
-def _planned_while(act) -> set[str]:
-    """The history's partitions planned by the statements ``act`` runs on this connection."""
+def _statements(act) -> list[tuple[str, object]]:
+    """The statements PostgreSQL plans that ``act`` runs on this connection, with their parameters."""
     executed: list[tuple[str, object]] = []
 
     def kept(execute, sql, params, many, context):
@@ -167,7 +167,12 @@ def _planned_while(act) -> set[str]:
         act()
     statements = [(sql, params) for sql, params in executed if sql.lstrip().upper().startswith(PLANNED)]
     assert statements
-    return {name for sql, params in statements for name in _partitions_planned(sql, params)}
+    return statements
+
+
+def _planned_while(act) -> set[str]:
+    """The history's partitions planned by the statements ``act`` runs on this connection."""
+    return {name for sql, params in _statements(act) for name in _partitions_planned(sql, params)}
 
 
 def _todays_pair() -> set[str]:
@@ -241,20 +246,16 @@ def test_no_statement_of_a_limited_fan_both_names_its_run_and_reads_every_day(du
     # mode planned the whole statement afresh at every execution: the run's own day read once
     # more than the others gives such a statement away.
     run = None
-    executed: list[tuple[str, object]] = []
 
-    def kept(execute, sql, params, many, context):
-        executed.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(kept):
+    def act():
+        nonlocal run
         run = durable.start(limited_fan, 4)
         durable_env.run_until_idle()
+
+    statements = _statements(act)
     assert durable.result(run.id) == 10
     mixed = []
-    for sql, params in executed:
-        if not sql.lstrip().upper().startswith(PLANNED):
-            continue
+    for sql, params in statements:
         read = collections.Counter(_partitions_planned(sql, params))
         for table in (partitions.RUNS, partitions.HISTORY):
             times = [n for name, n in read.items() if name.startswith(f"{table}_p")]
@@ -267,16 +268,14 @@ def test_the_orphan_sweep_plans_each_partition_of_the_positions_once(durable_env
     # It names no run, so it reads every day's partition; whether a run's step is in flight was
     # asked in six places of its statement, and each was planned over every partition.
     orphan = _today(status="running", locked_by="gone:1/x", locked_until=clock.now() - timedelta(minutes=5))
-    executed: list[tuple[str, object]] = []
+    outcome = {}
 
-    def kept(execute, sql, params, many, context):
-        executed.append((sql, params))
-        return execute(sql, params, many, context)
+    def act():
+        outcome.update(Run.objects.take_orphans(clock.now(), 10, 3, {"type": "Lost"}))
 
-    with connection.execute_wrapper(kept):
-        outcome = Run.objects.take_orphans(clock.now(), 10, 3, {"type": "Lost"})
+    statements = _statements(act)
     assert outcome["suspended"] == [(orphan.id, "durable")]
-    (sql, params), *_ = [(sql, params) for sql, params in executed if "recovery_attempts" in sql]
+    (sql, params), *_ = [(sql, params) for sql, params in statements if "recovery_attempts" in sql]
     read = [name for name in _partitions_planned(sql, params) if name.startswith(partitions.HISTORY)]
     assert read and len(read) == len(set(read)) == len(partitions.days("default")) + 1
 
